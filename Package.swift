@@ -1,0 +1,39 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+// One package, one target per layer, no package dependencies.
+// Imports point down only: Retry <- RequestEngine <- {OfflineQueue, Auth, Observability}; Drainer <- OfflineQueue.
+let package = Package(
+    name: "Resilience",
+    platforms: [.macOS(.v13), .iOS(.v16), .tvOS(.v16), .watchOS(.v9), .visionOS(.v1)],
+    products: [
+        .library(name: "Retry", targets: ["Retry"]),
+        .library(name: "RequestEngine", targets: ["RequestEngine"]),
+        .library(name: "OfflineQueue", targets: ["OfflineQueue"]),
+        .library(name: "Auth", targets: ["Auth"]),
+        .library(name: "Observability", targets: ["Observability"]),
+        .library(name: "Drainer", targets: ["Drainer"]),
+        .library(name: "Resilience", targets: ["Resilience"]),
+        .library(name: "ResilienceTesting", targets: ["ResilienceTesting"]),
+        .executable(name: "resilience-demo", targets: ["resilience-demo"]),
+    ],
+    targets: [
+        .target(name: "Retry"),
+        .target(name: "RequestEngine", dependencies: ["Retry"]),
+        .target(name: "OfflineQueue", dependencies: ["RequestEngine", "Retry"]),
+        .target(name: "Auth", dependencies: ["RequestEngine"]),
+        .target(name: "Observability", dependencies: ["RequestEngine"]),
+        .target(name: "Drainer", dependencies: ["OfflineQueue"]),
+        .target(
+            name: "Resilience",
+            dependencies: ["Retry", "RequestEngine", "OfflineQueue", "Auth", "Observability", "Drainer"]
+        ),
+        .target(name: "ResilienceTesting", dependencies: ["Retry", "RequestEngine"]),
+        .executableTarget(name: "resilience-demo", dependencies: ["Resilience", "ResilienceTesting"]),
+
+        .testTarget(name: "RetryTests", dependencies: ["Retry", "ResilienceTesting"]),
+        .testTarget(name: "RequestEngineTests", dependencies: ["RequestEngine", "ResilienceTesting"]),
+        .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceTesting"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,290 @@
+import Foundation
+import Retry
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// Sends requests with retries, typed errors, prompt cancellation, per-attempt timeouts and
+/// single-flight deduplication of identical concurrent reads.
+///
+/// ```swift
+/// let engine = AsyncRequestEngine(retryPolicy: ExponentialRetryPolicy(maxRetries: 3, baseDelay: 1.0))
+/// let (data, response) = try await engine.send(R(url: url))
+/// ```
+///
+/// What the engine guarantees (see Docs/RequestEngine.md for every edge case):
+/// - **Success** is a 2xx response; anything else is thrown as `NetworkError`.
+/// - **Retries** happen only for `NetworkError.isRetryable` failures, only while `retryPolicy` returns a
+///   delay, only while the `retryBudget` (if any) has tokens, and for POST/PATCH only when the request
+///   carries an `Idempotency-Key` header. On 429 and 503 a valid `Retry-After` replaces the policy's
+///   delay, capped at `Options.maximumRetryAfter`. Policy delays are sanitised: negative or NaN → 0,
+///   infinite or huge → `Options.maximumRetryDelay`. Without a policy nothing is retried.
+/// - **Timeout**: each attempt is limited to the request's `timeout`, measured on the engine's clock.
+/// - **Deduplication**: concurrent sends of GET, HEAD and OPTIONS (configurable) with the same
+///   `RequestIdentity` share one network call and its result.
+/// - **Cancellation**: a cancelled caller gets `NetworkError.cancelled` at once; a shared call is
+///   cancelled only when its last waiter is.
+/// - **Circuit breaker** (optional): while open, sends fail fast with `NetworkError.circuitOpen`.
+/// - **Events** go to `eventSink` with one traceID per logical request; no sink, no cost.
+public actor AsyncRequestEngine {
+    /// Tuning knobs with safe defaults.
+    public struct Options: Sendable {
+        /// Longest wait honoured from a `Retry-After` header (longer values are capped). Default 60 s.
+        public var maximumRetryAfter: Duration
+        /// Longest wait taken from a retry policy (longer, infinite or NaN values are capped or zeroed). Default 300 s.
+        public var maximumRetryDelay: Duration
+        /// Methods whose identical concurrent requests share one call. Default GET, HEAD, OPTIONS.
+        public var deduplicatedMethods: Set<HTTPMethod>
+        /// Whether `Retry-After` on 429/503 replaces the policy's delay. Default true.
+        public var honorsRetryAfter: Bool
+
+        public init(
+            maximumRetryAfter: Duration = .seconds(60),
+            maximumRetryDelay: Duration = RetryPolicyDelay.defaultMaximum,
+            deduplicatedMethods: Set<HTTPMethod> = [.get, .head, .options],
+            honorsRetryAfter: Bool = true
+        ) {
+            self.maximumRetryAfter = max(.zero, maximumRetryAfter)
+            self.maximumRetryDelay = max(.zero, maximumRetryDelay)
+            self.deduplicatedMethods = deduplicatedMethods
+            self.honorsRetryAfter = honorsRetryAfter
+        }
+    }
+
+    public nonisolated let session: any NetworkSession
+    public nonisolated let retryPolicy: (any RetryPolicy)?
+    public nonisolated let eventSink: (any RequestEventSink)?
+    public nonisolated let retryBudget: RetryBudget?
+    public nonisolated let circuitBreaker: CircuitBreaker?
+    public nonisolated let options: Options
+    private nonisolated let time: TimeSource
+
+    /// Shared calls in flight, by identity. Only deduplicated methods are registered here.
+    private var inFlight: [RequestIdentity: SharedCall] = [:]
+
+    /// - Parameters:
+    ///   - session: the transport; `URLSession.shared` by default.
+    ///   - retryPolicy: when and how long to wait before retrying; `nil` (the default) never retries.
+    ///   - eventSink: receives `RequestEvent`s; `nil` emits nothing.
+    ///   - retryBudget: caps retries across all requests of this engine; `nil` means no cap.
+    ///   - circuitBreaker: fails fast while the dependency is down; `nil` means none.
+    ///   - options: caps and deduplication settings.
+    ///   - clock: the clock timeouts and backoff sleeps run on (inject `ManualClock` in tests).
+    public init(
+        session: any NetworkSession = URLSession.shared,
+        retryPolicy: (any RetryPolicy)? = nil,
+        eventSink: (any RequestEventSink)? = nil,
+        retryBudget: RetryBudget? = nil,
+        circuitBreaker: CircuitBreaker? = nil,
+        options: Options = Options(),
+        clock: some Clock<Duration> = ContinuousClock()
+    ) {
+        self.session = session
+        self.retryPolicy = retryPolicy
+        self.eventSink = eventSink
+        self.retryBudget = retryBudget
+        self.circuitBreaker = circuitBreaker
+        self.options = options
+        self.time = TimeSource(clock)
+    }
+
+    /// Sends `request` and returns the body and response of a 2xx reply.
+    ///
+    /// - Throws: `NetworkError` — the last failure once retrying stops, `.cancelled` when the calling
+    ///   task is cancelled, `.invalidRequest` before anything is sent for a malformed request.
+    @discardableResult
+    public nonisolated func send(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+        if options.deduplicatedMethods.contains(request.method) {
+            return try await sendShared(request)
+        }
+        return try await execute(request, traceID: UUID()).get()
+    }
+
+    /// The number of distinct shared calls in flight now (deduplicated methods only).
+    public var inFlightCount: Int { inFlight.count }
+
+    // MARK: - Single flight
+
+    private nonisolated func sendShared(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+        let identity = RequestIdentity(request)
+        let (call, waiter, joined) = await joinOrStart(identity, request)
+        if joined {
+            await emit(.deduplicated(traceID: UUID(), url: request.url, method: request.method))
+        }
+        return try await call.wait(waiter).get()
+    }
+
+    private func joinOrStart(
+        _ identity: RequestIdentity,
+        _ request: some NetworkRequest
+    ) -> (SharedCall, Int, joined: Bool) {
+        if let existing = inFlight[identity], let waiter = existing.join() {
+            return (existing, waiter, true)
+        }
+        let (call, waiter) = SharedCall.started()
+        inFlight[identity] = call
+        call.attach(Task {
+            let outcome = await self.execute(request, traceID: UUID())
+            call.complete(outcome)
+            self.finished(identity, call)
+        })
+        return (call, waiter, false)
+    }
+
+    private func finished(_ identity: RequestIdentity, _ call: SharedCall) {
+        // A newer call may have replaced this one after it was abandoned; leave that one alone.
+        if inFlight[identity] === call { inFlight[identity] = nil }
+    }
+
+    // MARK: - One logical request: attempts, retries, events
+
+    private nonisolated func execute(
+        _ request: some NetworkRequest,
+        traceID: UUID
+    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        let started = time.now()
+        await emit(.started(traceID: traceID, url: request.url, method: request.method))
+
+        let urlRequest: URLRequest
+        do {
+            urlRequest = try request.makeURLRequest()
+        } catch {
+            return await fail(traceID, error, attempt: 0)
+        }
+        let timeout: Duration? = request.timeout.isFinite
+            ? .clamped(seconds: request.timeout, upperBound: .seconds(Int64.max / 2))
+            : nil
+        let mayRetry = retryPolicy != nil && (request.method.isIdempotent || request.hasIdempotencyKey)
+        retryBudget?.recordRequest()
+
+        var attempt = 0
+        while true {
+            if Task.isCancelled { return await fail(traceID, .cancelled, attempt: attempt) }
+            var permit: CircuitBreaker.Permit?
+            if let circuitBreaker {
+                guard let granted = circuitBreaker.acquire() else {
+                    return await fail(traceID, .circuitOpen, attempt: attempt)
+                }
+                permit = granted
+            }
+
+            let result = await perform(urlRequest, timeout: timeout)
+            if let permit { circuitBreaker?.record(Self.breakerOutcome(of: result), for: permit) }
+
+            let error: NetworkError
+            var retryAfter: Duration?
+            switch result {
+            case .success(let (data, response)):
+                if (200...299).contains(response.statusCode) {
+                    await emit(.succeeded(
+                        traceID: traceID,
+                        statusCode: response.statusCode,
+                        duration: (time.now() - started).seconds,
+                        attempt: attempt
+                    ))
+                    return .success((data, response))
+                }
+                error = .httpError(statusCode: response.statusCode, data: data)
+                if options.honorsRetryAfter, response.statusCode == 429 || response.statusCode == 503 {
+                    retryAfter = RetryAfter.delay(headerValue: response.value(forHTTPHeaderField: HTTPHeader.retryAfter))
+                }
+            case .failure(let failure):
+                error = failure
+            }
+
+            guard mayRetry, error.isRetryable, !Task.isCancelled,
+                  let seconds = retryPolicy?.delay(forAttempt: attempt)
+            else { return await fail(traceID, error, attempt: attempt) }
+            var delay = RetryPolicyDelay.sanitized(seconds, maximum: options.maximumRetryDelay)
+            if let retryAfter { delay = min(retryAfter, options.maximumRetryAfter) }
+            if let retryBudget, !retryBudget.tryWithdraw() {
+                return await fail(traceID, error, attempt: attempt)
+            }
+
+            await emit(.retryScheduled(traceID: traceID, attempt: attempt, delay: delay.seconds))
+            do {
+                if delay > .zero { try await time.sleep(delay) }
+            } catch {
+                return await fail(traceID, .cancelled, attempt: attempt)
+            }
+            attempt += 1
+        }
+    }
+
+    /// One attempt, bounded by `timeout` on the engine's clock. Non-HTTP responses become `invalidResponse`.
+    private nonisolated func perform(
+        _ urlRequest: URLRequest,
+        timeout: Duration?
+    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        guard let timeout else { return await call(urlRequest) }
+        let session = self.session
+        let time = self.time
+        return await withTaskGroup(of: Result<(Data, HTTPURLResponse), NetworkError>?.self) { group in
+            group.addTask { await Self.call(urlRequest, on: session) }
+            group.addTask {
+                do {
+                    try await time.sleep(timeout)
+                    return .failure(.timedOut)
+                } catch {
+                    return nil  // cancelled: the call finished first, or the caller was cancelled
+                }
+            }
+            defer { group.cancelAll() }
+            while let next = await group.next() {
+                if let outcome = next { return outcome }
+            }
+            return .failure(.cancelled)
+        }
+    }
+
+    private nonisolated func call(_ urlRequest: URLRequest) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        await Self.call(urlRequest, on: session)
+    }
+
+    private static func call(
+        _ urlRequest: URLRequest,
+        on session: any NetworkSession
+    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        do {
+            let (data, response) = try await session.data(for: urlRequest)
+            guard let http = response as? HTTPURLResponse else { return .failure(.invalidResponse) }
+            return .success((data, http))
+        } catch {
+            // A session may report our cancellation as some other error; the caller asked to stop.
+            if Task.isCancelled { return .failure(.cancelled) }
+            return .failure(NetworkError(mapping: error))
+        }
+    }
+
+    /// How an attempt's result counts for the circuit breaker: only failures that say the
+    /// dependency is unhealthy count against it.
+    private static func breakerOutcome(of result: Result<(Data, HTTPURLResponse), NetworkError>) -> CircuitBreaker.Outcome {
+        switch result {
+        case .success(let (_, response)):
+            let status = response.statusCode
+            let unhealthy = (500...599).contains(status) && status != 501 || status == 408 || status == 429
+            return unhealthy ? .failure : .success
+        case .failure(let error):
+            switch error {
+            case .transport, .timedOut, .invalidResponse: return .failure
+            case .httpError: return error.isRetryable ? .failure : .success
+            case .noConnection, .cancelled, .circuitOpen, .invalidRequest, .underlying: return .ignored
+            }
+        }
+    }
+
+    private nonisolated func fail(
+        _ traceID: UUID,
+        _ error: NetworkError,
+        attempt: Int
+    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        await emit(.failed(traceID: traceID, error: error, attempt: attempt))
+        return .failure(error)
+    }
+
+    @inline(__always)
+    private nonisolated func emit(_ event: @autoclosure () -> RequestEvent) async {
+        guard let eventSink else { return }
+        await eventSink.record(event())
+    }
+}

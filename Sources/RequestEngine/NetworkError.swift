@@ -1,0 +1,139 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// Every failure the engine reports. Switch on it; `isRetryable` says whether trying again can help.
+public enum NetworkError: Error, Sendable {
+    /// The server answered with a status outside 200–299. `data` is the response body.
+    case httpError(statusCode: Int, data: Data?)
+    /// The device has no usable network path (`URLError.notConnectedToInternet` and kin).
+    case noConnection
+    /// An attempt took longer than the request's `timeout` (or the transport timed out).
+    case timedOut
+    /// The caller's task was cancelled.
+    case cancelled
+    /// The server could not be reached or the connection broke: refused, reset, DNS failure,
+    /// connection lost, TLS handshake failure. See `TransportFailure`.
+    case transport(TransportFailure)
+    /// The reply was not a valid HTTP response (garbage bytes, a non-HTTP protocol).
+    case invalidResponse
+    /// The circuit breaker is open: the call was not made.
+    case circuitOpen
+    /// The request cannot be sent as built (bad URL scheme, no host, a header value with CR/LF,
+    /// a non-positive timeout). Nothing was sent.
+    case invalidRequest(reason: String)
+    /// Any other error from the session.
+    case underlying(any Error)
+
+    /// Whether trying again may succeed: 5xx except 501, 408, 429, `noConnection`, `timedOut` and
+    /// transport failures other than TLS. Never `cancelled`, other 4xx, `invalidResponse`,
+    /// `invalidRequest`, `circuitOpen` or `underlying`.
+    public var isRetryable: Bool {
+        switch self {
+        case .httpError(let statusCode, _):
+            return (500...599).contains(statusCode) && statusCode != 501 || statusCode == 408 || statusCode == 429
+        case .noConnection, .timedOut:
+            return true
+        case .transport(let failure):
+            return failure != .secureConnectionFailed
+        case .cancelled, .invalidResponse, .circuitOpen, .invalidRequest, .underlying:
+            return false
+        }
+    }
+
+    /// The HTTP status code for `.httpError`, else `nil`.
+    public var statusCode: Int? {
+        if case .httpError(let statusCode, _) = self { return statusCode }
+        return nil
+    }
+}
+
+/// Why a connection to the server failed or broke.
+public enum TransportFailure: String, Sendable, Hashable, Codable {
+    /// Nothing listens, or the host refused the connection (`URLError.cannotConnectToHost`).
+    case cannotConnectToHost
+    /// The connection was reset or dropped before the response completed
+    /// (`URLError.networkConnectionLost`; on Linux also libcurl's "Empty reply from server").
+    case connectionLost
+    /// The host name could not be resolved (`cannotFindHost`, `dnsLookupFailed`).
+    case dnsFailure
+    /// The TLS handshake failed (bad certificate, protocol mismatch). Not retryable.
+    case secureConnectionFailed
+}
+
+extension NetworkError {
+    /// Maps any error from a `NetworkSession` to a `NetworkError`, the same way on Linux and Apple platforms.
+    public init(mapping error: any Error) {
+        switch error {
+        case let error as NetworkError:
+            self = error
+        case is CancellationError:
+            self = .cancelled
+        case let error as URLError:
+            self = NetworkError(urlError: error)
+        default:
+            self = .underlying(error)
+        }
+    }
+
+    private init(urlError: URLError) {
+        switch urlError.code {
+        case .notConnectedToInternet, .dataNotAllowed, .internationalRoamingOff:
+            self = .noConnection
+        case .timedOut:
+            self = .timedOut
+        case .cancelled:
+            self = .cancelled
+        case .cannotConnectToHost:
+            self = .transport(.cannotConnectToHost)
+        case .networkConnectionLost:
+            self = .transport(.connectionLost)
+        case .cannotFindHost, .dnsLookupFailed:
+            self = .transport(.dnsFailure)
+        case .secureConnectionFailed, .serverCertificateUntrusted, .serverCertificateHasBadDate,
+             .serverCertificateNotYetValid, .serverCertificateHasUnknownRoot, .clientCertificateRejected,
+             .clientCertificateRequired:
+            self = .transport(.secureConnectionFailed)
+        case .badServerResponse:
+            // libcurl (Linux) reports a connection closed before any reply byte as "Empty reply from
+            // server" under badServerResponse; Apple platforms report networkConnectionLost.
+            self = Self.isEmptyReply(urlError) ? .transport(.connectionLost) : .invalidResponse
+        case .unsupportedURL, .cannotParseResponse, .zeroByteResource, .cannotDecodeRawData,
+             .cannotDecodeContentData:
+            // The engine validates URLs before sending, so unsupportedURL here means libcurl rejected
+            // the reply (e.g. "Received HTTP/0.9 when not allowed" for non-HTTP bytes).
+            self = .invalidResponse
+        default:
+            self = .underlying(urlError)
+        }
+    }
+
+    private static func isEmptyReply(_ error: URLError) -> Bool {
+        #if os(Linux) || os(Android) || os(Windows)
+        return error.localizedDescription.localizedCaseInsensitiveContains("empty reply")
+        #else
+        return false
+        #endif
+    }
+}
+
+extension NetworkError: CustomStringConvertible {
+    /// A one-line description without response bodies, headers or URLs (they may hold secrets).
+    public var description: String {
+        switch self {
+        case .httpError(let statusCode, let data):
+            return "HTTP \(statusCode) (\(data?.count ?? 0) body bytes)"
+        case .noConnection: return "no network connection"
+        case .timedOut: return "timed out"
+        case .cancelled: return "cancelled"
+        case .transport(let failure): return "transport failure: \(failure.rawValue)"
+        case .invalidResponse: return "invalid (non-HTTP) response"
+        case .circuitOpen: return "circuit breaker open"
+        case .invalidRequest(let reason): return "invalid request: \(reason)"
+        case .underlying(let error):
+            if let urlError = error as? URLError { return "URL error \(urlError.code.rawValue)" }
+            return "underlying error: \(type(of: error))"
+        }
+    }
+}

@@ -1,0 +1,99 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// What to send: a URL, a method, headers, an optional body and a timeout.
+///
+/// Adopt it with a small struct; only `url` and `method` are required:
+/// ```swift
+/// struct R: NetworkRequest { let url: URL; let method: HTTPMethod = .get }
+/// ```
+public protocol NetworkRequest: Sendable {
+    /// The absolute `http` or `https` URL to call.
+    var url: URL { get }
+    /// The HTTP method.
+    var method: HTTPMethod { get }
+    /// Request headers. Defaults to none. Names are case-insensitive; a value must not contain CR or LF.
+    var headers: [String: String] { get }
+    /// The request body. Defaults to `nil`.
+    var body: Data? { get }
+    /// Seconds one attempt may take before it fails with `NetworkError.timedOut`; the engine
+    /// enforces it on its own clock (each retry gets a fresh timeout). Defaults to 30.
+    /// `.infinity` means no limit; zero, negative or NaN is rejected as `NetworkError.invalidRequest`.
+    var timeout: TimeInterval { get }
+}
+
+extension NetworkRequest {
+    public var headers: [String: String] { [:] }
+    public var body: Data? { nil }
+    public var timeout: TimeInterval { 30 }
+}
+
+/// Header names the library reads or writes.
+public enum HTTPHeader {
+    /// Lets the engine retry a POST or PATCH: the server uses the key to apply the request once.
+    public static let idempotencyKey = "Idempotency-Key"
+    /// Read on 429 and 503 responses to time the next attempt.
+    public static let retryAfter = "Retry-After"
+}
+
+extension NetworkRequest {
+    /// Whether `headers` holds a non-empty `Idempotency-Key` (name compared case-insensitively).
+    public var hasIdempotencyKey: Bool {
+        headers.contains { name, value in
+            name.caseInsensitiveCompare(HTTPHeader.idempotencyKey) == .orderedSame
+                && !value.trimmingCharacters(in: .whitespaces).isEmpty
+        }
+    }
+
+    /// Builds the `URLRequest` the session sends, or throws `NetworkError.invalidRequest` for a URL
+    /// that is not absolute `http`/`https` with a host, a header name or value that could split the
+    /// header block (CR, LF, NUL, or a name with separators), or a non-positive timeout.
+    public func makeURLRequest() throws(NetworkError) -> URLRequest {
+        guard let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https" else {
+            throw .invalidRequest(reason: "URL scheme must be http or https")
+        }
+        guard let host = url.host, !host.isEmpty else {
+            throw .invalidRequest(reason: "URL has no host")
+        }
+        guard !timeout.isNaN, timeout > 0 else {
+            throw .invalidRequest(reason: "timeout must be positive")
+        }
+        var urlRequest = URLRequest(url: url)
+        // URLSession's own timeout is a backstop; the engine enforces `timeout` itself.
+        urlRequest.timeoutInterval = timeout.isFinite ? timeout + 1 : 7 * 24 * 3600
+        urlRequest.httpMethod = method.rawValue
+        urlRequest.httpBody = body
+        for (name, value) in headers {
+            guard HeaderValidation.isValidName(name) else {
+                throw .invalidRequest(reason: "invalid header name")
+            }
+            guard HeaderValidation.isValidValue(value) else {
+                throw .invalidRequest(reason: "invalid value for header \(name)")
+            }
+            urlRequest.setValue(value, forHTTPHeaderField: name)
+        }
+        return urlRequest
+    }
+}
+
+enum HeaderValidation {
+    /// RFC 9110 token characters.
+    static func isValidName(_ name: String) -> Bool {
+        !name.isEmpty && name.utf8.allSatisfy { byte in
+            switch byte {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"):
+                return true
+            default:
+                return "!#$%&'*+-.^_`|~".utf8.contains(byte)
+            }
+        }
+    }
+
+    /// No CR, LF or NUL (which would let a value inject headers).
+    static func isValidValue(_ value: String) -> Bool {
+        !value.utf8.contains { $0 == 0x0D || $0 == 0x0A || $0 == 0x00 }
+    }
+}

@@ -1,0 +1,24 @@
+import Foundation
+
+/// What makes two requests "the same" for deduplication: method, full URL (query included),
+/// every header (names compared case-insensitively, values exactly) and the body. The timeout is
+/// not part of it.
+///
+/// Because headers are part of the identity, two requests that differ only in `Authorization`
+/// (or a cookie) never share a response.
+public struct RequestIdentity: Hashable, Sendable {
+    public let method: HTTPMethod
+    public let url: String
+    public let headers: [String: String]
+    public let body: Data?
+
+    public init(_ request: some NetworkRequest) {
+        method = request.method
+        url = request.url.absoluteString
+        var normalized: [String: String] = [:]
+        normalized.reserveCapacity(request.headers.count)
+        for (name, value) in request.headers { normalized[name.lowercased()] = value }
+        headers = normalized
+        body = request.body
+    }
+}

@@ -1,0 +1,39 @@
+#if canImport(os)
+import os
+#elseif canImport(Synchronization)
+import Synchronization
+#endif
+
+/// A value guarded by a lock, for the few hot paths where an actor hop per call is too costly
+/// (retry budgets, circuit breakers, single-flight waiter bookkeeping, metrics).
+///
+/// On Apple platforms this wraps `OSAllocatedUnfairLock` (iOS 16 / macOS 13), elsewhere
+/// `Synchronization.Mutex`, so the package keeps its deployment targets below iOS 18.
+/// Critical sections must be short and must never `await`.
+package final class Locked<State: Sendable>: @unchecked Sendable {
+    // @unchecked Sendable: every access to `state` goes through the lock below; `State` values
+    // are only ever touched inside `withLock`, one thread at a time.
+    #if canImport(os)
+    private let lock: OSAllocatedUnfairLock<State>
+    #else
+    private let lock: Mutex<State>
+    #endif
+
+    package init(_ initial: State) {
+        #if canImport(os)
+        lock = OSAllocatedUnfairLock(uncheckedState: initial)
+        #else
+        lock = Mutex(initial)
+        #endif
+    }
+
+    /// Runs `body` with exclusive access to the state.
+    @inline(__always)
+    package func withLock<R>(_ body: (inout State) throws -> R) rethrows -> R {
+        #if canImport(os)
+        return try lock.withLockUnchecked(body)
+        #else
+        return try lock.withLock { state in try body(&state) }
+        #endif
+    }
+}

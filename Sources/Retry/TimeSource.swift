@@ -1,0 +1,38 @@
+/// A type-erased `Clock<Duration>`: reads "now" as the time elapsed since the source was made,
+/// and sleeps. Lets non-generic types (engines, budgets, breakers) take any injected clock,
+/// `ContinuousClock` in production and `ManualClock` in tests.
+package struct TimeSource: Sendable {
+    /// Elapsed time since this source was created, on the injected clock.
+    package let now: @Sendable () -> Duration
+    /// Sleeps for the given duration on the injected clock; throws `CancellationError` when cancelled.
+    package let sleep: @Sendable (Duration) async throws -> Void
+
+    package init<C: Clock>(_ clock: C) where C.Duration == Duration {
+        let origin = clock.now
+        now = { origin.duration(to: clock.now) }
+        sleep = { duration in
+            try await clock.sleep(until: clock.now.advanced(by: duration), tolerance: nil)
+        }
+    }
+
+    package static let continuous = TimeSource(ContinuousClock())
+}
+
+extension Duration {
+    /// The duration in seconds as a `Double` (the unit `TimeInterval` uses).
+    package var seconds: Double {
+        let (s, attoseconds) = components
+        return Double(s) + Double(attoseconds) / 1e18
+    }
+
+    /// A duration from seconds, with non-finite or negative input mapped to zero and very large
+    /// values saturated at `upperBound`, so no input can trap.
+    package static func clamped(seconds: Double, upperBound: Duration) -> Duration {
+        guard seconds.isFinite, seconds > 0 else {
+            return seconds == .infinity ? upperBound : .zero
+        }
+        let nanoseconds = (seconds * 1e9).rounded()
+        guard seconds < upperBound.seconds, nanoseconds < 9.2e18 else { return upperBound }
+        return .nanoseconds(Int64(nanoseconds))
+    }
+}
