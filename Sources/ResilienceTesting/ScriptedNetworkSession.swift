@@ -10,6 +10,8 @@ import FoundationNetworking
 /// Call N gets `steps[N]`; once the script runs out, its last step repeats. Every request is
 /// recorded. `.hang` and `.held` steps suspend the call until it is cancelled (they then throw
 /// `URLError(.cancelled)`, as URLSession does) or, for `.held`, until `releaseHeld()`.
+/// `releaseHeld()` releases every held call that has *started* (is counted in `callCount`), even one
+/// that has not reached its suspension point yet, so `await waitForCalls(n); releaseHeld()` never races.
 /// Integration tests use the real URLSession against `LoopbackHTTPServer` instead.
 public final class ScriptedNetworkSession: NetworkSession {
     public enum Step: Sendable {
@@ -53,6 +55,7 @@ public final class ScriptedNetworkSession: NetworkSession {
         var suspended: [Waiter] = []
         var isHeld: [UInt64: Bool] = [:]   // suspended id -> releasable?
         var cancelledEarly: Set<UInt64> = []
+        var releasedThrough: UInt64 = 0   // held calls with an id up to this one are released
         var watchers: [CallWatcher] = []
     }
 
@@ -82,9 +85,10 @@ public final class ScriptedNetworkSession: NetworkSession {
         }
     }
 
-    /// Lets every call currently waiting in a `.held` step go on.
+    /// Lets every started call in a `.held` step go on (later calls hold again).
     public func releaseHeld() {
         let released = state.withLock { state -> [Waiter] in
+            state.releasedThrough = state.nextID
             let ready = state.suspended.filter { state.isHeld[$0.id] == true }
             state.suspended.removeAll { state.isHeld[$0.id] == true }
             return ready
@@ -93,19 +97,20 @@ public final class ScriptedNetworkSession: NetworkSession {
     }
 
     public func data(for request: URLRequest) async throws -> (Data, URLResponse) {
-        let (step, ready) = state.withLock { state -> (Step, [CallWatcher]) in
+        let (step, id, ready) = state.withLock { state -> (Step, UInt64, [CallWatcher]) in
             let index = min(state.requests.count, state.steps.count - 1)
             state.requests.append(request)
+            state.nextID += 1
             let count = state.requests.count
             let ready = state.watchers.filter { $0.count <= count }
             state.watchers.removeAll { $0.count <= count }
-            return (state.steps[index], ready)
+            return (state.steps[index], state.nextID, ready)
         }
         for watcher in ready { watcher.continuation.resume() }
-        return try await perform(step, for: request)
+        return try await perform(step, id: id, for: request)
     }
 
-    private func perform(_ step: Step, for request: URLRequest) async throws -> (Data, URLResponse) {
+    private func perform(_ step: Step, id: UInt64, for request: URLRequest) async throws -> (Data, URLResponse) {
         let url = request.url ?? URL(fileURLWithPath: "/")
         switch step {
         case .respond(let status, let headers, let body):
@@ -118,29 +123,26 @@ public final class ScriptedNetworkSession: NetworkSession {
         case .nonHTTPResponse:
             return (Data(), URLResponse(url: url, mimeType: nil, expectedContentLength: 0, textEncodingName: nil))
         case .hang:
-            _ = await suspend(releasable: false)
+            _ = await suspend(id: id, releasable: false)
             throw URLError(.cancelled)
         case .held(let next):
-            guard await suspend(releasable: true) else { throw URLError(.cancelled) }
-            return try await perform(next, for: request)
+            guard await suspend(id: id, releasable: true) else { throw URLError(.cancelled) }
+            return try await perform(next, id: id, for: request)
         }
     }
 
     /// Suspends until released (true) or cancelled (false).
-    private func suspend(releasable: Bool) async -> Bool {
-        let id = state.withLock { state -> UInt64 in
-            state.nextID += 1
-            return state.nextID
-        }
-        return await withTaskCancellationHandler {
+    private func suspend(id: UInt64, releasable: Bool) async -> Bool {
+        await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-                let cancelled = state.withLock { state -> Bool in
-                    if state.cancelledEarly.remove(id) != nil { return true }
+                let immediate = state.withLock { state -> Bool? in
+                    if state.cancelledEarly.remove(id) != nil { return false }
+                    if releasable, id <= state.releasedThrough { return true }
                     state.suspended.append(Waiter(id: id, continuation: continuation))
                     state.isHeld[id] = releasable
-                    return false
+                    return nil
                 }
-                if cancelled { continuation.resume(returning: false) }
+                if let immediate { continuation.resume(returning: immediate) }
             }
         } onCancel: {
             let continuation = state.withLock { state -> CheckedContinuation<Bool, Never>? in

@@ -110,6 +110,7 @@ public final class CircuitBreaker: Sendable {
     /// otherwise records `.failure` when `isFailure` says so for a thrown error, `.ignored` for
     /// `CancellationError`, and `.success` otherwise.
     public func run<T>(
+        isolation: isolated (any Actor)? = #isolation,
         isFailure: (any Error) -> Bool = { _ in true },
         _ operation: () async throws -> T
     ) async throws -> T {

@@ -14,7 +14,7 @@ import Foundation
 ///   value without memory, so "previous" is the schedule's, not the last random draw.
 ///
 /// Every delay lies in `0 ... maxDelay`. Out-of-range parameters are normalised at init: a negative
-/// `maxRetries` means no retries, a negative or non-finite `baseDelay` means 0, a `multiplier`
+/// `maxRetries` means no retries, an infinite `maxDelay` means the largest finite one, a negative or non-finite `baseDelay` means 0, a `multiplier`
 /// below 1 or non-finite means 1, a negative or NaN `maxDelay` means 0.
 public struct ExponentialRetryPolicy: RetryPolicy, Hashable {
     /// How the computed delay is randomised to spread out clients that failed together.
@@ -23,15 +23,15 @@ public struct ExponentialRetryPolicy: RetryPolicy, Hashable {
     }
 
     /// Retries allowed after the first call.
-    public var maxRetries: Int
+    public let maxRetries: Int
     /// The delay before the first retry, in seconds.
-    public var baseDelay: TimeInterval
+    public let baseDelay: TimeInterval
     /// Growth factor between retries.
-    public var multiplier: Double
+    public let multiplier: Double
     /// Upper bound for any single delay, in seconds.
-    public var maxDelay: TimeInterval
+    public let maxDelay: TimeInterval
     /// Randomisation applied to each delay.
-    public var jitter: Jitter
+    public let jitter: Jitter
 
     public init(
         maxRetries: Int = 3,
@@ -43,7 +43,7 @@ public struct ExponentialRetryPolicy: RetryPolicy, Hashable {
         self.maxRetries = max(0, maxRetries)
         self.baseDelay = baseDelay.isFinite ? max(0, baseDelay) : 0
         self.multiplier = multiplier.isFinite ? max(1, multiplier) : 1
-        self.maxDelay = maxDelay.isNaN ? 0 : max(0, maxDelay)
+        self.maxDelay = maxDelay.isNaN ? 0 : min(max(0, maxDelay), .greatestFiniteMagnitude)
         self.jitter = jitter
     }
 

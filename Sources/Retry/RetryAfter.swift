@@ -54,7 +54,7 @@ enum HTTPDate {
            shortDays.contains(tokens[0].dropLast().lowercased()) {
             // IMF-fixdate: Sun, 06 Nov 1994 08:49:37 GMT
             guard tokens[1].count == 2, tokens[3].count == 4,
-                  let day = Int(tokens[1]), let month = month(tokens[2]), let year = Int(tokens[3])
+                  let day = digits(tokens[1]), let month = month(tokens[2]), let year = digits(tokens[3])
             else { return nil }
             return date(year: year, month: month, day: day, time: tokens[4])
         }
@@ -63,7 +63,7 @@ enum HTTPDate {
             // RFC 850: Sunday, 06-Nov-94 08:49:37 GMT
             let parts = tokens[1].split(separator: "-").map { String($0) }
             guard parts.count == 3, parts[0].count == 2, parts[2].count == 2,
-                  let day = Int(parts[0]), let month = month(parts[1]), let shortYear = Int(parts[2])
+                  let day = digits(parts[0]), let month = month(parts[1]), let shortYear = digits(parts[2])
             else { return nil }
             // RFC 9110: a two-digit year more than 50 years in the future means the past century.
             let currentYear = Calendar(identifier: .gregorian).dateComponents(in: TimeZone(identifier: "UTC") ?? .current, from: now).year ?? 2000
@@ -73,12 +73,18 @@ enum HTTPDate {
         }
         if tokens.count == 5, shortDays.contains(tokens[0].lowercased()) {
             // asctime: Sun Nov  6 08:49:37 1994
-            guard let month = month(tokens[1]), tokens[2].count <= 2, let day = Int(tokens[2]),
-                  tokens[4].count == 4, let year = Int(tokens[4])
+            guard let month = month(tokens[1]), tokens[2].count <= 2, let day = digits(tokens[2]),
+                  tokens[4].count == 4, let year = digits(tokens[4])
             else { return nil }
             return date(year: year, month: month, day: day, time: tokens[3])
         }
         return nil
+    }
+
+    /// A non-negative decimal made of ASCII digits only (`Int(_:)` would also accept a sign).
+    private static func digits(_ token: String) -> Int? {
+        guard !token.isEmpty, token.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) else { return nil }
+        return Int(token)
     }
 
     private static func month(_ token: String) -> Int? {
@@ -89,7 +95,7 @@ enum HTTPDate {
     private static func date(year: Int, month: Int, day: Int, time: String) -> Date? {
         let fields = time.split(separator: ":").map { String($0) }
         guard fields.count == 3, fields.allSatisfy({ $0.count == 2 }),
-              let hour = Int(fields[0]), let minute = Int(fields[1]), let second = Int(fields[2]),
+              let hour = digits(fields[0]), let minute = digits(fields[1]), let second = digits(fields[2]),
               (0...23).contains(hour), (0...59).contains(minute), (0...60).contains(second),
               (1...daysInMonth(month, year: year)).contains(day)
         else { return nil }

@@ -17,10 +17,23 @@ public final class RetryBudget: Sendable {
     /// The most tokens the bucket holds, which is also the largest burst of retries.
     public let maxBalance: Double
 
+    /// Balances are kept in whole micro-tokens so that deposits like 0.2 or 0.1 s × 1/s add up
+    /// exactly (ten deposits of 0.2 make 2 tokens, not 1.9999999999999996).
+    private static let scale: Double = 1_000_000
+    private static let maxScaled: Int64 = 1 << 62
+
+    private static func scaled(_ tokens: Double) -> Int64 {
+        let value = (tokens * scale).rounded()
+        return value >= Double(maxScaled) ? maxScaled : Int64(value)
+    }
+
     private struct State {
-        var balance: Double
+        var balance: Int64
         var lastRefill: Duration
     }
+
+    private let depositPerRequest: Int64
+    private let capacity: Int64
 
     private let state: Locked<State>
     private let time: TimeSource
@@ -39,9 +52,11 @@ public final class RetryBudget: Sendable {
         self.retryRatio = retryRatio.isFinite ? max(0, retryRatio) : 0
         self.minRetriesPerSecond = minRetriesPerSecond.isFinite ? max(0, minRetriesPerSecond) : 0
         self.maxBalance = maxBalance.isFinite ? max(1, maxBalance) : 1
+        self.depositPerRequest = Self.scaled(self.retryRatio)
+        self.capacity = Self.scaled(self.maxBalance)
         let time = TimeSource(clock)
         self.time = time
-        self.state = Locked(State(balance: self.maxBalance, lastRefill: time.now()))
+        self.state = Locked(State(balance: capacity, lastRefill: time.now()))
     }
 
     /// Records an original (non-retry) request.
@@ -49,7 +64,7 @@ public final class RetryBudget: Sendable {
         let now = time.now()
         state.withLock { state in
             refill(&state, now: now)
-            state.balance = min(maxBalance, state.balance + retryRatio)
+            state.balance = min(capacity, state.balance + depositPerRequest)
         }
     }
 
@@ -59,8 +74,8 @@ public final class RetryBudget: Sendable {
         let now = time.now()
         return state.withLock { state in
             refill(&state, now: now)
-            guard state.balance >= 1 else { return false }
-            state.balance -= 1
+            guard state.balance >= Self.scaled(1) else { return false }
+            state.balance -= Self.scaled(1)
             return true
         }
     }
@@ -70,14 +85,14 @@ public final class RetryBudget: Sendable {
         let now = time.now()
         return state.withLock { state in
             refill(&state, now: now)
-            return state.balance
+            return Double(state.balance) / Self.scale
         }
     }
 
     private func refill(_ state: inout State, now: Duration) {
         guard now > state.lastRefill else { return }
         let elapsed = (now - state.lastRefill).seconds
-        state.balance = min(maxBalance, state.balance + elapsed * minRetriesPerSecond)
+        state.balance = min(capacity, state.balance + Self.scaled(min(elapsed * minRetriesPerSecond, maxBalance)))
         state.lastRefill = now
     }
 }

@@ -31,8 +31,9 @@ extension Duration {
         guard seconds.isFinite, seconds > 0 else {
             return seconds == .infinity ? upperBound : .zero
         }
+        guard seconds < upperBound.seconds else { return upperBound }
         let nanoseconds = (seconds * 1e9).rounded()
-        guard seconds < upperBound.seconds, nanoseconds < 9.2e18 else { return upperBound }
+        guard nanoseconds < 9.2e18 else { return min(upperBound, .seconds(seconds.rounded())) }
         return .nanoseconds(Int64(nanoseconds))
     }
 }

@@ -1,0 +1,99 @@
+import Foundation
+import Testing
+import ResilienceTesting
+@testable import RequestEngine
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+@Suite("NetworkError mapping, retryability and request validation")
+struct NetworkErrorTests {
+    @Test(arguments: [
+        (URLError.Code.notConnectedToInternet, "noConnection", true),
+        (.dataNotAllowed, "noConnection", true),
+        (.timedOut, "timedOut", true),
+        (.cancelled, "cancelled", false),
+        (.cannotConnectToHost, "transport(cannotConnectToHost)", true),
+        (.networkConnectionLost, "transport(connectionLost)", true),
+        (.cannotFindHost, "transport(dnsFailure)", true),
+        (.dnsLookupFailed, "transport(dnsFailure)", true),
+        (.secureConnectionFailed, "transport(secureConnectionFailed)", false),
+        (.badServerResponse, "invalidResponse", false),
+        (.unsupportedURL, "invalidResponse", false),
+        (.cannotParseResponse, "invalidResponse", false),
+        (.fileDoesNotExist, "underlying", false),
+    ])
+    func urlErrorsMapToTypedCases(code: URLError.Code, expected: String, retryable: Bool) {
+        let error = NetworkError(mapping: URLError(code))
+        #expect(error.caseName == expected)
+        #expect(error.isRetryable == retryable)
+    }
+
+    @Test func statusRetryability() {
+        let retryable = (100...599).filter { NetworkError.httpError(statusCode: $0, data: nil).isRetryable }
+        #expect(retryable == [408, 429, 500] + Array(502...599))
+    }
+
+    @Test func cancellationErrorMapsToCancelled() {
+        #expect(NetworkError(mapping: CancellationError()).caseName == "cancelled")
+        #expect(!NetworkError.circuitOpen.isRetryable)
+        #expect(!NetworkError.invalidRequest(reason: "x").isRetryable)
+    }
+
+    @Test func descriptionsCarryNoBodyOrURL() {
+        let error = NetworkError.httpError(statusCode: 401, data: Data("token=secret".utf8))
+        #expect(error.description == "HTTP 401 (12 body bytes)")
+        #expect(!"\(NetworkError.underlying(URLError(.badURL)))".contains("http"))
+    }
+
+    @Test func sessionErrorsReachTheCallerTyped() async {
+        for (step, expected) in [
+            (ScriptedNetworkSession.Step.urlError(.notConnectedToInternet), "noConnection"),
+            (.urlError(.cannotConnectToHost), "transport(cannotConnectToHost)"),
+            (.nonHTTPResponse, "invalidResponse"),
+        ] {
+            let engine = AsyncRequestEngine(session: ScriptedNetworkSession([step]), clock: ManualClock())
+            #expect(await networkError { try await engine.send(TestRequest()) }?.caseName == expected)
+        }
+    }
+
+    @Test(arguments: ["ftp://example.com/file", "file:///etc/passwd", "mailto:someone@example.com", "http:///nohost"])
+    func unsupportedURLsAreInvalidRequestsAndNothingIsSent(url: String) async throws {
+        let session = ScriptedNetworkSession([.ok()])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, eventSink: recorder, clock: ManualClock())
+        let request = TestRequest(url: try #require(URL(string: url)))
+        #expect(await networkError { try await engine.send(request) }?.caseName == "invalidRequest")
+        #expect(session.callCount == 0)
+        #expect(recorder.timeline == ["started", "failed(invalid request: URL scheme must be http or https,0)"]
+            || recorder.timeline == ["started", "failed(invalid request: URL has no host,0)"])
+    }
+
+    @Test func headerInjectionIsRejected() async {
+        let session = ScriptedNetworkSession([.ok()])
+        let engine = AsyncRequestEngine(session: session, clock: ManualClock())
+        let injected = TestRequest(headers: ["X-Note": "a\r\nX-Admin: true"])
+        #expect(await networkError { try await engine.send(injected) }?.caseName == "invalidRequest")
+        let badName = TestRequest(headers: ["Bad Name": "v"])
+        #expect(await networkError { try await engine.send(badName) }?.caseName == "invalidRequest")
+        #expect(session.callCount == 0)
+    }
+
+    @Test(arguments: [0, -1, Double.nan])
+    func nonPositiveTimeoutsAreRejected(timeout: Double) async {
+        let session = ScriptedNetworkSession([.ok()])
+        let engine = AsyncRequestEngine(session: session, clock: ManualClock())
+        #expect(await networkError { try await engine.send(TestRequest(timeout: timeout)) }?.caseName == "invalidRequest")
+        #expect(session.callCount == 0)
+    }
+
+    @Test func idempotencyKeyDetectionIgnoresCaseAndEmptyValues() {
+        #expect(TestRequest(method: .post, headers: ["IDEMPOTENCY-KEY": "a"]).hasIdempotencyKey)
+        #expect(!TestRequest(method: .post, headers: ["Idempotency-Key": "  "]).hasIdempotencyKey)
+        #expect(!TestRequest(method: .post).hasIdempotencyKey)
+    }
+
+    @Test func methodIdempotency() {
+        #expect(HTTPMethod.allCases.filter(\.isIdempotent) == [.get, .put, .delete, .head, .options])
+    }
+}

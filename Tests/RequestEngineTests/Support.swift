@@ -1,0 +1,130 @@
+import Foundation
+import RequestEngine
+import Retry
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// A request for tests. The timeout defaults to infinity so that only backoff sleeps sit on the
+/// ManualClock (a finite timeout adds a timer sleeper per attempt).
+struct TestRequest: NetworkRequest {
+    var url: URL
+    var method: HTTPMethod = .get
+    var headers: [String: String] = [:]
+    var body: Data? = nil
+    var timeout: TimeInterval = .infinity
+
+    init(_ path: String = "/resource", method: HTTPMethod = .get, headers: [String: String] = [:], body: Data? = nil, timeout: TimeInterval = .infinity) {
+        url = URL(string: "https://api.example.test\(path)")!
+        self.method = method
+        self.headers = headers
+        self.body = body
+        self.timeout = timeout
+    }
+
+    init(url: URL, method: HTTPMethod = .get, headers: [String: String] = [:], timeout: TimeInterval = .infinity) {
+        self.url = url
+        self.method = method
+        self.headers = headers
+        self.timeout = timeout
+    }
+}
+
+/// Records events and lets a test wait until a condition over them holds.
+final class EventRecorder: RequestEventSink {
+    private struct Watcher {
+        let predicate: @Sendable ([RequestEvent]) -> Bool
+        let continuation: CheckedContinuation<Void, Never>
+    }
+    private struct State {
+        var events: [RequestEvent] = []
+        var watchers: [Watcher] = []
+    }
+    private let state = Locked(State())
+
+    var events: [RequestEvent] { state.withLock { $0.events } }
+
+    func record(_ event: RequestEvent) async {
+        let ready = state.withLock { state -> [Watcher] in
+            state.events.append(event)
+            let events = state.events
+            let ready = state.watchers.filter { $0.predicate(events) }
+            state.watchers.removeAll { $0.predicate(events) }
+            return ready
+        }
+        for watcher in ready { watcher.continuation.resume() }
+    }
+
+    /// Suspends until `predicate` holds for the events recorded so far.
+    func wait(until predicate: @escaping @Sendable ([RequestEvent]) -> Bool) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let ready = state.withLock { state -> Bool in
+                if predicate(state.events) { return true }
+                state.watchers.append(Watcher(predicate: predicate, continuation: continuation))
+                return false
+            }
+            if ready { continuation.resume() }
+        }
+    }
+
+    func waitForDeduplicated(_ count: Int) async {
+        await wait { events in events.filter(\.isDeduplicated).count >= count }
+    }
+
+    /// A compact rendering for assertions: "started", "retry(0,1.0)", "succeeded(200,1)", "failed(HTTP 503…,2)", "dedup".
+    var timeline: [String] {
+        events.map { event in
+            switch event {
+            case .started: return "started"
+            case .retryScheduled(_, let attempt, let delay): return "retry(\(attempt),\(delay))"
+            case .succeeded(_, let status, _, let attempt): return "succeeded(\(status),\(attempt))"
+            case .failed(_, let error, let attempt): return "failed(\(error),\(attempt))"
+            case .deduplicated: return "dedup"
+            }
+        }
+    }
+}
+
+extension RequestEvent {
+    var isDeduplicated: Bool {
+        if case .deduplicated = self { return true }
+        return false
+    }
+}
+
+/// A policy that returns whatever it was given, for hostile-delay tests.
+struct ListPolicy: RetryPolicy {
+    let delays: [TimeInterval]
+    func delay(forAttempt attempt: Int) -> TimeInterval? {
+        attempt < delays.count ? delays[attempt] : nil
+    }
+}
+
+/// Runs `body` and returns the NetworkError it throws (nil if it succeeded or threw something else).
+func networkError(_ body: () async throws -> Void) async -> NetworkError? {
+    do {
+        try await body()
+        return nil
+    } catch let error as NetworkError {
+        return error
+    } catch {
+        return nil
+    }
+}
+
+extension NetworkError {
+    /// A stable name of the case for equality checks in tests.
+    var caseName: String {
+        switch self {
+        case .httpError(let status, _): return "httpError(\(status))"
+        case .noConnection: return "noConnection"
+        case .timedOut: return "timedOut"
+        case .cancelled: return "cancelled"
+        case .transport(let failure): return "transport(\(failure.rawValue))"
+        case .invalidResponse: return "invalidResponse"
+        case .circuitOpen: return "circuitOpen"
+        case .invalidRequest: return "invalidRequest"
+        case .underlying: return "underlying"
+        }
+    }
+}
