@@ -1,1 +1,30 @@
-print("resilience-demo")
+import Foundation
+import Resilience
+import ResilienceTesting
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+// `swift run resilience-demo` — every layer built so far, end to end, against an embedded
+// LoopbackHTTPServer on 127.0.0.1. Exits 0 only if every scenario met its expectation.
+
+let arguments = Array(CommandLine.arguments.dropFirst())
+if arguments.contains("--help") || arguments.contains("-h") {
+    print("""
+    usage: resilience-demo            run every scenario against the embedded loopback server
+           resilience-demo --list     list the scenarios (including the ones still to come)
+    """)
+    exit(0)
+}
+if arguments.contains("--list") {
+    for scenario in Demo.scenarios { print("  \(scenario.name)") }
+    for name in Demo.comingLater { print("  \(name)  (to come)") }
+    exit(0)
+}
+if let unknown = arguments.first {
+    FileHandle.standardError.write(Data("resilience-demo: unknown argument '\(unknown)'; try --help\n".utf8))
+    exit(64)
+}
+
+let passed = await Demo.runAll()
+exit(passed ? 0 : 1)

@@ -1,0 +1,3 @@
+// The engine's API is built on the Retry layer's types (RetryPolicy, RetryBudget, CircuitBreaker),
+// so `import RequestEngine` brings them along.
+@_exported import Retry
