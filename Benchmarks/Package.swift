@@ -1,0 +1,32 @@
+// swift-tools-version: 6.3
+// ordo-one/benchmark 1.38.1 declares swift-tools-version 6.3 in its own manifest, so this package
+// needs a Swift 6.3 toolchain too; `traits:` on a `.package` line needs at least 6.1.
+import PackageDescription
+
+// Benchmarks for the root package, kept in their own package so that the root manifest stays
+// free of dependencies. Run from this folder: `swift package benchmark` (see README.md).
+let package = Package(
+    name: "ResilienceBenchmarks",
+    platforms: [.macOS(.v13)],
+    dependencies: [
+        // The root package. `name:` pins the name that `.product(package:)` uses below, so the
+        // manifest keeps working when the repository is cloned into a folder with another name.
+        .package(name: "Resilience", path: ".."),
+        // Only the "MallocInterposer" trait: the default traits also enable "RuntimeInterposer",
+        // whose swift-runtime-interposer package is not in this machine's package mirror.
+        .package(url: "https://github.com/ordo-one/benchmark", exact: "1.38.1", traits: ["MallocInterposer"]),
+    ],
+    targets: [
+        .executableTarget(
+            name: "RequestEngineBenchmarks",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+            ],
+            path: "Benchmarks/RequestEngineBenchmarks",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)
