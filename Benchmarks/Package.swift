@@ -7,7 +7,7 @@ import PackageDescription
 // free of dependencies. Run from this folder: `swift package benchmark` (see README.md).
 let package = Package(
     name: "ResilienceBenchmarks",
-    platforms: [.macOS(.v13)],
+    platforms: [.macOS(.v15)],  // Synchronization.Mutex and Atomic in the benchmark code
     dependencies: [
         // The root package. `name:` pins the name that `.product(package:)` uses below, so the
         // manifest keeps working when the repository is cloned into a folder with another name.
