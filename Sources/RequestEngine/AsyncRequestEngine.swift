@@ -26,7 +26,7 @@ import FoundationNetworking
 ///   cancelled only when its last waiter is.
 /// - **Circuit breaker** (optional): while open, sends fail fast with `NetworkError.circuitOpen`.
 /// - **Events** go to `eventSink` with one traceID per logical request; no sink, no cost.
-public actor AsyncRequestEngine {
+public actor AsyncRequestEngine: RequestSending {
     /// Tuning knobs with safe defaults.
     public struct Options: Sendable {
         /// Longest wait honoured from a `Retry-After` header (longer values are capped). Default 60 s.
@@ -94,6 +94,18 @@ public actor AsyncRequestEngine {
     ///   task is cancelled, `.invalidRequest` before anything is sent for a malformed request.
     @discardableResult
     public nonisolated func send(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+        let (data, response) = try await response(for: request)
+        guard (200...299).contains(response.statusCode) else {
+            throw NetworkError.httpError(statusCode: response.statusCode, data: data)
+        }
+        return (data, response)
+    }
+
+    /// Like `send(_:)` — same retries, deduplication, timeouts and events — but returns the final
+    /// HTTP response whatever its status, so a caller can read headers such as `Retry-After` on a
+    /// 503. Throws `NetworkError` only when no HTTP response was obtained (offline, transport
+    /// failure, timeout, invalid reply, cancellation, open circuit, invalid request).
+    public nonisolated func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         if options.deduplicatedMethods.contains(request.method) {
             return try await sendShared(request)
         }
@@ -138,6 +150,8 @@ public actor AsyncRequestEngine {
 
     // MARK: - One logical request: attempts, retries, events
 
+    /// Runs the attempts of one logical request. `.success` carries the final HTTP response of any
+    /// status (a non-2xx one once retrying has stopped); `.failure` means no response was obtained.
     private nonisolated func execute(
         _ request: some NetworkRequest,
         traceID: UUID
@@ -173,6 +187,7 @@ public actor AsyncRequestEngine {
 
             let error: NetworkError
             var retryAfter: Duration?
+            var finalResponse: (Data, HTTPURLResponse)?
             switch result {
             case .success(let (data, response)):
                 if (200...299).contains(response.statusCode) {
@@ -185,6 +200,7 @@ public actor AsyncRequestEngine {
                     return .success((data, response))
                 }
                 error = .httpError(statusCode: response.statusCode, data: data)
+                finalResponse = (data, response)
                 if options.honorsRetryAfter, response.statusCode == 429 || response.statusCode == 503 {
                     retryAfter = RetryAfter.delay(headerValue: response.value(forHTTPHeaderField: HTTPHeader.retryAfter))
                 }
@@ -194,11 +210,11 @@ public actor AsyncRequestEngine {
 
             guard mayRetry, error.isRetryable, !Task.isCancelled,
                   let seconds = retryPolicy?.delay(forAttempt: attempt)
-            else { return await fail(traceID, error, attempt: attempt) }
+            else { return await fail(traceID, error, attempt: attempt, response: finalResponse) }
             var delay = RetryPolicyDelay.sanitized(seconds, maximum: options.maximumRetryDelay)
             if let retryAfter { delay = min(retryAfter, options.maximumRetryAfter) }
             if let retryBudget, !retryBudget.tryWithdraw() {
-                return await fail(traceID, error, attempt: attempt)
+                return await fail(traceID, error, attempt: attempt, response: finalResponse)
             }
 
             await emit(.retryScheduled(traceID: traceID, attempt: attempt, delay: delay.seconds))
@@ -273,12 +289,16 @@ public actor AsyncRequestEngine {
         }
     }
 
+    /// Ends a request without success: emits `failed`, and hands back the final non-2xx response
+    /// when there is one (`send` turns it into `httpError`).
     private nonisolated func fail(
         _ traceID: UUID,
         _ error: NetworkError,
-        attempt: Int
+        attempt: Int,
+        response: (Data, HTTPURLResponse)? = nil
     ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
         await emit(.failed(traceID: traceID, error: error, attempt: attempt))
+        if let response { return .success(response) }
         return .failure(error)
     }
 

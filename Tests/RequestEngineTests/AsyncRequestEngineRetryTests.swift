@@ -297,4 +297,25 @@ struct AsyncRequestEngineRetryTests {
         #expect(await task.value?.caseName == "cancelled")
         #expect(session.callCount == 1)
     }
+
+    @Test func responseForReturnsTheFinalNonSuccessResponseWithItsHeaders() async throws {
+        let session = ScriptedNetworkSession([.status(503, headers: ["Retry-After": "120"])])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0), eventSink: recorder,
+                                        options: .init(honorsRetryAfter: false), clock: ManualClock())
+        for method in [HTTPMethod.get, .put] {  // deduplicated and direct paths
+            let (_, response) = try await engine.response(for: TestRequest(method: method))
+            #expect(response.statusCode == 503)
+            #expect(response.value(forHTTPHeaderField: "Retry-After") == "120")
+        }
+        #expect(session.callCount == 4)
+        #expect(recorder.timeline.filter { $0.hasPrefix("failed") }.count == 2)
+        let error = await networkError { try await engine.send(TestRequest()) }
+        #expect(error?.caseName == "httpError(503)")
+    }
+
+    @Test func responseForStillThrowsWhenNoResponseArrived() async {
+        let engine = AsyncRequestEngine(session: ScriptedNetworkSession([.urlError(.notConnectedToInternet)]), clock: ManualClock())
+        #expect(await networkError { _ = try await engine.response(for: TestRequest()) }?.caseName == "noConnection")
+    }
 }

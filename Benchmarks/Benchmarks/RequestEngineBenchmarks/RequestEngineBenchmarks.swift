@@ -6,15 +6,20 @@ import FoundationNetworking
 import RequestEngine
 import ResilienceTesting
 import Synchronization
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 // What AsyncRequestEngine costs on top of a bare URLSession, measured end to end over loopback HTTP
 // against ResilienceTesting's LoopbackHTTPServer. Every engine benchmark has its raw-URLSession
 // baseline in the same run, so the ratio can be read off one `swift package benchmark`
-// invocation. See ../../README.md for how to run them and what was measured.
+// invocation. See ../../README.md for how to run them, what each one measures and the figures.
 //
-// Each benchmark gets its own server and its own `URLSession(configuration: .ephemeral)` (set up
-// before its warm-up, shut down after its last iteration), so no benchmark inherits another one's
-// warm connection pool.
+// Each benchmark gets its own server and its own `URLSession(configuration: .ephemeral)`, made
+// before its warm-up and shut down after its last iteration, so none inherits another's warm
+// connections. The benchmark tool runs the benchmarks in name order, each in a process of its own.
 
 let benchmarks: @Sendable () -> Void = {
     Benchmark.defaultConfiguration = .init(
@@ -27,69 +32,91 @@ let benchmarks: @Sendable () -> Void = {
 
     // MARK: 1. One GET at a time
 
-    let sequential = FixtureSlot()
+    let rawSequential = FixtureSlot()
     Benchmark(
         "raw URLSession.data(for:) sequential",
-        closure: { _, fixture in
-            let (data, response) = try await fixture.session.data(for: URLRequest(url: fixture.itemURL), delegate: nil)
-            try Fixture.check(data, response)
-            blackHole(data)
-        },
-        setup: { try sequential.open() },
-        teardown: { sequential.close() }
+        closure: { _, fixture in try await fixture.rawGET(fixture.itemURL) },
+        setup: { try rawSequential.open() },
+        teardown: { rawSequential.close() }
     )
-    let sequentialEngine = FixtureSlot()
+    let engineSequential = FixtureSlot()
     Benchmark(
         "engine.send sequential",
-        closure: { _, fixture in
-            let (data, response) = try await fixture.engine.send(Get(url: fixture.itemURL))
-            try Fixture.check(data, response)
-            blackHole(data)
-        },
-        setup: { try sequentialEngine.open() },
-        teardown: { sequentialEngine.close() }
+        closure: { _, fixture in try await fixture.engineGET(fixture.itemURL) },
+        setup: { try engineSequential.open() },
+        teardown: { engineSequential.close() }
     )
 
     // MARK: 2. 64 concurrent GETs per iteration, distinct URLs (so the engine cannot deduplicate)
 
-    let concurrent = FixtureSlot()
-    let concurrentConfiguration = Benchmark.Configuration(warmupIterations: 10, maxDuration: .seconds(10), maxIterations: 2_000)
+    let concurrentConfiguration = Benchmark.Configuration(
+        warmupIterations: 10,
+        maxDuration: .seconds(8),
+        maxIterations: 2_000
+    )
+    let rawConcurrent = FixtureSlot()
     Benchmark(
         "raw 64 concurrent",
         configuration: concurrentConfiguration,
-        closure: { _, fixture in
-            let session = fixture.session
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                for url in fixture.distinctURLs {
-                    group.addTask {
-                        let (data, response) = try await session.data(for: URLRequest(url: url), delegate: nil)
-                        try Fixture.check(data, response)
-                    }
-                }
-                try await group.waitForAll()
-            }
-        },
-        setup: { try concurrent.open() },
-        teardown: { concurrent.close() }
+        closure: { _, fixture in try await fixture.rawBatch() },
+        setup: { try rawConcurrent.open() },
+        teardown: { rawConcurrent.close(reportingConnectionsAs: "raw 64 concurrent") }
     )
-    let concurrentEngine = FixtureSlot()
+    let engineConcurrent = FixtureSlot()
     Benchmark(
         "engine 64 concurrent",
         configuration: concurrentConfiguration,
-        closure: { _, fixture in
-            let engine = fixture.engine
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                for url in fixture.distinctURLs {
-                    group.addTask {
-                        let (data, response) = try await engine.send(Get(url: url))
-                        try Fixture.check(data, response)
-                    }
-                }
-                try await group.waitForAll()
-            }
+        closure: { _, fixture in try await fixture.engineBatch() },
+        setup: { try engineConcurrent.open() },
+        teardown: { engineConcurrent.close(reportingConnectionsAs: "engine 64 concurrent") }
+    )
+
+    // MARK: 1b and 2b. The same two comparisons, interleaved in one process
+
+    // The separate raw and engine benchmarks above run in different processes, seconds apart, and
+    // on a small VM a whole process's latency can shift by 20 % from one run to the next (how warm
+    // the vCPUs are, where the threads land). These two alternate raw and engine operations on one
+    // session (raw, engine, engine, raw, …), so both sides see the same conditions; they also
+    // report the process CPU time (all threads) each operation took.
+    let sequentialInterleaved = FixtureSlot()
+    let sequentialReport = InterleavedReport(label: "engine vs raw sequential, interleaved", unit: "request")
+    Benchmark(
+        "engine vs raw sequential, interleaved",
+        configuration: .init(metrics: InterleavedMetrics.all, warmupIterations: 5, maxDuration: .seconds(10), maxIterations: 1_000),
+        closure: { benchmark, fixture in
+            let result = try await runInterleaved(
+                pairs: 50,
+                raw: { try await fixture.rawGET(fixture.itemURL) },
+                engine: { try await fixture.engineGET(fixture.itemURL) }
+            )
+            sequentialReport.add(result)
+            result.record(in: benchmark)
         },
-        setup: { try concurrentEngine.open() },
-        teardown: { concurrentEngine.close() }
+        setup: { try sequentialInterleaved.open() },
+        teardown: {
+            sequentialInterleaved.close()
+            sequentialReport.print()
+        }
+    )
+    let concurrentInterleaved = FixtureSlot()
+    let concurrentReport = InterleavedReport(label: "engine vs raw 64 concurrent, interleaved", unit: "batch of 64")
+    Benchmark(
+        "engine vs raw 64 concurrent, interleaved",
+        configuration: .init(metrics: InterleavedMetrics.all, warmupIterations: 3, maxDuration: .seconds(10), maxIterations: 1_000),
+        closure: { benchmark, fixture in
+            let result = try await runInterleaved(
+                pairs: 2,
+                raw: { try await fixture.rawBatch() },
+                engine: { try await fixture.engineBatch() }
+            )
+            concurrentReport.add(result)
+            result.record(in: benchmark)
+        },
+        setup: { try concurrentInterleaved.open() },
+        teardown: {
+            concurrentInterleaved.close(reportingConnectionsAs: "engine vs raw 64 concurrent, interleaved")
+            concurrentReport.print()
+        }
     )
 
     // MARK: 3. Dedup storm: 10 000 identical concurrent GETs, one upstream call
@@ -107,7 +134,7 @@ let benchmarks: @Sendable () -> Void = {
         ),
         closure: { benchmark, fixture in
             let result = try await runStorm(fixture, callers: 10_000)
-            // The whole point of single flight: 10 000 callers, one request on the wire.
+            // The point of single flight: 10 000 callers, one request on the wire.
             precondition(
                 result.upstreamCalls == 1 && result.startedEvents == 1,
                 "dedup storm: \(result.upstreamCalls) upstream calls, \(result.startedEvents) started events (want 1 and 1)"
@@ -138,10 +165,11 @@ let itemBody = "{\"id\":1,\"name\":\"item\"}"
 
 // MARK: - Fixture
 
-/// One benchmark's server, session and engine.
+/// One benchmark's server, session and engine, and the operations the benchmarks time.
 final class Fixture: Sendable {
     let server: LoopbackHTTPServer
     let session: URLSession
+    /// An engine with the defaults (no retry policy, no event sink) on `session`.
     let engine: AsyncRequestEngine
     /// `/item`, answered at once with `itemBody`.
     let itemURL: URL
@@ -163,19 +191,50 @@ final class Fixture: Sendable {
         server.shutdown()
     }
 
-    /// The raw baseline checks what the engine checks: an HTTP 2xx response.
+    /// One GET straight through URLSession (the baseline), checked as the engine checks it.
+    func rawGET(_ url: URL) async throws {
+        let (data, response) = try await session.data(for: URLRequest(url: url), delegate: nil)
+        try Self.check(data, response)
+    }
+
+    /// One GET through the engine.
+    func engineGET(_ url: URL) async throws {
+        let (data, response) = try await engine.send(Get(url: url))
+        try Self.check(data, response)
+    }
+
+    /// `distinctURLs` fetched concurrently straight through URLSession; returns when all 64 have.
+    func rawBatch() async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for url in distinctURLs {
+                group.addTask { try await self.rawGET(url) }
+            }
+            try await group.waitForAll()
+        }
+    }
+
+    /// `distinctURLs` fetched concurrently through the engine; returns when all 64 have.
+    func engineBatch() async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for url in distinctURLs {
+                group.addTask { try await self.engineGET(url) }
+            }
+            try await group.waitForAll()
+        }
+    }
+
+    /// What the engine checks too: an HTTP 2xx response (and here also the expected body).
     static func check(_ data: Data, _ response: URLResponse) throws {
         guard let http = response as? HTTPURLResponse, (200...299).contains(http.statusCode) else {
             throw BenchmarkFailure.unexpectedResponse(String(describing: response))
         }
-        guard data.count == itemBody.utf8.count else { throw BenchmarkFailure.unexpectedBody(data.count) }
+        guard data.count == itemBody.utf8.count else { throw BenchmarkFailure.unexpectedBody(byteCount: data.count) }
     }
 }
 
 enum BenchmarkFailure: Error {
     case unexpectedResponse(String)
-    case unexpectedBody(Int)
-    case notOpen
+    case unexpectedBody(byteCount: Int)
 }
 
 /// Holds a benchmark's fixture from its setup hook to its teardown hook.
@@ -188,12 +247,134 @@ final class FixtureSlot: Sendable {
         return opened
     }
 
-    func close() {
+    /// Shuts the fixture down; with a `label`, first prints how many connections the session opened.
+    func close(reportingConnectionsAs label: String? = nil) {
         let closing = fixture.withLock { slot -> Fixture? in
             defer { slot = nil }
             return slot
         }
-        closing?.shutdown()
+        guard let closing else { return }
+        if let label {
+            print("\(label): URLSession opened \(closing.server.acceptedConnections) connections, at most \(closing.server.peakOpenConnections) at once")
+        }
+        closing.shutdown()
+    }
+}
+
+// MARK: - Interleaved comparison
+
+enum InterleavedMetrics {
+    static let rawP50 = BenchmarkMetric.custom("raw p50 (µs)", useScalingFactor: false)
+    static let engineP50 = BenchmarkMetric.custom("engine p50 (µs)", useScalingFactor: false)
+    static let p50Ratio = BenchmarkMetric.custom("engine/raw p50 (‰)", useScalingFactor: false)
+    static let rawCPU = BenchmarkMetric.custom("raw CPU, mean (µs)", useScalingFactor: false)
+    static let engineCPU = BenchmarkMetric.custom("engine CPU, mean (µs)", useScalingFactor: false)
+    static let cpuRatio = BenchmarkMetric.custom("engine/raw CPU (‰)", useScalingFactor: false)
+    static let all = [rawP50, engineP50, p50Ratio, rawCPU, engineCPU, cpuRatio]
+}
+
+/// Wall-clock and process-CPU durations of individual operations of one kind.
+struct OperationSamples: Sendable {
+    var wall: [Duration] = []
+    var cpu: [Duration] = []
+
+    var wallP50: Duration { wall.sorted().nearestRank(0.5) }
+    var cpuMean: Duration { cpu.isEmpty ? .zero : cpu.reduce(.zero, +) / cpu.count }
+
+    mutating func append(contentsOf other: OperationSamples) {
+        wall += other.wall
+        cpu += other.cpu
+    }
+}
+
+struct InterleavedResult: Sendable {
+    var raw = OperationSamples()
+    var engine = OperationSamples()
+
+    var p50RatioPermille: Int { permille(engine.wallP50, raw.wallP50) }
+    var cpuRatioPermille: Int { permille(engine.cpuMean, raw.cpuMean) }
+
+    /// This iteration's figures as the benchmark's custom metrics.
+    func record(in benchmark: Benchmark) {
+        benchmark.measurement(InterleavedMetrics.rawP50, raw.wallP50.microseconds)
+        benchmark.measurement(InterleavedMetrics.engineP50, engine.wallP50.microseconds)
+        benchmark.measurement(InterleavedMetrics.p50Ratio, p50RatioPermille)
+        benchmark.measurement(InterleavedMetrics.rawCPU, raw.cpuMean.microseconds)
+        benchmark.measurement(InterleavedMetrics.engineCPU, engine.cpuMean.microseconds)
+        benchmark.measurement(InterleavedMetrics.cpuRatio, cpuRatioPermille)
+    }
+}
+
+func permille(_ numerator: Duration, _ denominator: Duration) -> Int {
+    guard denominator > .zero else { return 0 }
+    return Int((numerator / denominator * 1000).rounded())
+}
+
+/// CPU time consumed so far by the whole process (every thread: caller, URLSession, server).
+func processCPUTime() -> Duration {
+    var now = timespec()
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now)
+    return .seconds(Int64(now.tv_sec)) + .nanoseconds(Int64(now.tv_nsec))
+}
+
+/// Runs `pairs` raw and `pairs` engine operations one at a time, alternating which of a pair goes
+/// first (raw, engine, engine, raw, …) so that neither side always runs right after the other.
+func runInterleaved(
+    pairs: Int,
+    raw: () async throws -> Void,
+    engine: () async throws -> Void
+) async throws -> InterleavedResult {
+    var result = InterleavedResult()
+    for pair in 0..<pairs {
+        for engineTurn in pair.isMultiple(of: 2) ? [false, true] : [true, false] {
+            let wallStart = ContinuousClock.now
+            let cpuStart = processCPUTime()
+            if engineTurn { try await engine() } else { try await raw() }
+            let cpu = processCPUTime() - cpuStart
+            let wall = wallStart.duration(to: .now)
+            if engineTurn {
+                result.engine.wall.append(wall)
+                result.engine.cpu.append(cpu)
+            } else {
+                result.raw.wall.append(wall)
+                result.raw.cpu.append(cpu)
+            }
+        }
+    }
+    return result
+}
+
+/// Pools every interleaved iteration (warm-up included) and prints the overall figures at teardown.
+final class InterleavedReport: Sendable {
+    private let label: String
+    private let unit: String
+    private let pooled = Mutex(InterleavedResult())
+
+    init(label: String, unit: String) {
+        self.label = label
+        self.unit = unit
+    }
+
+    func add(_ result: InterleavedResult) {
+        pooled.withLock { pooled in
+            pooled.raw.append(contentsOf: result.raw)
+            pooled.engine.append(contentsOf: result.engine)
+        }
+    }
+
+    func print() {
+        let all = pooled.withLock { $0 }
+        guard !all.raw.wall.isEmpty else { return }
+        let raw = all.raw.wall.sorted()
+        let engine = all.engine.wall.sorted()
+        Swift.print("""
+            \(label): \(raw.count) raw and \(engine.count) engine operations (one \(unit) each, warm-up included)
+              wall p50: raw \(raw.nearestRank(0.5).microseconds) µs, engine \(engine.nearestRank(0.5).microseconds) µs, \
+            engine/raw \(String(format: "%.3f", Double(all.p50RatioPermille) / 1000))
+              wall p99: raw \(raw.nearestRank(0.99).microseconds) µs, engine \(engine.nearestRank(0.99).microseconds) µs
+              process CPU per operation (mean): raw \(all.raw.cpuMean.microseconds) µs, \
+            engine \(all.engine.cpuMean.microseconds) µs, engine/raw \(String(format: "%.3f", Double(all.cpuRatioPermille) / 1000))
+            """)
     }
 }
 
@@ -211,24 +392,23 @@ struct StormResult: Sendable {
     var waitP50: Duration
     var waitP99: Duration
     var waitMax: Duration
-    var total: Duration
 }
 
-/// Prevents reusing a held path: each storm iteration gets `/storm/N` of its own.
+/// Numbers the storms, so that each one gets a held path (`/storm/N`) of its own.
 let stormCounter = Atomic<Int>(0)
 
 /// `callers` concurrent identical GETs through one engine against a held route. The response is
 /// released only once every caller but the first has joined the shared call (counted from
 /// `.deduplicated` events, awaited without sleeping) and the one upstream request has reached the
-/// server; then every caller is awaited.
+/// server; then every caller is awaited. A caller's wait runs from just before its `send` to its
+/// return.
 func runStorm(_ fixture: Fixture, callers: Int) async throws -> StormResult {
     let path = "/storm/\(stormCounter.add(1, ordering: .relaxed).newValue)"
     let url = fixture.server.url(path)
     let sink = StormSink(expectedJoins: callers - 1)
-    // A fresh engine per storm, so its sink counts this storm's events only.
+    // A fresh engine per storm, so that its sink counts this storm's events only.
     let engine = AsyncRequestEngine(session: fixture.session, eventSink: sink)
     let server = fixture.server
-    let began = ContinuousClock.now
 
     let waits = try await withThrowingTaskGroup(of: Duration.self, returning: [Duration].self) { group in
         for _ in 0..<callers {
@@ -248,7 +428,6 @@ func runStorm(_ fixture: Fixture, callers: Int) async throws -> StormResult {
         for try await waited in group { waits.append(waited) }
         return waits
     }
-    let total = began.duration(to: .now)
 
     let sorted = waits.sorted()
     return StormResult(
@@ -256,8 +435,7 @@ func runStorm(_ fixture: Fixture, callers: Int) async throws -> StormResult {
         startedEvents: sink.startedCount,
         waitP50: sorted.nearestRank(0.50),
         waitP99: sorted.nearestRank(0.99),
-        waitMax: sorted.last ?? .zero,
-        total: total
+        waitMax: sorted.last ?? .zero
     )
 }
 
@@ -306,8 +484,8 @@ final class StormSink: RequestEventSink {
     }
 }
 
-/// Collects every storm iteration (warm-up included) and prints a summary at teardown, so the
-/// figures appear in the run's output next to the benchmark tables.
+/// Collects every storm (warm-up included) and prints a summary at teardown, so that the upstream
+/// call count and the wait percentiles appear in the run's output next to the tables.
 final class StormReport: Sendable {
     private let results = Mutex<[StormResult]>([])
 
@@ -324,13 +502,15 @@ final class StormReport: Sendable {
         let upstream = Set(all.map(\.upstreamCalls)).sorted()
         Swift.print("""
             dedup storm 10 000: \(all.count) storms (warm-up included), upstream calls per storm: \(upstream)
-              per-caller wait p50: median \(p50s.nearestRank(0.5).formattedMilliseconds) over storms
+              per-caller wait p50: median \(p50s.nearestRank(0.5).formattedMilliseconds) over the storms
               per-caller wait p99: median \(p99s.nearestRank(0.5).formattedMilliseconds), \
-            min \(p99s.first?.formattedMilliseconds ?? "-"), max \(p99s.last?.formattedMilliseconds ?? "-") over storms
-              slowest caller: median \(maxima.nearestRank(0.5).formattedMilliseconds) over storms
+            min \(p99s.first?.formattedMilliseconds ?? "-"), max \(p99s.last?.formattedMilliseconds ?? "-") over the storms
+              slowest caller: median \(maxima.nearestRank(0.5).formattedMilliseconds) over the storms
             """)
     }
 }
+
+// MARK: - Small helpers
 
 extension Array where Element == Duration {
     /// Nearest-rank percentile of an ascending array (`.zero` when empty).
@@ -342,6 +522,7 @@ extension Array where Element == Duration {
 }
 
 extension Duration {
+    /// Whole microseconds (truncated).
     var microseconds: Int {
         let (seconds, attoseconds) = components
         return Int(seconds) * 1_000_000 + Int(attoseconds / 1_000_000_000_000)

@@ -1,0 +1,18 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// Something that sends requests: `AsyncRequestEngine`, and (in the Auth layer)
+/// `AuthenticatedRequestEngine`. Higher layers such as the offline queue take any sender, so a
+/// queue can replay through an engine that injects and refreshes tokens.
+public protocol RequestSending: Sendable {
+    /// Sends `request` and returns the body and response of a 2xx reply; throws `NetworkError`
+    /// otherwise (`httpError` for any other status).
+    func send(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse)
+
+    /// Sends `request` and returns the final HTTP response whatever its status, so the caller can
+    /// act on status and headers itself (e.g. `Retry-After` on 503). Throws `NetworkError` only
+    /// when no HTTP response was obtained.
+    func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse)
+}
