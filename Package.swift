@@ -34,6 +34,7 @@ let package = Package(
         .testTarget(name: "RetryTests", dependencies: ["Retry", "ResilienceTesting"]),
         .testTarget(name: "RequestEngineTests", dependencies: ["RequestEngine", "ResilienceTesting"]),
         .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceTesting"]),
+        .testTarget(name: "OfflineQueueTests", dependencies: ["OfflineQueue", "ResilienceTesting"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,0 +1,63 @@
+import Foundation
+import Retry
+
+/// A small pool of dedicated threads for blocking file I/O (`fsync` can block for milliseconds).
+///
+/// Swift's cooperative thread pool has one thread per core and must never block, and GCD on Linux
+/// does not add threads when workers block, so durable writes run here. Concurrent enqueues then
+/// fsync in parallel, which is what makes group commit pay off.
+final class BlockingIOPool: Sendable {
+    private struct State {
+        var jobs: [@Sendable () -> Void] = []
+        var started = 0
+        var idle = 0
+    }
+
+    private let condition = NSCondition()
+    // Guarded by `condition` (not `Locked`), because workers must wait on it.
+    private nonisolated(unsafe) var state = State()
+    private let maxThreads: Int
+
+    static let shared = BlockingIOPool(maxThreads: 32)
+
+    init(maxThreads: Int) {
+        self.maxThreads = max(1, maxThreads)
+    }
+
+    /// Runs `body` on a pool thread and returns its result.
+    func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+            submit {
+                do { continuation.resume(returning: try body()) } catch { continuation.resume(throwing: error) }
+            }
+        }
+    }
+
+    private func submit(_ job: @escaping @Sendable () -> Void) {
+        condition.lock()
+        state.jobs.append(job)
+        let spawn = state.idle == 0 && state.started < maxThreads
+        if spawn { state.started += 1 }
+        condition.signal()
+        condition.unlock()
+        if spawn {
+            let thread = Thread { [self] in self.work() }
+            thread.name = "resilience.offline-queue.io"
+            thread.start()
+        }
+    }
+
+    private func work() {
+        while true {
+            condition.lock()
+            while state.jobs.isEmpty {
+                state.idle += 1
+                condition.wait()
+                state.idle -= 1
+            }
+            let job = state.jobs.removeFirst()
+            condition.unlock()
+            job()
+        }
+    }
+}

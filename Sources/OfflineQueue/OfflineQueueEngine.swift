@@ -1,0 +1,500 @@
+import Foundation
+import RequestEngine
+import Retry
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// Sends mutations now when it can, keeps them durably when it cannot, and replays them in
+/// priority/FIFO order when the network returns — at least once, with the same `Idempotency-Key`.
+///
+/// ```swift
+/// let queue = OfflineQueueEngine(
+///     requestEngine: AsyncRequestEngine(),
+///     reachabilityMonitor: NetworkReachabilityMonitor(),
+///     store: try DiskQueueStore(directory: folder)
+/// )
+/// await queue.start()                          // replays on reconnect and when backoffs end
+/// try await queue.enqueue(PostComment(...))    // sent now, or queued durably
+/// ```
+///
+/// See Docs/OfflineQueue.md for the outcome table, the file format and the durability argument.
+public actor OfflineQueueEngine {
+    /// Replay settings.
+    public struct Configuration: Sendable {
+        /// Backoff between attempts of one entry: `delay(forAttempt: attempts - 1)` after a
+        /// transient failure. Returning `nil` dead-letters the entry. Default: exponential from
+        /// 1 s, doubling, capped at 5 minutes, equal jitter, unlimited.
+        public var retryPolicy: any RetryPolicy
+        /// Failed attempts after which an entry moves to `dead-letter/`. `nil` (default): never.
+        public var maxAttempts: Int?
+        /// Longest wait honoured from a `Retry-After` on 429/503. Default 1 hour.
+        public var maximumRetryAfter: Duration
+
+        public init(
+            retryPolicy: any RetryPolicy = ExponentialRetryPolicy(maxRetries: .max, baseDelay: 1, maxDelay: 300, jitter: .equal),
+            maxAttempts: Int? = nil,
+            maximumRetryAfter: Duration = .seconds(3600)
+        ) {
+            self.retryPolicy = retryPolicy
+            self.maxAttempts = maxAttempts.map { max(1, $0) }
+            self.maximumRetryAfter = max(.zero, maximumRetryAfter)
+        }
+    }
+
+    /// The most entries the queue holds; `enqueue` throws `OfflineQueueError.full` beyond it.
+    /// Enforced by the store, so it holds under any number of concurrent enqueues.
+    public nonisolated let maxQueueSize: Int
+    /// The storage.
+    public nonisolated let store: DiskQueueStore
+    public nonisolated let configuration: Configuration
+
+    private let sender: any RequestSending
+    private let reachability: any ReachabilityMonitoring
+    private let time: TimeSource
+    private let wallClockOrigin: Date
+
+    private var inFlight: Set<UUID> = []
+    private var beingReplaced: Set<UUID> = []
+    private var learnedOffline = false
+    private var passRunning = false
+    private var passWaiters: [CheckedContinuation<Void, Never>] = []
+    private var loopTask: Task<Void, Never>?
+    private var timerTask: Task<Void, Never>?
+    private var timerDeadline: Date?
+    private var subscribers: [UUID: AsyncStream<QueueEntryResult>.Continuation] = [:]
+
+    /// - Parameters:
+    ///   - requestEngine: sends the first attempt and every replay; any `RequestSending`
+    ///     (`AsyncRequestEngine`, or `AuthenticatedRequestEngine` so tokens refresh during a drain).
+    ///   - reachabilityMonitor: says when the network is usable.
+    ///   - store: where entries live.
+    ///   - maxQueueSize: the most entries held (default 500).
+    ///   - configuration: backoff, dead-lettering, Retry-After cap.
+    ///   - clock: the clock backoff timers run on; wall-clock times (TTL, next attempt) advance with it.
+    public init(
+        requestEngine: some RequestSending = AsyncRequestEngine(),
+        reachabilityMonitor: any ReachabilityMonitoring,
+        store: DiskQueueStore,
+        maxQueueSize: Int = 500,
+        configuration: Configuration = Configuration(),
+        clock: some Clock<Duration> = ContinuousClock()
+    ) {
+        self.sender = requestEngine
+        self.reachability = reachabilityMonitor
+        self.store = store
+        self.maxQueueSize = max(0, maxQueueSize)
+        self.configuration = configuration
+        self.time = TimeSource(clock)
+        self.wallClockOrigin = Date()
+    }
+
+    /// The current wall-clock time as the queue sees it: the moment the engine was made plus the
+    /// time elapsed on its clock (so a `ManualClock` moves TTLs and backoffs in tests).
+    public nonisolated var now: Date { wallClockOrigin.addingTimeInterval(time.now().seconds) }
+
+    // MARK: - Enqueue
+
+    /// Sends `request` now if the network is up, else queues it durably.
+    ///
+    /// - Returns: `.sent` when a 2xx came back at once, `.queued(id:)` when it was stored.
+    /// - Throws: `NetworkError` for a failure that retrying cannot fix (4xx other than 408/429,
+    ///   501, an invalid request…) — nothing is queued then; `OfflineQueueError.full`,
+    ///   `.storage` (disk full, unwritable folder), `.sensitiveQueryParameter`.
+    @discardableResult
+    public func enqueue(_ request: some QueueableRequest) async throws -> EnqueueResult {
+        try await enqueue(request, attemptFirst: true)
+    }
+
+    /// Like `enqueue(_:)`; with `attemptFirst: false` the request is only stored, never sent now
+    /// (e.g. raw data from `QueuedRequest(method:url:body:)` to be replayed by the next drain).
+    @discardableResult
+    public func enqueue(_ request: some QueueableRequest, attemptFirst: Bool) async throws -> EnqueueResult {
+        _ = try request.makeURLRequest()  // invalid requests are thrown, never stored
+        if let name = QueueEntry.sensitiveQueryParameter(in: request.url) {
+            throw OfflineQueueError.sensitiveQueryParameter(name)
+        }
+        let key = request.idempotencyKey  // read once: first attempt and every replay share it
+
+        var attempts = 0
+        var nextAttemptAt: Date?
+        var lastError: String?
+        if attemptFirst, await mayTrySending(request) {
+            var keyed = ReplayRequest(QueueEntry(request: request, idempotencyKey: key, enqueuedAt: now, sequence: 0))
+            keyed?.keepSecretHeaders(from: request)
+            if let keyed {
+                switch await attempt(keyed, previousAttempts: 0) {
+                case .delivered(let status):
+                    return .sent(statusCode: status)
+                case .permanent(let error):
+                    throw error
+                case .offline:
+                    break
+                case .retry(let error, let delay):
+                    attempts = 1
+                    nextAttemptAt = now.addingTimeInterval(delay.seconds)
+                    lastError = error.description
+                case .stop:
+                    throw NetworkError.cancelled
+                }
+            }
+        }
+        let entry = try await persist(request, key: key, attempts: attempts, nextAttemptAt: nextAttemptAt, lastError: lastError)
+        // While started, a stored entry is replayed without waiting for the next reconnect: when
+        // its backoff ends, or right away if it has none (unless a send just found us offline).
+        if entry.nextAttemptAt != nil || !learnedOffline {
+            scheduleTimerIfNeeded(for: entry.nextAttemptAt ?? now)
+        }
+        return .queued(id: entry.id)
+    }
+
+    // MARK: - Inspect and manage
+
+    /// Entries in replay order (priority descending, FIFO within a priority).
+    public var items: [QueueEntry] {
+        get async { await store.load() }
+    }
+
+    /// The number of queued entries (expired ones included until a pass sweeps them).
+    public func pendingCount() async -> Int { await store.count() }
+
+    /// Removes an entry without sending it. Returns whether it was queued. An entry being sent at
+    /// this moment cannot be recalled; its outcome is then discarded.
+    @discardableResult
+    public func cancel(id: UUID) async -> Bool {
+        guard await store.entry(id: id) != nil else { return false }
+        try? await store.remove(id: id)
+        return true
+    }
+
+    /// Removes every entry.
+    public func clear() async throws {
+        try await store.removeAll()
+    }
+
+    /// A new stream of per-entry results for each access; it ends when the engine is deinitialised.
+    public var results: AsyncStream<QueueEntryResult> {
+        let (stream, continuation) = AsyncStream<QueueEntryResult>.makeStream(bufferingPolicy: .bufferingNewest(10_000))
+        let id = UUID()
+        subscribers[id] = continuation
+        continuation.onTermination = { [weak self] _ in
+            Task { await self?.unsubscribe(id) }
+        }
+        return stream
+    }
+
+    // MARK: - Draining
+
+    /// Runs one drain pass now and returns what it did. Waits for a pass already running to end
+    /// first (passes never overlap, whoever triggers them). Cancelling the calling task ends the
+    /// pass after the entry in flight; that entry stays queued.
+    @discardableResult
+    public func flush() async -> FlushReport {
+        await runPass(.flush)
+    }
+
+    /// Starts draining automatically: a pass now if connected, one on every reconnect, and one when
+    /// the earliest backoff ends. Calling it again while started does nothing.
+    public func start() {
+        guard loopTask == nil else { return }
+        let stream = Task { await reachability.connectivity }
+        loopTask = Task { [weak self] in
+            for await connected in await stream.value {
+                guard let self, !Task.isCancelled else { return }
+                await self.connectivityChanged(connected)
+            }
+        }
+    }
+
+    /// Stops automatic draining and waits for a pass in flight to end (its entry in flight stays
+    /// queued). `start()` may be called again afterwards.
+    public func stop() async {
+        let loop = loopTask
+        let timer = timerTask
+        loopTask = nil
+        timerTask = nil
+        timerDeadline = nil
+        loop?.cancel()
+        timer?.cancel()
+        await loop?.value
+        await timer?.value
+    }
+
+    /// Whether `start()` is in effect.
+    public var isStarted: Bool { loopTask != nil }
+
+    // MARK: - Internals: sending
+
+    private enum AttemptOutcome {
+        case delivered(status: Int)
+        case permanent(NetworkError)
+        case retry(NetworkError, after: Duration)
+        case offline
+        case stop  // cancelled
+    }
+
+    private func mayTrySending(_ request: some QueueableRequest) async -> Bool {
+        guard !learnedOffline, await reachability.isConnected else { return false }
+        // Entries already waiting with the same ordering or coalescing key must go first.
+        if let key = request.orderingKey, await store.hasEntries(orderingKey: key) { return false }
+        if let key = request.coalescingKey, await store.entry(coalescingKey: key) != nil { return false }
+        return true
+    }
+
+    /// One send and its classification (the outcome table of Docs/OfflineQueue.md).
+    private func attempt(_ request: ReplayRequest, previousAttempts: Int) async -> AttemptOutcome {
+        do {
+            let (data, response) = try await sender.response(for: request)
+            learnedOffline = false
+            let status = response.statusCode
+            if (200...299).contains(status) { return .delivered(status: status) }
+            let error = NetworkError.httpError(statusCode: status, data: data)
+            guard error.isRetryable else { return .permanent(error) }
+            var delay = backoff(afterAttempts: previousAttempts + 1)
+            if status == 429 || status == 503,
+               let retryAfter = RetryAfter.delay(headerValue: response.value(forHTTPHeaderField: HTTPHeader.retryAfter), now: now) {
+                delay = min(retryAfter, configuration.maximumRetryAfter)
+            }
+            return .retry(error, after: delay)
+        } catch let error as NetworkError {
+            switch error {
+            case .noConnection:
+                learnedOffline = true
+                return .offline
+            case .cancelled:
+                return .stop
+            case .invalidRequest:
+                return .permanent(error)
+            default:
+                if Task.isCancelled { return .stop }
+                return .retry(error, after: backoff(afterAttempts: previousAttempts + 1))
+            }
+        } catch {
+            if Task.isCancelled { return .stop }
+            return .retry(.underlying(error), after: backoff(afterAttempts: previousAttempts + 1))
+        }
+    }
+
+    /// The wait after `attempts` failed attempts; `nil` from the policy becomes "never" (dead letter).
+    private func backoff(afterAttempts attempts: Int) -> Duration {
+        guard let seconds = configuration.retryPolicy.delay(forAttempt: max(0, attempts - 1)) else { return .seconds(Int64.max / 4) }
+        return RetryPolicyDelay.sanitized(seconds, maximum: .seconds(86_400))
+    }
+
+    private func persist(
+        _ request: some QueueableRequest,
+        key: String,
+        attempts: Int,
+        nextAttemptAt: Date?,
+        lastError: String?
+    ) async throws -> QueueEntry {
+        var replaced: QueueEntry?
+        if let coalescingKey = request.coalescingKey,
+           let existing = await store.entry(coalescingKey: coalescingKey),
+           !inFlight.contains(existing.id), !beingReplaced.contains(existing.id) {
+            replaced = existing
+        }
+        let sequence: UInt64
+        if let replaced { sequence = replaced.sequence } else { sequence = await store.makeSequence() }
+        let entry = QueueEntry(
+            request: request,
+            idempotencyKey: key,
+            enqueuedAt: now,
+            sequence: sequence,
+            revision: (replaced?.revision ?? -1) + 1,
+            attempts: attempts,
+            nextAttemptAt: nextAttemptAt,
+            lastError: lastError
+        )
+        if let replaced { beingReplaced.insert(replaced.id) }
+        defer { if let replaced { beingReplaced.remove(replaced.id) } }
+        try await store.insert(entry, limit: maxQueueSize, replacing: replaced?.id)
+        return entry
+    }
+
+    // MARK: - Internals: passes
+
+    private func runPass(_ trigger: FlushReport.Trigger) async -> FlushReport {
+        await acquirePass()
+        defer { releasePass() }
+        var report = FlushReport(trigger: trigger)
+        let connected = await reachability.isConnected
+        report.endedOffline = !connected
+        var blockedKeys: Set<String> = []
+        var handled: Set<UUID> = []
+        var progress = true
+
+        // Entries with an ordering key become eligible only when their predecessor is gone, which
+        // may happen later in the same pass: scan again while the previous scan delivered something.
+        scanning: while progress {
+            progress = false
+            let snapshot = await store.load()
+            var heads: [String: UInt64] = [:]
+            for entry in snapshot {
+                if let key = entry.orderingKey { heads[key] = min(heads[key] ?? .max, entry.sequence) }
+            }
+            for entry in snapshot where !handled.contains(entry.id) {
+                if Task.isCancelled {
+                    report.wasCancelled = true
+                    break scanning
+                }
+                guard await store.entry(id: entry.id) != nil else { continue }  // cancelled meanwhile
+                let current = now
+                if entry.isExpired(at: current) {
+                    try? await store.remove(id: entry.id)
+                    handled.insert(entry.id)
+                    record(.expired(id: entry.id), in: &report)
+                    continue
+                }
+                if let key = entry.orderingKey, blockedKeys.contains(key) || heads[key] != entry.sequence { continue }
+                if !connected { continue }  // the monitor says offline: sweep expired entries, send nothing
+                if let next = entry.nextAttemptAt, next > current || beingReplaced.contains(entry.id) {
+                    if let key = entry.orderingKey { blockedKeys.insert(key) }
+                    continue
+                }
+                handled.insert(entry.id)
+                let outcome = await replay(entry, report: &report)
+                switch outcome {
+                case .delivered, .permanent:
+                    progress = true
+                case .retry:
+                    if let key = entry.orderingKey { blockedKeys.insert(key) }
+                case .offline:
+                    report.endedOffline = true
+                    break scanning
+                case .stop:
+                    report.wasCancelled = true
+                    break scanning
+                }
+            }
+        }
+        report.remaining = await store.count()
+        if loopTask != nil, !report.endedOffline { await scheduleNextTimer() }
+        return report
+    }
+
+    private func replay(_ entry: QueueEntry, report: inout FlushReport) async -> AttemptOutcome {
+        guard let request = ReplayRequest(entry) else {
+            try? await store.remove(id: entry.id)
+            record(.failedPermanently(id: entry.id, statusCode: nil), in: &report)
+            return .permanent(.invalidRequest(reason: "unknown method \(entry.method)"))
+        }
+        inFlight.insert(entry.id)
+        let outcome = await attempt(request, previousAttempts: entry.attempts)
+        inFlight.remove(entry.id)
+        let stillQueued = await store.entry(id: entry.id) != nil
+        switch outcome {
+        case .delivered(let status):
+            try? await store.remove(id: entry.id)
+            if stillQueued { record(.delivered(id: entry.id, statusCode: status), in: &report) }
+        case .permanent(let error):
+            try? await store.remove(id: entry.id)
+            if stillQueued { record(.failedPermanently(id: entry.id, statusCode: error.statusCode), in: &report) }
+        case .retry(let error, let delay):
+            guard stillQueued else { break }
+            var updated = entry
+            updated.attempts += 1
+            updated.lastError = error.description
+            let exhausted = configuration.maxAttempts.map { updated.attempts >= $0 } ?? false
+            if exhausted || delay >= .seconds(Int64.max / 8) {
+                do {
+                    try await store.moveToDeadLetter(updated)
+                    record(.deadLettered(id: entry.id, attempts: updated.attempts), in: &report)
+                } catch {
+                    // Cannot write the dead letter: keep the entry rather than lose it.
+                    updated.nextAttemptAt = now.addingTimeInterval(backoff(afterAttempts: updated.attempts).seconds)
+                    try? await store.update(updated)
+                }
+                return outcome
+            }
+            let next = now.addingTimeInterval(delay.seconds)
+            updated.nextAttemptAt = next
+            try? await store.update(updated)
+            record(.keptForRetry(id: entry.id, error: error, attempts: updated.attempts, nextAttemptAt: next), in: &report)
+        case .offline, .stop:
+            break  // untouched: not an attempt that reached the server
+        }
+        return outcome
+    }
+
+    private func record(_ result: QueueEntryResult, in report: inout FlushReport) {
+        report.results.append(result)
+        for continuation in subscribers.values { continuation.yield(result) }
+    }
+
+    private func acquirePass() async {
+        if !passRunning {
+            passRunning = true
+            return
+        }
+        await withCheckedContinuation { passWaiters.append($0) }
+    }
+
+    private func releasePass() {
+        if passWaiters.isEmpty {
+            passRunning = false
+        } else {
+            passWaiters.removeFirst().resume()  // hand over: passRunning stays true
+        }
+    }
+
+    private func connectivityChanged(_ connected: Bool) async {
+        if connected {
+            learnedOffline = false
+            _ = await runPass(.reconnect)
+        } else {
+            timerTask?.cancel()
+            timerTask = nil
+            timerDeadline = nil
+        }
+    }
+
+    /// Schedules a pass for when the earliest backoff among entries ends.
+    private func scheduleNextTimer() async {
+        let earliest = await store.load().compactMap(\.nextAttemptAt).min()
+        scheduleTimerIfNeeded(for: earliest)
+    }
+
+    private func scheduleTimerIfNeeded(for deadline: Date?) {
+        guard loopTask != nil, let deadline else { return }
+        if let current = timerDeadline, current <= deadline, timerTask != nil { return }
+        timerTask?.cancel()
+        timerDeadline = deadline
+        let wait = Duration.clamped(seconds: deadline.timeIntervalSince(now), upperBound: .seconds(86_400))
+        let time = self.time
+        timerTask = Task { [weak self] in
+            do { try await time.sleep(wait) } catch { return }
+            guard let self else { return }
+            await self.timerFired()
+        }
+    }
+
+    private func timerFired() async {
+        timerTask = nil
+        timerDeadline = nil
+        guard await reachability.isConnected else { return }
+        _ = await runPass(.timer)
+    }
+
+    private func unsubscribe(_ id: UUID) {
+        subscribers[id] = nil
+    }
+
+    deinit {
+        for continuation in subscribers.values { continuation.finish() }
+        loopTask?.cancel()
+        timerTask?.cancel()
+    }
+}
+
+extension ReplayRequest {
+    /// For the first attempt only: the caller's own secret headers (Authorization, Cookie) go out
+    /// with the request even though they are never stored.
+    mutating func keepSecretHeaders(from request: some NetworkRequest) {
+        var merged = headers
+        for (name, value) in request.headers where QueueEntry.secretHeaders.contains(name.lowercased()) {
+            merged[name] = value
+        }
+        self = ReplayRequest(url: url, method: method, headers: merged, body: body, timeout: timeout)
+    }
+}

@@ -1,0 +1,34 @@
+import Foundation
+
+/// Errors of the offline queue itself. Failures of the network call on the fast path are thrown
+/// as `NetworkError`.
+public enum OfflineQueueError: Error, Sendable, Equatable {
+    /// The queue holds `maxQueueSize` entries; the new one was not queued (nothing was written).
+    case full
+    /// A file operation failed: the disk is full (`ENOSPC`), the folder is not writable, … The
+    /// entry was not queued; nothing half-written is left behind.
+    case storage(operation: String, path: String, errno: Int32)
+    /// The request's URL has a credential-like query parameter (e.g. `access_token`); queue files
+    /// never hold secrets, so the request was not queued. Put credentials in a header instead.
+    case sensitiveQueryParameter(String)
+    /// The request cannot be stored (its method is unknown or it could not be encoded).
+    case unstorable(reason: String)
+}
+
+extension OfflineQueueError: CustomStringConvertible {
+    public var description: String {
+        switch self {
+        case .full: return "offline queue is full"
+        case .storage(let operation, let path, let code):
+            return "offline queue storage: \(operation) failed for \(path): \(String(cString: strerror(code))) (errno \(code))"
+        case .sensitiveQueryParameter(let name): return "offline queue refuses a URL with the credential-like query parameter '\(name)'"
+        case .unstorable(let reason): return "offline queue cannot store the request: \(reason)"
+        }
+    }
+
+    /// Whether the disk was full.
+    public var isDiskFull: Bool {
+        if case .storage(_, _, let code) = self { return code == ENOSPC || code == EDQUOT }
+        return false
+    }
+}

@@ -1,0 +1,152 @@
+import Foundation
+import RequestEngine
+
+/// One queued request as stored on disk (`<id>.json`) and held in the queue's index.
+///
+/// Secrets are never stored: `Authorization`, `Proxy-Authorization` and `Cookie` headers are
+/// dropped when an entry is made (a replaying sender such as `AuthenticatedRequestEngine` injects
+/// a fresh token at send time), and a URL with a credential-like query parameter is refused at
+/// enqueue (`OfflineQueueError.sensitiveQueryParameter`).
+public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
+    /// The file format version written by this library.
+    public static let currentFormatVersion = 1
+
+    /// Stable identity; also the file name.
+    public let id: UUID
+    public let url: URL
+    /// The HTTP method's raw value ("POST").
+    public let method: String
+    /// Request headers without secrets and without `Idempotency-Key` (sent from `idempotencyKey`).
+    public let headers: [String: String]
+    public let body: Data?
+    public let timeout: TimeInterval
+    /// When the entry was first queued (wall clock); with `ttl` it decides expiry.
+    public let enqueuedAt: Date
+    public let ttl: TimeInterval
+    /// `QueuePriority.rawValue`.
+    public let priority: Int
+    public let idempotencyKey: String
+    public let orderingKey: String?
+    public let coalescingKey: String?
+    /// Position in FIFO order; unique and increasing within a store.
+    public let sequence: UInt64
+    /// Attempts made so far that reached no success (the first attempt at enqueue included).
+    public internal(set) var attempts: Int
+    /// Not sent again before this time (backoff); `nil` means as soon as possible.
+    public internal(set) var nextAttemptAt: Date?
+    /// A short description of the last failure, without bodies or secrets.
+    public internal(set) var lastError: String?
+    /// Bumped when a coalescing enqueue replaces the entry's content.
+    public let revision: Int
+    public let formatVersion: Int
+
+    /// The priority as an enum (unknown values read as `.normal`).
+    public var queuePriority: QueuePriority { QueuePriority(rawValue: priority) ?? .normal }
+
+    /// The method as an enum, `nil` if the stored value is not one the library knows.
+    public var httpMethod: HTTPMethod? { HTTPMethod(rawValue: method) }
+
+    /// When the entry expires.
+    public var expiresAt: Date { enqueuedAt.addingTimeInterval(ttl.isFinite ? max(0, ttl) : 86_400 * 365_000) }
+
+    /// Whether the entry has expired at `now`.
+    public func isExpired(at now: Date) -> Bool { now >= expiresAt }
+
+    init(
+        id: UUID = UUID(),
+        request: some QueueableRequest,
+        idempotencyKey: String,
+        enqueuedAt: Date,
+        sequence: UInt64,
+        revision: Int = 0,
+        attempts: Int = 0,
+        nextAttemptAt: Date? = nil,
+        lastError: String? = nil
+    ) {
+        self.id = id
+        self.url = request.url
+        self.method = request.method.rawValue
+        self.headers = Self.storableHeaders(request.headers)
+        self.body = request.body
+        self.timeout = request.timeout
+        self.enqueuedAt = enqueuedAt
+        self.ttl = request.ttl
+        self.priority = request.priority.rawValue
+        self.idempotencyKey = idempotencyKey
+        self.orderingKey = request.orderingKey
+        self.coalescingKey = request.coalescingKey
+        self.sequence = sequence
+        self.revision = revision
+        self.attempts = attempts
+        self.nextAttemptAt = nextAttemptAt
+        self.lastError = lastError
+        self.formatVersion = Self.currentFormatVersion
+    }
+
+    /// The JSON encoder for entry files (infinite timeouts and TTLs are written as "inf").
+    static func makeEncoder() -> JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.nonConformingFloatEncodingStrategy = .convertToString(positiveInfinity: "inf", negativeInfinity: "-inf", nan: "nan")
+        return encoder
+    }
+
+    /// The matching decoder.
+    static func makeDecoder() -> JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.nonConformingFloatDecodingStrategy = .convertFromString(positiveInfinity: "inf", negativeInfinity: "-inf", nan: "nan")
+        return decoder
+    }
+
+    /// Header names never written to disk.
+    static let secretHeaders: Set<String> = ["authorization", "proxy-authorization", "cookie"]
+
+    static func storableHeaders(_ headers: [String: String]) -> [String: String] {
+        headers.filter { name, _ in
+            let lowered = name.lowercased()
+            return !secretHeaders.contains(lowered) && lowered != HTTPHeader.idempotencyKey.lowercased()
+        }
+    }
+
+    /// Query parameter names that look like credentials (compared case-insensitively, also as
+    /// suffixes such as `access_token` or `x-api-key`).
+    static let sensitiveQueryNames = ["token", "secret", "password", "passwd", "api_key", "apikey", "api-key", "signature", "sig", "auth", "credential", "session"]
+
+    static func sensitiveQueryParameter(in url: URL) -> String? {
+        guard let items = URLComponents(url: url, resolvingAgainstBaseURL: false)?.queryItems else { return nil }
+        for item in items {
+            let name = item.name.lowercased()
+            if sensitiveQueryNames.contains(where: { name == $0 || name.hasSuffix("_" + $0) || name.hasSuffix("-" + $0) || name.hasSuffix($0) && $0.count >= 5 }) {
+                return item.name
+            }
+        }
+        return nil
+    }
+}
+
+/// The request a queue entry replays: the stored fields plus its `Idempotency-Key`.
+struct ReplayRequest: NetworkRequest {
+    let url: URL
+    let method: HTTPMethod
+    let headers: [String: String]
+    let body: Data?
+    let timeout: TimeInterval
+
+    init(url: URL, method: HTTPMethod, headers: [String: String], body: Data?, timeout: TimeInterval) {
+        self.url = url
+        self.method = method
+        self.headers = headers
+        self.body = body
+        self.timeout = timeout
+    }
+
+    init?(_ entry: QueueEntry) {
+        guard let method = entry.httpMethod else { return nil }
+        url = entry.url
+        self.method = method
+        var headers = entry.headers
+        headers[HTTPHeader.idempotencyKey] = entry.idempotencyKey
+        self.headers = headers
+        body = entry.body
+        timeout = entry.timeout
+    }
+}
