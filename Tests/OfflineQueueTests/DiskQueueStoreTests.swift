@@ -1,0 +1,192 @@
+import Foundation
+import Testing
+import Retry
+import RequestEngine
+import ResilienceTesting
+@testable import OfflineQueue
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+@Suite("DiskQueueStore: layout, durability, quarantine, restart")
+struct DiskQueueStoreTests {
+    func permissions(_ path: String) -> Int {
+        ((try? FileManager.default.attributesOfItem(atPath: path))?[.posixPermissions] as? NSNumber)?.intValue ?? -1
+    }
+
+    @Test func oneOwnerOnlyJSONFilePerEntryDirectlyInTheFolder() async throws {
+        let h = try QueueHarness([.ok()], connected: false)
+        var ids: [UUID] = []
+        for index in 0..<3 { ids.append(try #require(try await h.engine.enqueue(Mutation("/\(index)")).queuedID)) }
+        #expect(h.directory.fileNames == ids.map { "\($0.uuidString).json" }.sorted())
+        for id in ids {
+            #expect(permissions(h.directory.url.appendingPathComponent("\(id.uuidString).json").path) == 0o600)
+        }
+        #expect(permissions(h.directory.url.path) == 0o700)
+        var isDirectory: ObjCBool = false
+        #expect(FileManager.default.fileExists(atPath: h.directory.url.appendingPathComponent("quarantine").path, isDirectory: &isDirectory) && isDirectory.boolValue)
+        let json = try JSONSerialization.jsonObject(with: Data(contentsOf: h.directory.url.appendingPathComponent("\(ids[0].uuidString).json"))) as? [String: Any]
+        #expect(json?["idempotencyKey"] as? String != nil)
+        #expect(json?["formatVersion"] as? Int == 1)
+    }
+
+    @Test func temporaryFilesLeftByACrashAreRemovedAtOpen() async throws {
+        let directory = TemporaryDirectory()
+        _ = try DiskQueueStore(directory: directory.url)
+        let leftover = directory.url.appendingPathComponent(".\(UUID().uuidString).json.tmp")
+        try Data("{\"half".utf8).write(to: leftover)
+        let store = try DiskQueueStore(directory: directory.url)
+        #expect(store.openReport.removedTemporaryFiles == 1)
+        #expect(!FileManager.default.fileExists(atPath: leftover.path))
+        #expect(await store.count() == 0)
+    }
+
+    @Test func corruptOrForeignFilesAreQuarantinedReportedAndNotCounted() async throws {
+        let h = try QueueHarness([.ok()], connected: false)
+        let good = try #require(try await h.engine.enqueue(Mutation("/good")).queuedID)
+        let url = h.directory.url
+        let garbage = "\(UUID().uuidString).json", empty = "\(UUID().uuidString).json", schema = "\(UUID().uuidString).json"
+        try Data([0xFF, 0x00, 0x7B]).write(to: url.appendingPathComponent(garbage))
+        try Data().write(to: url.appendingPathComponent(empty))
+        try Data("{\"hello\": \"world\"}".utf8).write(to: url.appendingPathComponent(schema))
+        // A valid entry under the wrong name.
+        let renamed = "\(UUID().uuidString).json"
+        try FileManager.default.copyItem(at: url.appendingPathComponent("\(good.uuidString).json"), to: url.appendingPathComponent(renamed))
+        try Data("notes".utf8).write(to: url.appendingPathComponent("README.txt"))  // not ours: ignored
+
+        let store = try DiskQueueStore(directory: url)
+        #expect(await store.count() == 1)
+        #expect(Set(store.openReport.quarantined.map(\.name)) == [garbage, empty, schema, renamed])
+        let quarantined = try FileManager.default.contentsOfDirectory(atPath: store.quarantineDirectory.path)
+        #expect(Set(quarantined) == [garbage, empty, schema, renamed])
+        #expect(h.directory.fileNames == ["\(good.uuidString).json", "README.txt"])
+    }
+
+    @Test func aNewEngineOnTheSameFolderResumesEntriesWithKeysAttemptsAndBackoff() async throws {
+        let h = try QueueHarness([.status(503)])
+        var request = Mutation("/a")
+        request.idempotencyKey = "stable-key"
+        let first = try #require(try await h.engine.enqueue(request).queuedID)  // 503: attempt 1, backoff
+        let before = try #require(await h.store.entry(id: first))
+
+        let session = ScriptedNetworkSession([.ok()])
+        let reopened = try DiskQueueStore(directory: h.directory.url)
+        let restarted = OfflineQueueEngine(
+            requestEngine: AsyncRequestEngine(session: session),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
+            store: reopened
+        )
+        let after = try #require(await reopened.entry(id: first))
+        #expect(after == before)
+        #expect(after.attempts == 1)
+        #expect(after.idempotencyKey == "stable-key")
+        #expect(after.nextAttemptAt == before.nextAttemptAt)
+        let next = try #require(try await restarted.enqueue(Mutation("/b")).queuedID)
+        #expect(await restarted.items.map(\.id) == [first, next])  // FIFO continues across restarts
+        #expect(try #require(await reopened.entry(id: next)).sequence > after.sequence)
+    }
+
+    @Test func aCoalescingReplacementInterruptedByACrashKeepsTheNewestRevision() async throws {
+        let h = try QueueHarness([.ok()], connected: false)
+        var v1 = Mutation("/profile", body: "v1")
+        v1.coalescingKey = "p"
+        let oldID = try #require(try await h.engine.enqueue(v1).queuedID)
+        let old = try #require(await h.store.entry(id: oldID))
+        var v2 = Mutation("/profile", body: "v2")
+        v2.coalescingKey = "p"
+        let newID = try #require(try await h.engine.enqueue(v2).queuedID)
+        // Simulate the crash window: the old file is still there next to its replacement.
+        let data = try QueueEntry.makeEncoder().encode(old)
+        try data.write(to: h.directory.url.appendingPathComponent("\(oldID.uuidString).json"))
+        let reopened = try DiskQueueStore(directory: h.directory.url)
+        #expect(await reopened.load().map(\.id) == [newID])
+        #expect(reopened.openReport.removedSupersededEntries == 1)
+        #expect(h.directory.fileNames == ["\(newID.uuidString).json"])
+    }
+
+    @Test func aFolderThatCannotBeCreatedIsATypedError() throws {
+        let directory = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: directory.url, withIntermediateDirectories: true)
+        let blocker = directory.url.appendingPathComponent("queue")
+        try Data("I am a file".utf8).write(to: blocker)
+        #expect(throws: OfflineQueueError.self) { try DiskQueueStore(directory: blocker) }
+        #expect(throws: OfflineQueueError.self) { try DiskQueueStore(directory: blocker.appendingPathComponent("inner")) }
+    }
+
+    @Test func twoThousandEntriesReopenInOrderWithoutLoss() async throws {
+        let h = try QueueHarness([.ok()], connected: false, maxQueueSize: 5000)
+        let engine = h.engine
+        let ids = try await withThrowingTaskGroup(of: UUID?.self) { group in
+            for index in 0..<2000 {
+                group.addTask {
+                    try await engine.enqueue(Mutation("/\(index)", priority: index % 3 == 0 ? .high : .normal)).queuedID
+                }
+            }
+            return try await group.reduce(into: Set<UUID>()) { if let id = $1 { $0.insert(id) } }
+        }
+        #expect(ids.count == 2000)
+        let expectedOrder = await h.store.load().map(\.id)
+        let reopened = try DiskQueueStore(directory: h.directory.url)
+        #expect(reopened.openReport.loaded == 2000)
+        #expect(await reopened.load().map(\.id) == expectedOrder)
+        #expect(Set(expectedOrder) == ids)
+    }
+
+    @Test func aFullDiskIsATypedErrorAndLosesNothingAcknowledged() async throws {
+        let mountPoint = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: mountPoint.url, withIntermediateDirectories: true)
+        guard let mounted = SmallFileSystem(at: mountPoint.url.path, kilobytes: 64) else {
+            print("skipped aFullDiskIsATypedErrorAndLosesNothingAcknowledged: cannot mount a size-limited tmpfs here (needs root and mount(2))")
+            return
+        }
+        defer { mounted.unmount() }
+        let folder = mountPoint.url.appendingPathComponent("queue")
+        let store = try DiskQueueStore(directory: folder)
+        let engine = OfflineQueueEngine(
+            requestEngine: AsyncRequestEngine(session: ScriptedNetworkSession([.ok()])),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
+            store: store, maxQueueSize: 100_000
+        )
+        var acknowledged: [UUID] = []
+        var failure: OfflineQueueError?
+        let body = String(repeating: "x", count: 2048)
+        for index in 0..<1000 {
+            do {
+                acknowledged.append(try #require(try await engine.enqueue(Mutation("/\(index)", body: body)).queuedID))
+            } catch let error as OfflineQueueError {
+                failure = error
+                break
+            }
+        }
+        let error = try #require(failure, "the 64 KiB file system never filled up")
+        #expect(error.isDiskFull, "\(error)")
+        #expect(await engine.pendingCount() == acknowledged.count)
+        let leftovers = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasPrefix(".") }
+        #expect(leftovers.isEmpty)
+        let reopened = try DiskQueueStore(directory: folder)
+        #expect(Set(await reopened.load().map(\.id)) == Set(acknowledged))
+        #expect(reopened.openReport.quarantined.isEmpty)
+    }
+}
+
+/// A size-limited tmpfs mounted for one test (Linux, root only).
+struct SmallFileSystem {
+    let path: String
+
+    init?(at path: String, kilobytes: Int) {
+        #if os(Linux)
+        guard geteuid() == 0, mount("tmpfs", path, "tmpfs", 0, "size=\(kilobytes)k,mode=0700") == 0 else { return nil }
+        self.path = path
+        #else
+        return nil
+        #endif
+    }
+
+    func unmount() {
+        #if os(Linux)
+        umount2(path, 2)  // MNT_DETACH
+        #endif
+    }
+}
