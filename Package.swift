@@ -35,6 +35,8 @@ let package = Package(
         .testTarget(name: "RequestEngineTests", dependencies: ["RequestEngine", "ResilienceTesting"]),
         .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceTesting"]),
         .testTarget(name: "OfflineQueueTests", dependencies: ["OfflineQueue", "ResilienceTesting"]),
+        .testTarget(name: "AuthTests", dependencies: ["Auth", "ResilienceTesting"]),
+        .testTarget(name: "ObservabilityTests", dependencies: ["Observability", "ResilienceTesting"]),
     ],
     swiftLanguageModes: [.v6]
 )
