@@ -58,9 +58,12 @@ public actor AsyncRequestEngine: RequestSending {
     public nonisolated let circuitBreaker: CircuitBreaker?
     public nonisolated let options: Options
     private nonisolated let time: TimeSource
+    private nonisolated let watchdog: DeadlineWatchdog
 
-    /// Shared calls in flight, by identity. Only deduplicated methods are registered here.
-    private var inFlight: [RequestIdentity: SharedCall] = [:]
+    /// Shared calls in flight, by identity (deduplicated methods only). A lock, not actor state:
+    /// every deduplicated send joins or starts a call here, and an actor hop each way measurably
+    /// slowed the request path (Benchmarks/README.md).
+    private nonisolated let inFlight = Locked<[RequestIdentity: SharedCall]>([:])
 
     /// - Parameters:
     ///   - session: the transport; `URLSession.shared` by default.
@@ -86,6 +89,11 @@ public actor AsyncRequestEngine: RequestSending {
         self.circuitBreaker = circuitBreaker
         self.options = options
         self.time = TimeSource(clock)
+        self.watchdog = DeadlineWatchdog(time: time)
+    }
+
+    deinit {
+        watchdog.shutdown()
     }
 
     /// Sends `request` and returns the body and response of a 2xx reply.
@@ -109,43 +117,52 @@ public actor AsyncRequestEngine: RequestSending {
         if options.deduplicatedMethods.contains(request.method) {
             return try await sendShared(request)
         }
-        return try await execute(request, traceID: UUID()).get()
+        return try await execute(request, traceID: makeTraceID()).get()
     }
 
     /// The number of distinct shared calls in flight now (deduplicated methods only).
-    public var inFlightCount: Int { inFlight.count }
+    public nonisolated var inFlightCount: Int { inFlight.withLock { $0.count } }
+
+    /// A fresh trace id when events are observed; without a sink none is needed (`UUID()` reads
+    /// /dev/urandom on Linux: three system calls per request for nothing).
+    private nonisolated func makeTraceID() -> UUID {
+        eventSink == nil ? Self.unobservedTraceID : UUID()
+    }
+
+    private static let unobservedTraceID = UUID(uuid: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
 
     // MARK: - Single flight
 
     private nonisolated func sendShared(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         let identity = RequestIdentity(request)
-        let (call, waiter, joined) = await joinOrStart(identity, request)
+        let (call, waiter, joined) = joinOrStart(identity)
         if joined {
-            await emit(.deduplicated(traceID: UUID(), url: request.url, method: request.method))
+            await emit(.deduplicated(traceID: makeTraceID(), url: request.url, method: request.method))
+        } else {
+            call.attach(Task {
+                let outcome = await self.execute(request, traceID: self.makeTraceID())
+                // Unregister before answering, so a send after completion starts a fresh call.
+                // A newer call may have replaced this one after it was abandoned: leave that one.
+                self.inFlight.withLock { calls in
+                    if calls[identity] === call { calls[identity] = nil }
+                }
+                call.complete(outcome)
+            })
         }
         return try await call.wait(waiter).get()
     }
 
-    private func joinOrStart(
-        _ identity: RequestIdentity,
-        _ request: some NetworkRequest
-    ) -> (SharedCall, Int, joined: Bool) {
-        if let existing = inFlight[identity], let waiter = existing.join() {
-            return (existing, waiter, true)
+    /// Joins the call in flight for `identity`, or registers a new one (lock order: the table,
+    /// then the call's own lock; nothing takes them the other way round).
+    private nonisolated func joinOrStart(_ identity: RequestIdentity) -> (SharedCall, Int, joined: Bool) {
+        inFlight.withLock { calls in
+            if let existing = calls[identity], let waiter = existing.join() {
+                return (existing, waiter, true)
+            }
+            let (call, waiter) = SharedCall.started()
+            calls[identity] = call
+            return (call, waiter, false)
         }
-        let (call, waiter) = SharedCall.started()
-        inFlight[identity] = call
-        call.attach(Task {
-            let outcome = await self.execute(request, traceID: UUID())
-            call.complete(outcome)
-            self.finished(identity, call)
-        })
-        return (call, waiter, false)
-    }
-
-    private func finished(_ identity: RequestIdentity, _ call: SharedCall) {
-        // A newer call may have replaced this one after it was abandoned; leave that one alone.
-        if inFlight[identity] === call { inFlight[identity] = nil }
     }
 
     // MARK: - One logical request: attempts, retries, events
@@ -232,29 +249,24 @@ public actor AsyncRequestEngine: RequestSending {
         _ urlRequest: URLRequest,
         timeout: Duration?
     ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        guard let timeout else { return await call(urlRequest) }
         let session = self.session
-        let time = self.time
-        return await withTaskGroup(of: Result<(Data, HTTPURLResponse), NetworkError>?.self) { group in
-            group.addTask { await Self.call(urlRequest, on: session) }
-            group.addTask {
-                do {
-                    try await time.sleep(timeout)
-                    return .failure(.timedOut)
-                } catch {
-                    return nil  // cancelled: the call finished first, or the caller was cancelled
-                }
-            }
-            defer { group.cancelAll() }
-            while let next = await group.next() {
-                if let outcome = next { return outcome }
-            }
-            return .failure(.cancelled)
+        guard let timeout else { return await Self.call(urlRequest, on: session) }
+        // The attempt runs in a task of its own so the watchdog can cancel just this attempt (not
+        // the caller, whose later retries must still run) when the deadline passes.
+        let expired = Locked(false)
+        let attempt = Task { await Self.call(urlRequest, on: session) }
+        let registration = watchdog.schedule(after: timeout) {
+            expired.withLock { $0 = true }
+            attempt.cancel()
         }
-    }
-
-    private nonisolated func call(_ urlRequest: URLRequest) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        await Self.call(urlRequest, on: session)
+        let result = await withTaskCancellationHandler {
+            await attempt.value
+        } onCancel: {
+            attempt.cancel()
+        }
+        watchdog.cancel(registration)
+        if case .failure = result, expired.withLock({ $0 }) { return .failure(.timedOut) }
+        return result
     }
 
     private static func call(

@@ -318,4 +318,33 @@ struct AsyncRequestEngineRetryTests {
         let engine = AsyncRequestEngine(session: ScriptedNetworkSession([.urlError(.notConnectedToInternet)]), clock: ManualClock())
         #expect(await networkError { _ = try await engine.response(for: TestRequest()) }?.caseName == "noConnection")
     }
+
+    @Test func aShorterTimeoutRegisteredLaterStillFiresFirst() async {
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.hang])
+        let engine = AsyncRequestEngine(session: session, clock: clock)
+        let long = Task { await networkError { try await engine.send(TestRequest("/long", method: .post, timeout: 60)) } }
+        await session.waitForCalls(1)
+        let short = Task { await networkError { try await engine.send(TestRequest("/short", method: .post, timeout: 5)) } }
+        await session.waitForCalls(2)
+        await clock.waitForSleepers(1)
+        #expect(clock.nextDeadline == .init(offset: .seconds(5)))  // one watchdog sleeper, re-armed
+        clock.advance(by: .seconds(5))
+        #expect(await short.value?.caseName == "timedOut")
+        await clock.waitForSleepers(1)
+        #expect(clock.nextDeadline == .init(offset: .seconds(60)))
+        clock.advance(by: .seconds(55))
+        #expect(await long.value?.caseName == "timedOut")
+    }
+
+    @Test func fastRequestsWithTimeoutsShareOneWatchdogSleeper() async throws {
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.ok()])
+        let engine = AsyncRequestEngine(session: session, clock: clock)
+        for index in 0..<200 {
+            _ = try await engine.send(TestRequest("/\(index)", timeout: 30))
+        }
+        #expect(clock.sleeperCount <= 1)
+        #expect(session.callCount == 200)
+    }
 }
