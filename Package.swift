@@ -20,7 +20,11 @@ let package = Package(
     targets: [
         .target(name: "Retry"),
         .target(name: "RequestEngine", dependencies: ["Retry"]),
-        .target(name: "OfflineQueue", dependencies: ["RequestEngine", "Retry"]),
+        .target(name: "CNetlink"),
+        .target(
+            name: "OfflineQueue",
+            dependencies: ["RequestEngine", "Retry", .target(name: "CNetlink", condition: .when(platforms: [.linux]))]
+        ),
         .target(name: "Auth", dependencies: ["RequestEngine"]),
         .target(name: "Observability", dependencies: ["RequestEngine"]),
         .target(name: "Drainer", dependencies: ["OfflineQueue"]),

@@ -27,6 +27,17 @@ let package = Package(
             path: "Benchmarks/RequestEngineBenchmarks",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
+        .executableTarget(
+            name: "OfflineQueueBenchmarks",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "OfflineQueue", package: "Resilience"),
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+            ],
+            path: "Benchmarks/OfflineQueueBenchmarks",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -30,15 +30,21 @@ public actor OfflineQueueEngine {
         public var maxAttempts: Int?
         /// Longest wait honoured from a `Retry-After` on 429/503. Default 1 hour.
         public var maximumRetryAfter: Duration
+        /// While started, how long after a send found the network unreachable (`noConnection`)
+        /// the queue tries again even if the monitor never reports a change — the monitor may say
+        /// "connected" while sends fail (captive portal, data not allowed). Default 30 s.
+        public var offlineRecheckInterval: Duration
 
         public init(
             retryPolicy: any RetryPolicy = ExponentialRetryPolicy(maxRetries: .max, baseDelay: 1, maxDelay: 300, jitter: .equal),
             maxAttempts: Int? = nil,
-            maximumRetryAfter: Duration = .seconds(3600)
+            maximumRetryAfter: Duration = .seconds(3600),
+            offlineRecheckInterval: Duration = .seconds(30)
         ) {
             self.retryPolicy = retryPolicy
             self.maxAttempts = maxAttempts.map { max(1, $0) }
             self.maximumRetryAfter = max(.zero, maximumRetryAfter)
+            self.offlineRecheckInterval = max(.milliseconds(1), offlineRecheckInterval)
         }
     }
 
@@ -141,9 +147,12 @@ public actor OfflineQueueEngine {
         }
         let entry = try await persist(request, key: key, attempts: attempts, nextAttemptAt: nextAttemptAt, lastError: lastError)
         // While started, a stored entry is replayed without waiting for the next reconnect: when
-        // its backoff ends, or right away if it has none (unless a send just found us offline).
-        if entry.nextAttemptAt != nil || !learnedOffline {
-            scheduleTimerIfNeeded(for: entry.nextAttemptAt ?? now)
+        // its backoff ends, right away if it has none, or at the offline re-check if a send just
+        // found the network unreachable.
+        if let next = entry.nextAttemptAt {
+            scheduleTimerIfNeeded(for: next)
+        } else {
+            scheduleTimerIfNeeded(for: learnedOffline ? offlineRecheckDate() : now)
         }
         return .queued(id: entry.id)
     }
@@ -163,8 +172,12 @@ public actor OfflineQueueEngine {
     @discardableResult
     public func cancel(id: UUID) async -> Bool {
         guard await store.entry(id: id) != nil else { return false }
-        try? await store.remove(id: id)
-        return true
+        do {
+            try await store.remove(id: id)
+            return true
+        } catch {
+            return false  // the file could not be deleted: it would come back at the next open
+        }
     }
 
     /// Removes every entry.
@@ -369,7 +382,15 @@ public actor OfflineQueueEngine {
             }
         }
         report.remaining = await store.count()
-        if loopTask != nil, !report.endedOffline { await scheduleNextTimer() }
+        if loopTask != nil {
+            if !connected {
+                // The monitor will say when it is back; no timer while offline.
+            } else if learnedOffline {
+                scheduleTimerIfNeeded(for: offlineRecheckDate())
+            } else {
+                await scheduleNextTimer()
+            }
+        }
         return report
     }
 
@@ -474,6 +495,10 @@ public actor OfflineQueueEngine {
         timerDeadline = nil
         guard await reachability.isConnected else { return }
         _ = await runPass(.timer)
+    }
+
+    private func offlineRecheckDate() -> Date {
+        now.addingTimeInterval(configuration.offlineRecheckInterval.seconds)
     }
 
     private func unsubscribe(_ id: UUID) {

@@ -351,4 +351,18 @@ struct OfflineQueueEngineTests {
         request.url = URL(string: "https://api.example.test/a?page=2&sort=desc&monkey=1")!
         #expect(try await h.engine.enqueue(request).queuedID != nil)
     }
+
+    @Test func aStartedQueueThatLearnedItIsOfflineTriesAgainAfterTheRecheckInterval() async throws {
+        let h = try QueueHarness([.urlError(.notConnectedToInternet), .ok()],
+                                 configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10), offlineRecheckInterval: .seconds(30)))
+        let collector = ResultCollector(await h.engine.results)
+        await h.engine.start()
+        _ = try await h.engine.enqueue(Mutation("/a"))  // noConnection: queued, the monitor still says connected
+        await h.clock.waitForSleepers(1)
+        #expect(h.clock.nextDeadline == .init(offset: .seconds(30)))
+        h.clock.advance(by: .seconds(30))
+        await collector.wait(for: 1)
+        #expect(collector.results.map(\.name) == ["delivered(200)"])
+        await h.engine.stop()
+    }
 }

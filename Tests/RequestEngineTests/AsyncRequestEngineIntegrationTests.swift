@@ -122,9 +122,10 @@ struct AsyncRequestEngineIntegrationTests {
     }
 
     @Test func connectionRefusedIsATypedRetryableError() async throws {
-        let closed = try LoopbackHTTPServer()
-        let url = closed.url("/nothing")
-        closed.shutdown()
+        // A port that is bound but not listening refuses connections, and unlike a shut-down
+        // server's port it cannot be handed to another test's server meanwhile.
+        let refusing = try RefusingPort()
+        let url = try #require(URL(string: "http://127.0.0.1:\(refusing.port)/nothing"))
         let engine = AsyncRequestEngine(session: session)
         let error = try #require(await networkError { try await engine.send(TestRequest(url: url)) })
         #expect(error.caseName == "transport(cannotConnectToHost)")

@@ -1,0 +1,323 @@
+import Benchmark
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import OfflineQueue
+import RequestEngine
+import ResilienceTesting
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+// What the offline queue's durability and bookkeeping cost, each against a baseline measured in the
+// same run (interleaved where the two halves can share an iteration):
+// 1. sequential durable enqueue vs a raw durable write of the same bytes (temp + fsync + rename +
+//    directory fsync) — target: the queue reaches >= 80 % of the raw rate;
+// 2. 64 concurrent enqueuers (group commit of directory fsyncs) vs one sequential enqueuer —
+//    target: >= 3x the sequential rate;
+// 3. opening a folder of 10 000 and 100 000 entries: time and peak RSS;
+// 4. replaying 10 000 entries to LoopbackHTTPServer vs sending the same 10 000 requests directly
+//    through AsyncRequestEngine — target: <= 1.2x.
+// Ratios are printed by each benchmark's teardown; see ../../README.md for the figures.
+
+let benchmarks: @Sendable () -> Void = {
+    Benchmark.defaultConfiguration = .init(
+        metrics: [.wallClock, .throughput, .peakMemoryResident],
+        timeUnits: .milliseconds,
+        warmupIterations: 1,
+        maxDuration: .seconds(20),
+        maxIterations: 20
+    )
+
+    // MARK: 1. Sequential: queue enqueue vs raw durable write, interleaved
+
+    let sequential = RatioReport(label: "queue enqueue rate / raw durable write rate (sequential, 200 + 200 per iteration)", invert: true)
+    Benchmark("queue: sequential durable enqueue vs raw durable write, interleaved") { benchmark in
+        let folder = Folder()
+        defer { folder.remove() }
+        let store = try DiskQueueStore(directory: folder.url.appendingPathComponent("queue"))
+        let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store, maxQueueSize: 1_000_000)
+        let raw = folder.url.appendingPathComponent("raw").path
+        mkdir(raw, 0o700)
+        let payload = try samplePayload()
+        var rawTime = Duration.zero
+        var queueTime = Duration.zero
+        for round in 0..<4 {  // raw, queue, queue, raw, … in blocks of 50
+            let order = round % 2 == 0 ? [true, false] : [false, true]
+            for isRaw in order {
+                let start = ContinuousClock.now
+                for _ in 0..<50 {
+                    if isRaw {
+                        try rawDurableWrite(payload, directory: raw)
+                    } else {
+                        _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), attemptFirst: false)
+                    }
+                }
+                if isRaw { rawTime += ContinuousClock.now - start } else { queueTime += ContinuousClock.now - start }
+            }
+        }
+        sequential.add(numerator: queueTime, denominator: rawTime)
+        benchmark.measurement(.custom("queue/raw time per item (‰)"), Int(queueTime / rawTime * 1000))
+    } teardown: {
+        sequential.print()
+    }
+
+    // MARK: 2. Concurrent enqueue with group commit vs sequential enqueue, interleaved
+
+    let concurrent = RatioReport(label: "concurrent (64 tasks) enqueue rate / sequential enqueue rate (256 entries each way per iteration)", invert: true)
+    Benchmark("queue: 64 concurrent enqueuers (group commit) vs sequential, interleaved") { benchmark in
+        let folder = Folder()
+        defer { folder.remove() }
+        let store = try DiskQueueStore(directory: folder.url)
+        let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store, maxQueueSize: 1_000_000)
+        let payload = try samplePayload()
+        let count = 256
+        var sequentialTime = Duration.zero
+        var concurrentTime = Duration.zero
+        for round in 0..<2 {
+            for isConcurrent in round == 0 ? [false, true] : [true, false] {
+                let start = ContinuousClock.now
+                if isConcurrent {
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        for worker in 0..<64 {
+                            group.addTask {
+                                for _ in 0..<(count / 64) where worker >= 0 {
+                                    _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), attemptFirst: false)
+                                }
+                            }
+                        }
+                        try await group.waitForAll()
+                    }
+                    concurrentTime += ContinuousClock.now - start
+                } else {
+                    for _ in 0..<count {
+                        _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), attemptFirst: false)
+                    }
+                    sequentialTime += ContinuousClock.now - start
+                }
+            }
+        }
+        concurrent.add(numerator: concurrentTime, denominator: sequentialTime)
+        benchmark.measurement(.custom("concurrent/sequential time (‰)"), Int(concurrentTime / sequentialTime * 1000))
+    } teardown: {
+        concurrent.print()
+    }
+
+    // MARK: 3. Open a folder of N entries
+
+    for count in [10_000, 100_000] {
+        let prepared = PreparedFolder(entries: count)
+        Benchmark(
+            "queue: open \(count) entries",
+            configuration: .init(metrics: [.wallClock, .peakMemoryResident, .mallocCountTotal], timeUnits: .milliseconds, warmupIterations: 1, maxDuration: .seconds(30), maxIterations: 10)
+        ) { benchmark in
+            let url = try prepared.url()
+            benchmark.startMeasurement()
+            let store = try DiskQueueStore(directory: url)
+            benchmark.stopMeasurement()
+            precondition(store.openReport.loaded == count && store.openReport.quarantined.isEmpty, "open loaded \(store.openReport.loaded)")
+            blackHole(store)
+        } teardown: {
+            prepared.remove()
+        }
+    }
+
+    // MARK: 4. Replay 10 000 entries vs sending them directly, interleaved
+
+    let replay = RatioReport(label: "replay of 10 000 queued entries / 10 000 direct sends (time)", invert: false)
+    let replayPrepared = PreparedFolder(entries: 10_000, pathPrefix: "/replay/")
+    Benchmark(
+        "queue: replay 10 000 entries vs direct sends, interleaved",
+        configuration: .init(metrics: [.wallClock], timeUnits: .milliseconds, warmupIterations: 0, maxDuration: .seconds(60), maxIterations: 3)
+    ) { benchmark in
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        server.route("/replay/*", .status(201))
+        let session = URLSession(configuration: .ephemeral)
+        let sender = AsyncRequestEngine(session: session)
+        let sourceFolder = try replayPrepared.url(baseURL: server.baseURL)
+        // Direct: the same 10 000 requests, one at a time, through the same kind of engine.
+        let entries = try DiskQueueStore(directory: sourceFolder)
+        let requests = await entries.load().map { entry in
+            QueuedRequest(method: .post, url: entry.url, headers: entry.headers, body: entry.body, idempotencyKey: entry.idempotencyKey)
+        }
+        let directStart = ContinuousClock.now
+        for request in requests {
+            var headers = request.headers
+            headers["Idempotency-Key"] = request.idempotencyKey
+            let (_, response) = try await sender.send(DirectRequest(url: request.url, headers: headers, body: request.body))
+            precondition(response.statusCode == 201)
+        }
+        let directTime = ContinuousClock.now - directStart
+        // Replay: open the folder and drain it.
+        let replayStart = ContinuousClock.now
+        let queue = OfflineQueueEngine(requestEngine: sender, reachabilityMonitor: ManualReachabilityMonitor(isConnected: true), store: try DiskQueueStore(directory: sourceFolder), maxQueueSize: 1_000_000)
+        let report = await queue.flush()
+        let replayTime = ContinuousClock.now - replayStart
+        precondition(report.delivered.count == 10_000 && report.remaining == 0, "replay delivered \(report.delivered.count)")
+        replay.add(numerator: replayTime, denominator: directTime)
+        benchmark.measurement(.custom("replay/direct time (‰)"), Int(replayTime / directTime * 1000))
+    } teardown: {
+        replay.print()
+        replayPrepared.remove()
+    }
+}
+
+// MARK: - Support
+
+let sampleURL = URL(string: "https://api.example.test/comments")!
+
+struct Payload: Sendable {
+    let body: Data
+    let encoded: Data  // what a queue entry with this body looks like on disk
+}
+
+/// A 200-byte JSON body, and the bytes of a queue file holding it (the raw baseline writes those).
+func samplePayload() throws -> Payload {
+    let body = Data(("{\"text\":\"" + String(repeating: "x", count: 188) + "\"}").utf8)
+    let folder = Folder()
+    defer { folder.remove() }
+    let store = try DiskQueueStore(directory: folder.url)
+    let semaphore = DispatchSemaphore(value: 0)
+    let box = Mutex<Data?>(nil)
+    Task {
+        let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store)
+        if let id = try? await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: body), attemptFirst: false).queuedID {
+            box.withLock { $0 = try? Data(contentsOf: folder.url.appendingPathComponent("\(id.uuidString).json")) }
+        }
+        semaphore.signal()
+    }
+    semaphore.wait()
+    guard let encoded = box.withLock({ $0 }) else { throw BenchmarkFailure.setup("could not write a sample entry") }
+    return Payload(body: body, encoded: encoded)
+}
+
+enum BenchmarkFailure: Error {
+    case setup(String)
+}
+
+/// The baseline: what any durable one-file-per-record store must do.
+func rawDurableWrite(_ payload: Payload, directory: String) throws {
+    let name = UUID().uuidString
+    let temp = "\(directory)/.\(name).tmp"
+    let final = "\(directory)/\(name).json"
+    let fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+    guard fd >= 0 else { throw BenchmarkFailure.setup("open failed") }
+    _ = payload.encoded.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+    fsync(fd)
+    close(fd)
+    rename(temp, final)
+    let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    fsync(dir)
+    close(dir)
+}
+
+struct DirectRequest: NetworkRequest {
+    let url: URL
+    let method: HTTPMethod = .post
+    let headers: [String: String]
+    let body: Data?
+}
+
+final class Folder: Sendable {
+    let url: URL
+    init() {
+        url = FileManager.default.temporaryDirectory.appendingPathComponent("queue-bench-\(UUID().uuidString)")
+        try? FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+    func remove() { try? FileManager.default.removeItem(at: url) }
+}
+
+/// A folder of N queue entries written once (without fsync: only opening is measured), reused by
+/// every iteration. Entries are written through a real store, then copied as files for speed.
+final class PreparedFolder: Sendable {
+    private let count: Int
+    private let pathPrefix: String
+    private let state = Mutex<URL?>(nil)
+
+    init(entries: Int, pathPrefix: String = "/items/") {
+        count = entries
+        self.pathPrefix = pathPrefix
+    }
+
+    /// The folder, made on first use. Entries point at `baseURL` (for replay) or example.test.
+    func url(baseURL: URL = URL(string: "https://api.example.test")!) throws -> URL {
+        if let url = state.withLock({ $0 }) {
+            if FileManager.default.fileExists(atPath: url.path) { return url }
+        }
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("queue-bench-open-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        // One real entry as a template, then N files with fresh ids, sequences and keys.
+        let template = try templateEntry(baseURL: baseURL)
+        let encoder = JSONEncoder()
+        for index in 0..<count {
+            var object = template
+            let id = UUID().uuidString
+            object["id"] = id
+            object["sequence"] = index + 1
+            object["idempotencyKey"] = UUID().uuidString
+            object["url"] = baseURL.absoluteString + pathPrefix + "\(index)"
+            object["priority"] = index % 10 == 0 ? 1 : 0
+            let data = try JSONSerialization.data(withJSONObject: object)
+            try data.write(to: folder.appendingPathComponent("\(id).json"))
+            _ = encoder
+        }
+        state.withLock { $0 = folder }
+        return folder
+    }
+
+    func remove() {
+        if let url = state.withLock({ $0 }) { try? FileManager.default.removeItem(at: url) }
+        state.withLock { $0 = nil }
+    }
+
+    private func templateEntry(baseURL: URL) throws -> [String: Any] {
+        let folder = Folder()
+        defer { folder.remove() }
+        let store = try DiskQueueStore(directory: folder.url)
+        let semaphore = DispatchSemaphore(value: 0)
+        Task {
+            let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store)
+            _ = try? await engine.enqueue(QueuedRequest(method: .post, url: baseURL.appendingPathComponent("template"), body: Data("{\"n\":1}".utf8)), attemptFirst: false)
+            semaphore.signal()
+        }
+        semaphore.wait()
+        let names = try FileManager.default.contentsOfDirectory(atPath: folder.url.path).filter { $0.hasSuffix(".json") }
+        guard let name = names.first,
+              let object = try JSONSerialization.jsonObject(with: Data(contentsOf: folder.url.appendingPathComponent(name))) as? [String: Any]
+        else { throw BenchmarkFailure.setup("no template entry") }
+        return object
+    }
+}
+
+/// Collects numerator/denominator pairs across iterations and prints their ratio.
+final class RatioReport: Sendable {
+    private let label: String
+    private let invert: Bool
+    private let samples = Mutex<[(Duration, Duration)]>([])
+
+    /// `invert`: print denominator/numerator (a rate ratio from two times).
+    init(label: String, invert: Bool) {
+        self.label = label
+        self.invert = invert
+    }
+
+    func add(numerator: Duration, denominator: Duration) {
+        samples.withLock { $0.append((numerator, denominator)) }
+    }
+
+    func print() {
+        let all = samples.withLock { $0 }
+        guard !all.isEmpty else { return }
+        let ratios = all.map { invert ? $0.1 / $0.0 : $0.0 / $0.1 }.sorted()
+        let median = ratios[ratios.count / 2]
+        let total = all.reduce((Duration.zero, Duration.zero)) { ($0.0 + $1.0, $0.1 + $1.1) }
+        let pooled = invert ? total.1 / total.0 : total.0 / total.1
+        Swift.print(String(format: "%@: median %.3f, pooled %.3f, min %.3f, max %.3f over %d iterations",
+                           label, median, pooled, ratios.first ?? 0, ratios.last ?? 0, all.count))
+    }
+}
