@@ -93,6 +93,36 @@ enum DurableFiles {
         return data
     }
 
+    /// Reads the file `name` in the directory open as `directory` into `buffer` (grown as needed,
+    /// reused across calls so a large open allocates almost nothing per file); returns the length.
+    static func readFile(named name: String, in directory: Int32, into buffer: inout [UInt8]) throws -> Int {
+        let fd = openat(directory, name, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw failure("open", name) }
+        defer { close(fd) }
+        if buffer.count < 4096 { buffer = [UInt8](repeating: 0, count: 4096) }
+        var length = 0
+        while true {
+            if length == buffer.count { buffer.append(contentsOf: [UInt8](repeating: 0, count: buffer.count)) }
+            let got = buffer.withUnsafeMutableBytes { raw -> Int in
+                guard let base = raw.baseAddress else { return 0 }
+                return read(fd, base + length, raw.count - length)
+            }
+            if got < 0 {
+                if errno == EINTR { continue }
+                throw failure("read", name)
+            }
+            if got == 0 { return length }
+            length += got
+        }
+    }
+
+    /// Opens a directory for `readFile(named:in:into:)`; close it with `close(_:)`.
+    static func openDirectory(_ path: String) throws -> Int32 {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw failure("open directory", path) }
+        return fd
+    }
+
     /// Names in a directory (without "." and "..").
     static func listDirectory(_ path: String) throws -> [String] {
         guard let dir = opendir(path) else { throw failure("opendir", path) }

@@ -161,17 +161,17 @@ public actor OfflineQueueEngine {
 
     /// Entries in replay order (priority descending, FIFO within a priority).
     public var items: [QueueEntry] {
-        get async { await store.load() }
+        get async { store.orderedEntries() }
     }
 
     /// The number of queued entries (expired ones included until a pass sweeps them).
-    public func pendingCount() async -> Int { await store.count() }
+    public func pendingCount() async -> Int { store.entryCount }
 
     /// Removes an entry without sending it. Returns whether it was queued. An entry being sent at
     /// this moment cannot be recalled; its outcome is then discarded.
     @discardableResult
     public func cancel(id: UUID) async -> Bool {
-        guard await store.entry(id: id) != nil else { return false }
+        guard store.entry(id: id) != nil else { return false }
         do {
             try await store.remove(id: id)
             return true
@@ -249,8 +249,8 @@ public actor OfflineQueueEngine {
     private func mayTrySending(_ request: some QueueableRequest) async -> Bool {
         guard !learnedOffline, await reachability.isConnected else { return false }
         // Entries already waiting with the same ordering or coalescing key must go first.
-        if let key = request.orderingKey, await store.hasEntries(orderingKey: key) { return false }
-        if let key = request.coalescingKey, await store.entry(coalescingKey: key) != nil { return false }
+        if let key = request.orderingKey, store.hasEntries(orderingKey: key) { return false }
+        if let key = request.coalescingKey, store.entry(coalescingKey: key) != nil { return false }
         return true
     }
 
@@ -303,12 +303,12 @@ public actor OfflineQueueEngine {
     ) async throws -> QueueEntry {
         var replaced: QueueEntry?
         if let coalescingKey = request.coalescingKey,
-           let existing = await store.entry(coalescingKey: coalescingKey),
+           let existing = store.entry(coalescingKey: coalescingKey),
            !inFlight.contains(existing.id), !beingReplaced.contains(existing.id) {
             replaced = existing
         }
         let sequence: UInt64
-        if let replaced { sequence = replaced.sequence } else { sequence = await store.makeSequence() }
+        if let replaced { sequence = replaced.sequence } else { sequence = store.makeSequence() }
         let entry = QueueEntry(
             request: request,
             idempotencyKey: key,
@@ -341,7 +341,7 @@ public actor OfflineQueueEngine {
         // may happen later in the same pass: scan again while the previous scan delivered something.
         scanning: while progress {
             progress = false
-            let snapshot = await store.load()
+            let snapshot = store.orderedEntries()
             var heads: [String: UInt64] = [:]
             for entry in snapshot {
                 if let key = entry.orderingKey { heads[key] = min(heads[key] ?? .max, entry.sequence) }
@@ -351,7 +351,7 @@ public actor OfflineQueueEngine {
                     report.wasCancelled = true
                     break scanning
                 }
-                guard await store.entry(id: entry.id) != nil else { continue }  // cancelled meanwhile
+                guard store.entry(id: entry.id) != nil else { continue }  // cancelled meanwhile
                 let current = now
                 if entry.isExpired(at: current) {
                     try? await store.remove(id: entry.id)
@@ -381,7 +381,7 @@ public actor OfflineQueueEngine {
                 }
             }
         }
-        report.remaining = await store.count()
+        report.remaining = store.entryCount
         if loopTask != nil {
             if !connected {
                 // The monitor will say when it is back; no timer while offline.
@@ -403,7 +403,7 @@ public actor OfflineQueueEngine {
         inFlight.insert(entry.id)
         let outcome = await attempt(request, previousAttempts: entry.attempts)
         inFlight.remove(entry.id)
-        let stillQueued = await store.entry(id: entry.id) != nil
+        let stillQueued = store.entry(id: entry.id) != nil
         switch outcome {
         case .delivered(let status):
             try? await store.remove(id: entry.id)
@@ -472,7 +472,7 @@ public actor OfflineQueueEngine {
 
     /// Schedules a pass for when the earliest backoff among entries ends.
     private func scheduleNextTimer() async {
-        let earliest = await store.load().compactMap(\.nextAttemptAt).min()
+        let earliest = store.orderedEntries().compactMap(\.nextAttemptAt).min()
         scheduleTimerIfNeeded(for: earliest)
     }
 

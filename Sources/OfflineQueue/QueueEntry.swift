@@ -83,6 +83,33 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         self.formatVersion = Self.currentFormatVersion
     }
 
+    /// Every stored field, as read back from a file.
+    init(
+        id: UUID, url: URL, method: String, headers: [String: String], body: Data?, timeout: TimeInterval,
+        enqueuedAt: Date, ttl: TimeInterval, priority: Int, idempotencyKey: String, orderingKey: String?,
+        coalescingKey: String?, sequence: UInt64, attempts: Int, nextAttemptAt: Date?, lastError: String?,
+        revision: Int, formatVersion: Int
+    ) {
+        self.id = id
+        self.url = url
+        self.method = method
+        self.headers = headers
+        self.body = body
+        self.timeout = timeout
+        self.enqueuedAt = enqueuedAt
+        self.ttl = ttl
+        self.priority = priority
+        self.idempotencyKey = idempotencyKey
+        self.orderingKey = orderingKey
+        self.coalescingKey = coalescingKey
+        self.sequence = sequence
+        self.attempts = attempts
+        self.nextAttemptAt = nextAttemptAt
+        self.lastError = lastError
+        self.revision = revision
+        self.formatVersion = formatVersion
+    }
+
     /// The JSON encoder for entry files (infinite timeouts and TTLs are written as "inf").
     static func makeEncoder() -> JSONEncoder {
         let encoder = JSONEncoder()

@@ -23,6 +23,7 @@ struct QueueIndex: Sendable {
 
     /// Builds the index from entries in any order (sorted once, then appended).
     init(loading loaded: [QueueEntry]) {
+        entries.reserveCapacity(loaded.count)
         for entry in loaded.sorted(by: { $0.sequence < $1.sequence }) { upsert(entry) }
     }
 

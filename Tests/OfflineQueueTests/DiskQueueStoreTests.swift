@@ -69,7 +69,7 @@ struct DiskQueueStoreTests {
         var request = Mutation("/a")
         request.idempotencyKey = "stable-key"
         let first = try #require(try await h.engine.enqueue(request).queuedID)  // 503: attempt 1, backoff
-        let before = try #require(await h.store.entry(id: first))
+        let before = try #require(h.store.entry(id: first))
 
         let session = ScriptedNetworkSession([.ok()])
         let reopened = try DiskQueueStore(directory: h.directory.url)
@@ -78,14 +78,14 @@ struct DiskQueueStoreTests {
             reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
             store: reopened
         )
-        let after = try #require(await reopened.entry(id: first))
+        let after = try #require(reopened.entry(id: first))
         #expect(after == before)
         #expect(after.attempts == 1)
         #expect(after.idempotencyKey == "stable-key")
         #expect(after.nextAttemptAt == before.nextAttemptAt)
         let next = try #require(try await restarted.enqueue(Mutation("/b")).queuedID)
         #expect(await restarted.items.map(\.id) == [first, next])  // FIFO continues across restarts
-        #expect(try #require(await reopened.entry(id: next)).sequence > after.sequence)
+        #expect(try #require(reopened.entry(id: next)).sequence > after.sequence)
     }
 
     @Test func aCoalescingReplacementInterruptedByACrashKeepsTheNewestRevision() async throws {
@@ -93,7 +93,7 @@ struct DiskQueueStoreTests {
         var v1 = Mutation("/profile", body: "v1")
         v1.coalescingKey = "p"
         let oldID = try #require(try await h.engine.enqueue(v1).queuedID)
-        let old = try #require(await h.store.entry(id: oldID))
+        let old = try #require(h.store.entry(id: oldID))
         var v2 = Mutation("/profile", body: "v2")
         v2.coalescingKey = "p"
         let newID = try #require(try await h.engine.enqueue(v2).queuedID)

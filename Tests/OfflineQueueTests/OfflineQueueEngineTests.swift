@@ -28,7 +28,7 @@ struct OfflineQueueEngineTests {
         let result = try await h.engine.enqueue(Mutation("/a"))
         let id = try #require(result.queuedID)
         #expect(h.directory.fileNames == ["\(id.uuidString).json"])
-        let entry = try #require(await h.store.entry(id: id))
+        let entry = try #require(h.store.entry(id: id))
         #expect(entry.attempts == 0)  // the server was not reached
         #expect(entry.nextAttemptAt == nil)
     }
@@ -36,7 +36,7 @@ struct OfflineQueueEngineTests {
     @Test func aRetryableFailureQueuesWithOneAttemptAndABackoff() async throws {
         let h = try QueueHarness([.status(503)])
         let id = try #require(try await h.engine.enqueue(Mutation("/a")).queuedID)
-        let entry = try #require(await h.store.entry(id: id))
+        let entry = try #require(h.store.entry(id: id))
         #expect(entry.attempts == 1)
         #expect(entry.nextAttemptAt == h.engine.now.addingTimeInterval(10))
         #expect(entry.lastError == "HTTP 503 (0 body bytes)")
@@ -45,7 +45,7 @@ struct OfflineQueueEngineTests {
     @Test func retryAfterOnTheFirstAttemptSetsTheNextAttempt() async throws {
         let h = try QueueHarness([.status(429, headers: ["Retry-After": "120"])])
         let id = try #require(try await h.engine.enqueue(Mutation("/a")).queuedID)
-        #expect(await h.store.entry(id: id)?.nextAttemptAt == h.engine.now.addingTimeInterval(120))
+        #expect(h.store.entry(id: id)?.nextAttemptAt == h.engine.now.addingTimeInterval(120))
     }
 
     @Test(arguments: [400, 401, 403, 404, 409, 422, 501])
@@ -105,9 +105,9 @@ struct OfflineQueueEngineTests {
             "kept(HTTP 429 (0 body bytes),1)", "kept(timed out,1)", "kept(transport failure: cannotConnectToHost,1)",
         ])
         #expect(report.remaining == 5)
-        #expect(await h.store.entry(id: ids[0]) == nil)
-        #expect(await h.store.entry(id: ids[1]) == nil)
-        #expect(await h.store.entry(id: ids[2])?.attempts == 1)
+        #expect(h.store.entry(id: ids[0]) == nil)
+        #expect(h.store.entry(id: ids[1]) == nil)
+        #expect(h.store.entry(id: ids[2])?.attempts == 1)
     }
 
     @Test func noConnectionEndsThePassAndLeavesEntriesUntouched() async throws {
@@ -135,7 +135,7 @@ struct OfflineQueueEngineTests {
     @Test func everyReplayCarriesTheKeyReadOnceAtEnqueue() async throws {
         let h = try QueueHarness([.status(503), .status(503), .ok()])
         let id = try #require(try await h.engine.enqueue(Mutation("/a")).queuedID)  // first attempt: 503
-        let key = try #require(await h.store.entry(id: id)?.idempotencyKey)
+        let key = try #require(h.store.entry(id: id)?.idempotencyKey)
         h.clock.advance(by: .seconds(10))
         _ = await h.engine.flush()  // 503 again
         h.clock.advance(by: .seconds(10))
@@ -187,7 +187,7 @@ struct OfflineQueueEngineTests {
         h.clock.advance(by: .seconds(1))
         #expect(await h.engine.flush().results.map(\.name) == ["dead(3)"])
         #expect(await h.engine.pendingCount() == 0)
-        let dead = await h.store.deadLetters()
+        let dead = h.store.deadLetters()
         #expect(dead.map(\.id) == [id])
         #expect(dead.first?.attempts == 3)
         #expect(dead.first?.lastError == "HTTP 500 (0 body bytes)")

@@ -43,7 +43,7 @@ let benchmarks: @Sendable () -> Void = {
         let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store, maxQueueSize: 1_000_000)
         let raw = folder.url.appendingPathComponent("raw").path
         mkdir(raw, 0o700)
-        let payload = try samplePayload()
+        let payload = try await samplePayload()
         var rawTime = Duration.zero
         var queueTime = Duration.zero
         for round in 0..<4 {  // raw, queue, queue, raw, … in blocks of 50
@@ -74,7 +74,7 @@ let benchmarks: @Sendable () -> Void = {
         defer { folder.remove() }
         let store = try DiskQueueStore(directory: folder.url)
         let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store, maxQueueSize: 1_000_000)
-        let payload = try samplePayload()
+        let payload = try await samplePayload()
         let count = 256
         var sequentialTime = Duration.zero
         var concurrentTime = Duration.zero
@@ -115,7 +115,7 @@ let benchmarks: @Sendable () -> Void = {
             "queue: open \(count) entries",
             configuration: .init(metrics: [.wallClock, .peakMemoryResident, .mallocCountTotal], timeUnits: .milliseconds, warmupIterations: 1, maxDuration: .seconds(30), maxIterations: 10)
         ) { benchmark in
-            let url = try prepared.url()
+            let url = try await prepared.url()
             benchmark.startMeasurement()
             let store = try DiskQueueStore(directory: url)
             benchmark.stopMeasurement()
@@ -139,7 +139,7 @@ let benchmarks: @Sendable () -> Void = {
         server.route("/replay/*", .status(201))
         let session = URLSession(configuration: .ephemeral)
         let sender = AsyncRequestEngine(session: session)
-        let sourceFolder = try replayPrepared.url(baseURL: server.baseURL)
+        let sourceFolder = try await replayPrepared.url(baseURL: server.baseURL)
         // Direct: the same 10 000 requests, one at a time, through the same kind of engine.
         let entries = try DiskQueueStore(directory: sourceFolder)
         let requests = await entries.load().map { entry in
@@ -159,6 +159,7 @@ let benchmarks: @Sendable () -> Void = {
         let report = await queue.flush()
         let replayTime = ContinuousClock.now - replayStart
         precondition(report.delivered.count == 10_000 && report.remaining == 0, "replay delivered \(report.delivered.count)")
+        replayPrepared.remove()  // drained: the next iteration writes a fresh folder
         replay.add(numerator: replayTime, denominator: directTime)
         benchmark.measurement(.custom("replay/direct time (‰)"), Int(replayTime / directTime * 1000))
     } teardown: {
@@ -177,22 +178,16 @@ struct Payload: Sendable {
 }
 
 /// A 200-byte JSON body, and the bytes of a queue file holding it (the raw baseline writes those).
-func samplePayload() throws -> Payload {
+func samplePayload() async throws -> Payload {
     let body = Data(("{\"text\":\"" + String(repeating: "x", count: 188) + "\"}").utf8)
     let folder = Folder()
     defer { folder.remove() }
     let store = try DiskQueueStore(directory: folder.url)
-    let semaphore = DispatchSemaphore(value: 0)
-    let box = Mutex<Data?>(nil)
-    Task {
-        let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store)
-        if let id = try? await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: body), attemptFirst: false).queuedID {
-            box.withLock { $0 = try? Data(contentsOf: folder.url.appendingPathComponent("\(id.uuidString).json")) }
-        }
-        semaphore.signal()
+    let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store)
+    guard let id = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: body), attemptFirst: false).queuedID else {
+        throw BenchmarkFailure.setup("could not write a sample entry")
     }
-    semaphore.wait()
-    guard let encoded = box.withLock({ $0 }) else { throw BenchmarkFailure.setup("could not write a sample entry") }
+    let encoded = try Data(contentsOf: folder.url.appendingPathComponent("\(id.uuidString).json"))
     return Payload(body: body, encoded: encoded)
 }
 
@@ -245,15 +240,14 @@ final class PreparedFolder: Sendable {
     }
 
     /// The folder, made on first use. Entries point at `baseURL` (for replay) or example.test.
-    func url(baseURL: URL = URL(string: "https://api.example.test")!) throws -> URL {
+    func url(baseURL: URL = URL(string: "https://api.example.test")!) async throws -> URL {
         if let url = state.withLock({ $0 }) {
             if FileManager.default.fileExists(atPath: url.path) { return url }
         }
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("queue-bench-open-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         // One real entry as a template, then N files with fresh ids, sequences and keys.
-        let template = try templateEntry(baseURL: baseURL)
-        let encoder = JSONEncoder()
+        let template = try await templateEntry(baseURL: baseURL)
         for index in 0..<count {
             var object = template
             let id = UUID().uuidString
@@ -264,7 +258,6 @@ final class PreparedFolder: Sendable {
             object["priority"] = index % 10 == 0 ? 1 : 0
             let data = try JSONSerialization.data(withJSONObject: object)
             try data.write(to: folder.appendingPathComponent("\(id).json"))
-            _ = encoder
         }
         state.withLock { $0 = folder }
         return folder
@@ -275,17 +268,12 @@ final class PreparedFolder: Sendable {
         state.withLock { $0 = nil }
     }
 
-    private func templateEntry(baseURL: URL) throws -> [String: Any] {
+    private func templateEntry(baseURL: URL) async throws -> [String: Any] {
         let folder = Folder()
         defer { folder.remove() }
         let store = try DiskQueueStore(directory: folder.url)
-        let semaphore = DispatchSemaphore(value: 0)
-        Task {
-            let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store)
-            _ = try? await engine.enqueue(QueuedRequest(method: .post, url: baseURL.appendingPathComponent("template"), body: Data("{\"n\":1}".utf8)), attemptFirst: false)
-            semaphore.signal()
-        }
-        semaphore.wait()
+        let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store)
+        _ = try await engine.enqueue(QueuedRequest(method: .post, url: baseURL.appendingPathComponent("template"), body: Data("{\"n\":1}".utf8)), attemptFirst: false)
         let names = try FileManager.default.contentsOfDirectory(atPath: folder.url.path).filter { $0.hasSuffix(".json") }
         guard let name = names.first,
               let object = try JSONSerialization.jsonObject(with: Data(contentsOf: folder.url.appendingPathComponent(name))) as? [String: Any]
