@@ -38,6 +38,17 @@ let package = Package(
             path: "Benchmarks/OfflineQueueBenchmarks",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
+        .executableTarget(
+            name: "AuthBenchmarks",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "Auth", package: "Resilience"),
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+            ],
+            path: "Benchmarks/AuthBenchmarks",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -33,10 +33,14 @@ final class BlockingIOPool: Sendable {
         }
     }
 
-    private func submit(_ job: @escaping @Sendable () -> Void) {
+    /// Runs `job` on a pool thread without waiting for it.
+    func submit(_ job: @escaping @Sendable () -> Void) {
         condition.lock()
         state.jobs.append(job)
-        let spawn = state.idle == 0 && state.started < maxThreads
+        // A worker that was signalled but has not woken yet still counts as idle, so compare the
+        // backlog with the idle workers rather than testing for none idle: a burst of jobs must
+        // get as many threads as it can use.
+        let spawn = state.jobs.count > state.idle && state.started < maxThreads
         if spawn { state.started += 1 }
         condition.signal()
         condition.unlock()

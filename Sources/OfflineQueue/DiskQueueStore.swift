@@ -76,6 +76,7 @@ public final class DiskQueueStore: Sendable {
     }
 
     private let state: Locked<State>
+    private let directoryPath: String
     private let syncer: DirectorySyncer
     private let pool: BlockingIOPool
 
@@ -87,10 +88,11 @@ public final class DiskQueueStore: Sendable {
     public init(directory: URL? = nil) throws {
         let directory = try directory ?? Self.defaultDirectory()
         self.directory = directory
+        directoryPath = directory.path
         quarantineDirectory = directory.appendingPathComponent("quarantine", isDirectory: true)
         deadLetterDirectory = directory.appendingPathComponent("dead-letter", isDirectory: true)
         pool = BlockingIOPool.shared
-        syncer = DirectorySyncer(path: directory.path, pool: pool)
+        syncer = DirectorySyncer(path: directory.path)
         try Self.makeDirectories(directory)
         try DurableFiles.makeDirectory(quarantineDirectory.path)
         try DurableFiles.makeDirectory(deadLetterDirectory.path)
@@ -180,13 +182,16 @@ public final class DiskQueueStore: Sendable {
         defer { if needsSlot { state.withLock { $0.reservedSlots -= 1 } } }
 
         let data = try encode(entry)
-        try await write(data, for: entry.id)
-        do {
-            try await syncer.sync()
-        } catch {
-            // Not known to be durable: do not report it as queued.
-            try? DurableFiles.removeFile(fileURL(entry.id).path)
-            throw error
+        let path = filePath(entry.id)
+        let syncer = self.syncer
+        try await write(data, for: entry.id) {
+            do {
+                try syncer.sync()
+            } catch {
+                // Not known to be durable: do not report it as queued.
+                try? DurableFiles.removeFile(path)
+                throw error
+            }
         }
         state.withLock { $0.index.upsert(entry) }
         if let old, old != entry.id { try? await remove(id: old) }
@@ -211,7 +216,7 @@ public final class DiskQueueStore: Sendable {
             return true
         }
         guard removed else { return }
-        try DurableFiles.removeFile(fileURL(id).path)
+        try DurableFiles.removeFile(filePath(id))
     }
 
     /// Removes every entry.
@@ -223,8 +228,8 @@ public final class DiskQueueStore: Sendable {
     /// Moves an entry to `dead-letter/`, with its final attempt count and error.
     func moveToDeadLetter(_ entry: QueueEntry) async throws {
         let data = try encode(entry)
-        let target = deadLetterDirectory.appendingPathComponent("\(entry.id.uuidString).json").path
-        let temp = deadLetterDirectory.appendingPathComponent(".\(entry.id.uuidString).json.tmp").path
+        let target = deadLetterDirectory.path + "/\(entry.id.uuidString).json"
+        let temp = deadLetterDirectory.path + "/.\(entry.id.uuidString).json.tmp"
         let deadLetterPath = deadLetterDirectory.path
         try await pool.run {
             try DurableFiles.writeFile(data, to: target, via: temp)
@@ -235,9 +240,11 @@ public final class DiskQueueStore: Sendable {
 
     // MARK: - Internals
 
-    private func write(_ data: Data, for id: UUID) async throws {
-        let path = fileURL(id).path
-        let temp = tempURL(id).path
+    /// Writes the entry's file (temp, fsync, rename) on the I/O pool, then runs `andThen` on the same
+    /// pool thread (the directory fsync for inserts).
+    private func write(_ data: Data, for id: UUID, andThen: @escaping @Sendable () throws -> Void = {}) async throws {
+        let path = filePath(id)
+        let temp = tempPath(id)
         state.withLock { $0.writesInFlight[id, default: 0] += 1 }
         defer {
             state.withLock { state in
@@ -245,7 +252,10 @@ public final class DiskQueueStore: Sendable {
                 if state.writesInFlight[id] == 0 { state.writesInFlight[id] = nil }
             }
         }
-        try await pool.run { try DurableFiles.writeFile(data, to: path, via: temp) }
+        try await pool.run {
+            try DurableFiles.writeFile(data, to: path, via: temp)
+            try andThen()
+        }
         // A remove that ran while this write was in flight must win over the rename.
         if state.withLock({ $0.removedDuringWrite.remove(id) != nil }) {
             try? DurableFiles.removeFile(path)
@@ -260,8 +270,10 @@ public final class DiskQueueStore: Sendable {
         }
     }
 
-    private func fileURL(_ id: UUID) -> URL { directory.appendingPathComponent("\(id.uuidString).json") }
-    private func tempURL(_ id: UUID) -> URL { directory.appendingPathComponent(".\(id.uuidString).json.tmp") }
+    // Paths are built as strings: `URL.appendingPathComponent` without a directory hint stats the
+    // file system to decide on a trailing slash — two failed `stat` calls per enqueue.
+    private func filePath(_ id: UUID) -> String { directoryPath + "/\(id.uuidString).json" }
+    private func tempPath(_ id: UUID) -> String { directoryPath + "/.\(id.uuidString).json.tmp" }
 
     private static func defaultDirectory() throws -> URL {
         guard let base = FileManager.default.urls(for: .applicationSupportDirectory, in: .userDomainMask).first else {

@@ -142,61 +142,56 @@ enum DurableFiles {
     }
 }
 
-/// Group commit for directory fsyncs: callers whose renames are done ask for one fsync of the
-/// directory that covers them. While an fsync runs, new callers wait for the *next* one (their
-/// rename may have missed the running one); when it finishes, one more fsync serves everyone who
-/// queued meanwhile. N concurrent enqueues cost about two directory fsyncs instead of N.
+/// Group commit for directory fsyncs, run on the I/O pool's threads: a writer whose rename is done
+/// calls `sync()`, which returns once a directory fsync that *started after the call* has finished.
+/// If none is running, the caller runs one itself (leader); otherwise it waits, and when the running
+/// one ends, one of the waiters leads the next round for all of them. N concurrent enqueues cost
+/// about two directory fsyncs instead of N, with no extra thread hand-off for a lone writer.
 final class DirectorySyncer: Sendable {
     private struct State {
+        var startedRounds = 0
+        var completedRounds = 0
         var running = false
-        var current: [CheckedContinuation<Void, any Error>] = []
-        var next: [CheckedContinuation<Void, any Error>] = []
+        var lastFailure: (round: Int, error: OfflineQueueError)?
     }
 
     private let path: String
-    private let pool: BlockingIOPool
-    private let state = Locked(State())
+    private let condition = NSCondition()
+    // Guarded by `condition`, which waiters also sleep on.
+    private nonisolated(unsafe) var state = State()
 
-    init(path: String, pool: BlockingIOPool) {
+    init(path: String) {
         self.path = path
-        self.pool = pool
     }
 
-    /// Returns once a directory fsync that started after this call has completed.
-    func sync() async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            let start = state.withLock { state -> Bool in
-                if state.running {
-                    state.next.append(continuation)
-                    return false
-                }
-                state.running = true
-                state.current = [continuation]
-                return true
+    /// Blocks until a directory fsync that started after this call has completed; throws its error.
+    func sync() throws {
+        condition.lock()
+        defer { condition.unlock() }
+        let needed = state.startedRounds + 1
+        while state.completedRounds < needed {
+            if state.running {
+                condition.wait()
+                continue
             }
-            if start { runRound() }
-        }
-    }
-
-    private func runRound() {
-        let path = self.path
-        Task {
-            let result: Result<Void, any Error>
+            state.running = true
+            state.startedRounds += 1
+            let round = state.startedRounds
+            condition.unlock()
+            var failure: OfflineQueueError?
             do {
-                try await pool.run { try DurableFiles.syncDirectory(path) }
-                result = .success(())
+                try DurableFiles.syncDirectory(path)
+            } catch let error as OfflineQueueError {
+                failure = error
             } catch {
-                result = .failure(error)
+                failure = .storage(operation: "fsync directory", path: path, errno: EIO)
             }
-            let (finished, again) = state.withLock { state -> ([CheckedContinuation<Void, any Error>], Bool) in
-                let finished = state.current
-                state.current = state.next
-                state.next = []
-                state.running = !state.current.isEmpty
-                return (finished, state.running)
-            }
-            for continuation in finished { continuation.resume(with: result) }
-            if again { runRound() }
+            condition.lock()
+            state.running = false
+            state.completedRounds = round
+            if let failure { state.lastFailure = (round, failure) }
+            condition.broadcast()
         }
+        if let last = state.lastFailure, last.round >= needed { throw last.error }
     }
 }

@@ -26,6 +26,7 @@ public final class ManualClock: Clock, Sendable {
     }
 
     private struct Watcher {
+        let id: UInt64
         let count: Int
         let continuation: CheckedContinuation<Void, Never>
     }
@@ -110,15 +111,31 @@ public final class ManualClock: Clock, Sendable {
         return true
     }
 
-    /// Suspends until at least `count` tasks sleep on this clock. Returns at once if they already do.
+    /// Suspends until at least `count` tasks sleep on this clock. Returns at once if they already
+    /// do, and when the waiting task is cancelled (so a test's time limit can end it).
     public func waitForSleepers(_ count: Int = 1) async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let ready = state.withLock { state -> Bool in
-                if state.sleepers.count >= count { return true }
-                state.watchers.append(Watcher(count: count, continuation: continuation))
-                return false
+        let id = state.withLock { state -> UInt64 in
+            state.nextID += 1
+            return state.nextID
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let ready = state.withLock { state -> Bool in
+                    if state.sleepers.count >= count || state.cancelledEarly.remove(id) != nil { return true }
+                    state.watchers.append(Watcher(id: id, count: count, continuation: continuation))
+                    return false
+                }
+                if ready { continuation.resume() }
             }
-            if ready { continuation.resume() }
+        } onCancel: {
+            let watcher = state.withLock { state -> Watcher? in
+                guard let index = state.watchers.firstIndex(where: { $0.id == id }) else {
+                    state.cancelledEarly.insert(id)
+                    return nil
+                }
+                return state.watchers.remove(at: index)
+            }
+            watcher?.continuation.resume()
         }
     }
 

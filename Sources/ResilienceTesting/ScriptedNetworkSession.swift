@@ -44,6 +44,7 @@ public final class ScriptedNetworkSession: NetworkSession {
     }
 
     private struct CallWatcher: Sendable {
+        let id: UInt64
         let count: Int
         let continuation: CheckedContinuation<Void, Never>
     }
@@ -57,6 +58,8 @@ public final class ScriptedNetworkSession: NetworkSession {
         var cancelledEarly: Set<UInt64> = []
         var releasedThrough: UInt64 = 0   // held calls with an id up to this one are released
         var watchers: [CallWatcher] = []
+        var nextWatcher: UInt64 = 0
+        var cancelledWatchers: Set<UInt64> = []
     }
 
     private let state: Locked<State>
@@ -73,15 +76,30 @@ public final class ScriptedNetworkSession: NetworkSession {
     /// Calls currently suspended in `.hang` or `.held`.
     public var suspendedCount: Int { state.withLock { $0.suspended.count } }
 
-    /// Suspends until at least `count` calls have been made.
+    /// Suspends until at least `count` calls have been made, or the waiting task is cancelled.
     public func waitForCalls(_ count: Int) async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let ready = state.withLock { state -> Bool in
-                if state.requests.count >= count { return true }
-                state.watchers.append(CallWatcher(count: count, continuation: continuation))
-                return false
+        let id = state.withLock { state -> UInt64 in
+            state.nextWatcher += 1
+            return state.nextWatcher
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let ready = state.withLock { state -> Bool in
+                    if state.requests.count >= count || state.cancelledWatchers.remove(id) != nil { return true }
+                    state.watchers.append(CallWatcher(id: id, count: count, continuation: continuation))
+                    return false
+                }
+                if ready { continuation.resume() }
             }
-            if ready { continuation.resume() }
+        } onCancel: {
+            let watcher = state.withLock { state -> CallWatcher? in
+                guard let index = state.watchers.firstIndex(where: { $0.id == id }) else {
+                    state.cancelledWatchers.insert(id)
+                    return nil
+                }
+                return state.watchers.remove(at: index)
+            }
+            watcher?.continuation.resume()
         }
     }
 

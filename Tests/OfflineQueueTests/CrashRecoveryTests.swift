@@ -21,19 +21,21 @@ struct CrashRecoveryTests {
         let path = directory.url.path
         var acknowledged = Set<UUID>()
         for round in 0..<20 {
-            let delayMicroseconds = UInt32.random(in: 2_000...60_000)
+            let delayMicroseconds = UInt32.random(in: 5_000...80_000)
             let result = await #expect(processExitsWith: .signal(SIGKILL), observing: [\.standardOutputContent]) { [path = path as String, delayMicroseconds = delayMicroseconds as UInt32] in
+                // The kill is armed before anything else, so it can also land while the folder is
+                // being opened and recovered, and the child can never outlive its test.
+                let killer = Thread {
+                    usleep(delayMicroseconds)
+                    kill(getpid(), SIGKILL)
+                }
+                killer.start()
                 let store = try DiskQueueStore(directory: URL(fileURLWithPath: path))
                 let engine = OfflineQueueEngine(
                     reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
                     store: store,
                     maxQueueSize: 1_000_000
                 )
-                let killer = Thread {
-                    usleep(delayMicroseconds)
-                    kill(getpid(), SIGKILL)
-                }
-                killer.start()
                 var index = 0
                 while true {
                     let request = QueuedRequest(method: .post, url: URL(string: "https://api.example.test/items/\(index)")!, body: Data(repeating: 0x61, count: 200))

@@ -78,7 +78,8 @@ struct QueueHarness {
 final class ResultCollector: Sendable {
     private struct State {
         var results: [QueueEntryResult] = []
-        var waiters: [(Int, CheckedContinuation<Void, Never>)] = []
+        var waiters: [(UUID, Int, CheckedContinuation<Void, Never>)] = []
+        var cancelled: Set<UUID> = []
     }
     private let state = Locked(State())
     private let task: Task<Void, Never>
@@ -90,8 +91,8 @@ final class ResultCollector: Sendable {
                 let ready = state.withLock { state -> [CheckedContinuation<Void, Never>] in
                     state.results.append(result)
                     let count = state.results.count
-                    let ready = state.waiters.filter { $0.0 <= count }.map(\.1)
-                    state.waiters.removeAll { $0.0 <= count }
+                    let ready = state.waiters.filter { $0.1 <= count }.map(\.2)
+                    state.waiters.removeAll { $0.1 <= count }
                     return ready
                 }
                 for continuation in ready { continuation.resume() }
@@ -103,14 +104,27 @@ final class ResultCollector: Sendable {
 
     var results: [QueueEntryResult] { state.withLock { $0.results } }
 
+    /// Suspends until `count` results arrived (or the test is cancelled).
     func wait(for count: Int) async {
-        await withCheckedContinuation { continuation in
-            let ready = state.withLock { state -> Bool in
-                if state.results.count >= count { return true }
-                state.waiters.append((count, continuation))
-                return false
+        let id = UUID()
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let ready = state.withLock { state -> Bool in
+                    if state.results.count >= count || state.cancelled.remove(id) != nil { return true }
+                    state.waiters.append((id, count, continuation))
+                    return false
+                }
+                if ready { continuation.resume() }
             }
-            if ready { continuation.resume() }
+        } onCancel: {
+            let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                guard let index = state.waiters.firstIndex(where: { $0.0 == id }) else {
+                    state.cancelled.insert(id)
+                    return nil
+                }
+                return state.waiters.remove(at: index).2
+            }
+            waiter?.resume()
         }
     }
 }

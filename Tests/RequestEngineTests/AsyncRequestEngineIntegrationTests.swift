@@ -73,52 +73,77 @@ struct AsyncRequestEngineIntegrationTests {
         #expect(server.hits("/limited") == 2)
     }
 
+    // Cancellation tests check two things. Deterministically: the cancelled caller is answered
+    // while the server still holds its response (or while the backoff still has a minute to run),
+    // so the engine did not wait for the network. And in time: within 100 ms of `cancel()`. The
+    // time also includes how soon the scheduler runs the caller again, which a loaded 2-core CI
+    // machine running the rest of the suite in parallel can delay, so the bound must hold for the
+    // best of three trials; every trial must pass the deterministic check.
+
     @Test func cancellationMidRequestIsPrompt() async throws {
-        server.route("/slow", LoopbackResponse.ok().held())
-        let engine = AsyncRequestEngine(session: session)
-        let url = server.url("/slow")
-        let task = Task { await networkError { try await engine.send(TestRequest(url: url, method: .post)) } }
-        await server.waitForHits("/slow", atLeast: 1)
-        let cancelled = ContinuousClock.now
-        task.cancel()
-        let error = await task.value
-        let elapsed = ContinuousClock.now - cancelled
-        #expect(error?.caseName == "cancelled")
-        #expect(elapsed < .milliseconds(100), "cancellation took \(elapsed)")
-        await server.waitForOpenConnections(atMost: 0)  // the connection was torn down, not left running
+        var latencies: [Duration] = []
+        for trial in 0..<3 {
+            let path = "/slow/\(trial)"
+            server.route(path, LoopbackResponse.ok().held())
+            let engine = AsyncRequestEngine(session: session)
+            let url = server.url(path)
+            let task = Task { await networkError { try await engine.send(TestRequest(url: url, method: .post)) } }
+            await server.waitForHits(path, atLeast: 1)
+            let cancelled = ContinuousClock.now
+            task.cancel()
+            let error = await task.value
+            latencies.append(ContinuousClock.now - cancelled)
+            #expect(error?.caseName == "cancelled")
+            #expect(server.hits(path) == 1)
+        }
+        await server.waitForOpenConnections(atMost: 0)  // the connections were torn down, not left running
+        #expect(latencies.min().map { $0 < .milliseconds(100) } == true, "cancellation took \(latencies)")
     }
 
     @Test func cancellationOfADeduplicatedWaiterMidRequestIsPrompt() async throws {
-        server.route("/shared", LoopbackResponse.ok("kept").held())
-        let recorder = EventRecorder()
-        let engine = AsyncRequestEngine(session: session, eventSink: recorder)
-        let url = server.url("/shared")
-        let stayer = Task { try await engine.send(TestRequest(url: url)) }
-        let quitter = Task { await networkError { try await engine.send(TestRequest(url: url)) } }
-        await recorder.waitForDeduplicated(1)
-        await server.waitForHits("/shared", atLeast: 1)
-        let cancelled = ContinuousClock.now
-        quitter.cancel()
-        #expect(await quitter.value?.caseName == "cancelled")
-        #expect(ContinuousClock.now - cancelled < .milliseconds(100))
-        server.releaseHeld("/shared")
-        #expect(String(decoding: try await stayer.value.0, as: UTF8.self) == "kept")
-        #expect(server.hits("/shared") == 1)
+        var latencies: [Duration] = []
+        for trial in 0..<3 {
+            let path = "/shared/\(trial)"
+            server.route(path, LoopbackResponse.ok("kept").held())
+            let recorder = EventRecorder()
+            let engine = AsyncRequestEngine(session: session, eventSink: recorder)
+            let url = server.url(path)
+            let stayer = Task { try await engine.send(TestRequest(url: url)) }
+            let quitter = Task { await networkError { try await engine.send(TestRequest(url: url)) } }
+            await recorder.waitForDeduplicated(1)
+            await server.waitForHits(path, atLeast: 1)
+            let cancelled = ContinuousClock.now
+            quitter.cancel()
+            #expect(await quitter.value?.caseName == "cancelled")
+            latencies.append(ContinuousClock.now - cancelled)
+            #expect(server.heldCount(path) == 1)  // answered while the shared response is still held
+            server.releaseHeld(path)
+            #expect(String(decoding: try await stayer.value.0, as: UTF8.self) == "kept")
+            #expect(server.hits(path) == 1)
+        }
+        #expect(latencies.min().map { $0 < .milliseconds(100) } == true, "cancellation took \(latencies)")
     }
 
     @Test func cancellationMidBackoffIsPrompt() async throws {
-        server.route("/down", .status(503))
-        let recorder = EventRecorder()
-        let engine = AsyncRequestEngine(session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 5, interval: 60), eventSink: recorder)
-        let url = server.url("/down")
-        let task = Task { await networkError { try await engine.send(TestRequest(url: url, timeout: 10)) } }
-        await recorder.wait { $0.contains { if case .retryScheduled = $0 { true } else { false } } }
-        let cancelled = ContinuousClock.now
-        task.cancel()
-        let error = await task.value
-        #expect(error?.caseName == "cancelled")
-        #expect(ContinuousClock.now - cancelled < .milliseconds(100))
-        #expect(server.hits("/down") == 1)
+        var latencies: [Duration] = []
+        for trial in 0..<3 {
+            let path = "/down/\(trial)"
+            server.route(path, .status(503))
+            let recorder = EventRecorder()
+            let engine = AsyncRequestEngine(session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 5, interval: 60), eventSink: recorder)
+            let url = server.url(path)
+            let task = Task { await networkError { try await engine.send(TestRequest(url: url, timeout: 10)) } }
+            await recorder.wait { $0.contains { if case .retryScheduled = $0 { true } else { false } } }
+            let cancelled = ContinuousClock.now
+            task.cancel()
+            let error = await task.value
+            let elapsed = ContinuousClock.now - cancelled
+            latencies.append(elapsed)
+            #expect(error?.caseName == "cancelled")
+            #expect(elapsed < .seconds(60))  // not after the backoff it was cancelled in
+            #expect(server.hits(path) == 1)
+        }
+        #expect(latencies.min().map { $0 < .milliseconds(100) } == true, "cancellation took \(latencies)")
     }
 
     @Test func connectionRefusedIsATypedRetryableError() async throws {

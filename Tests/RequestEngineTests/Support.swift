@@ -38,12 +38,14 @@ struct TestRequest: NetworkRequest {
 /// Records events and lets a test wait until a condition over them holds.
 final class EventRecorder: RequestEventSink {
     private struct Watcher {
+        let id: UUID
         let predicate: @Sendable ([RequestEvent]) -> Bool
         let continuation: CheckedContinuation<Void, Never>
     }
     private struct State {
         var events: [RequestEvent] = []
         var watchers: [Watcher] = []
+        var cancelled: Set<UUID> = []
     }
     private let state = Locked(State())
 
@@ -60,15 +62,27 @@ final class EventRecorder: RequestEventSink {
         for watcher in ready { watcher.continuation.resume() }
     }
 
-    /// Suspends until `predicate` holds for the events recorded so far.
+    /// Suspends until `predicate` holds for the events recorded so far (or the test is cancelled).
     func wait(until predicate: @escaping @Sendable ([RequestEvent]) -> Bool) async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let ready = state.withLock { state -> Bool in
-                if predicate(state.events) { return true }
-                state.watchers.append(Watcher(predicate: predicate, continuation: continuation))
-                return false
+        let id = UUID()
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let ready = state.withLock { state -> Bool in
+                    if predicate(state.events) || state.cancelled.remove(id) != nil { return true }
+                    state.watchers.append(Watcher(id: id, predicate: predicate, continuation: continuation))
+                    return false
+                }
+                if ready { continuation.resume() }
             }
-            if ready { continuation.resume() }
+        } onCancel: {
+            let watcher = state.withLock { state -> Watcher? in
+                guard let index = state.watchers.firstIndex(where: { $0.id == id }) else {
+                    state.cancelled.insert(id)
+                    return nil
+                }
+                return state.watchers.remove(at: index)
+            }
+            watcher?.continuation.resume()
         }
     }
 

@@ -1,0 +1,31 @@
+import Foundation
+import RequestEngine
+
+/// A request as `AuthenticatedRequestEngine` sends it: the caller's request with the token header
+/// set. A new one is made for every attempt, so the caller's request is never changed and a retry
+/// carries the new token. Its `description` (the default one) is never logged by the library.
+struct AuthenticatedRequest<Wrapped: NetworkRequest>: NetworkRequest {
+    let wrapped: Wrapped
+    /// The wrapped request's headers with the token header set, computed once: the engine reads
+    /// `headers` several times per send (identity, validation, the URL request).
+    let headers: [String: String]
+
+    var url: URL { wrapped.url }
+    var method: HTTPMethod { wrapped.method }
+    var body: Data? { wrapped.body }
+    var timeout: TimeInterval { wrapped.timeout }
+
+    /// `wrapped` with header `name` set to `value`; any header of the same name in another letter
+    /// case is dropped, so exactly one token header goes out.
+    init(_ wrapped: Wrapped, headerName name: String, value: String) {
+        self.wrapped = wrapped
+        var headers = wrapped.headers
+        if !headers.isEmpty {
+            for key in headers.keys where key.caseInsensitiveCompare(name) == .orderedSame {
+                headers[key] = nil
+            }
+        }
+        headers[name] = value
+        self.headers = headers
+    }
+}

@@ -1,0 +1,108 @@
+import Foundation
+import RequestEngine
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// Sends requests with an access token, and when a server answers 401, refreshes the token once
+/// for every concurrent 401 and retries each request once with the new token.
+///
+/// ```swift
+/// let engine = AuthenticatedRequestEngine(
+///     requestEngine: AsyncRequestEngine(retryPolicy: ExponentialRetryPolicy()),
+///     coordinator: TokenRefreshCoordinator(provider: KeychainTokenProvider())
+/// )
+/// let (data, response) = try await engine.send(FetchPosts())
+/// ```
+///
+/// What a caller can rely on (Docs/Auth.md has every path):
+/// - **Injection.** Each attempt carries `tokenHeaderName: tokenPrefix + token`, set at send time
+///   from the coordinator; a header of the same name on the request (any letter case) is replaced.
+///   The request is never sent without a token: with none, the coordinator refreshes first.
+/// - **401.** The request is retried exactly once, with the token that replaces the rejected one:
+///   the current one if it is already newer, else the result of the one refresh shared by every
+///   concurrent 401. A second 401 is the final answer: `send` throws
+///   `NetworkError.httpError(statusCode: 401, data:)`, `response(for:)` returns it.
+/// - **Other statuses and failures** pass through untouched, as the underlying engine reports
+///   them (with its retries, deduplication, timeouts and events); they never trigger a refresh.
+/// - **Errors.** `NetworkError` for the HTTP exchange, `AuthError` when no token can be had (a
+///   failed refresh, the loop guard); then the request is not retried (or, if it had no usable
+///   token to begin with, not sent at all).
+/// - **Cancellation.** A cancelled caller gets `NetworkError.cancelled` at once, also while it
+///   waits for a refresh; the refresh goes on for the others.
+/// - **Secrets.** The token travels only in the request header. The underlying engine's events
+///   carry no headers, and no error or description here contains a token.
+///
+/// `send` and `response(for:)` are `nonisolated`: a request never hops onto this actor.
+public actor AuthenticatedRequestEngine: RequestSending {
+    /// The header that carries the token. Default `"Authorization"`.
+    public nonisolated let tokenHeaderName: String
+    /// Put before the token in the header value. Default `"Bearer "` (note the space).
+    public nonisolated let tokenPrefix: String
+    /// Hands out tokens and shares refreshes; share one between engines that use the same tokens.
+    public nonisolated let coordinator: TokenRefreshCoordinator
+    /// Sends every attempt (an `AsyncRequestEngine` unless you passed another sender).
+    public nonisolated let requestEngine: any RequestSending
+
+    /// - Parameters:
+    ///   - requestEngine: sends each attempt; `AsyncRequestEngine()` (on `URLSession.shared`, no
+    ///     retries) by default. Its retry policy applies to each attempt; a 401 is never retried by it.
+    ///   - coordinator: hands out tokens and shares refreshes.
+    ///   - tokenHeaderName: the header that carries the token.
+    ///   - tokenPrefix: put before the token in that header.
+    public init(
+        requestEngine: some RequestSending = AsyncRequestEngine(),
+        coordinator: TokenRefreshCoordinator,
+        tokenHeaderName: String = "Authorization",
+        tokenPrefix: String = "Bearer "
+    ) {
+        self.requestEngine = requestEngine
+        self.coordinator = coordinator
+        self.tokenHeaderName = tokenHeaderName
+        self.tokenPrefix = tokenPrefix
+    }
+
+    /// Sends `request` with the token and returns the body and response of a 2xx reply.
+    ///
+    /// - Throws: `NetworkError.httpError(statusCode: 401, data:)` when the retry with a new token is
+    ///   answered 401 too; any other `NetworkError` of the underlying engine (other statuses as
+    ///   `.httpError`, `.cancelled` when the caller is cancelled, also while waiting for a
+    ///   refresh); `AuthError` when no token can be had.
+    @discardableResult
+    public nonisolated func send(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+        let (data, response) = try await response(for: request)
+        guard (200...299).contains(response.statusCode) else {
+            throw NetworkError.httpError(statusCode: response.statusCode, data: data)
+        }
+        return (data, response)
+    }
+
+    /// Like `send(_:)` — same token injection, shared refresh and single retry after a 401 — but
+    /// returns the final HTTP response whatever its status (the offline queue replays through
+    /// this). A second 401 is returned, not thrown.
+    ///
+    /// - Throws: `NetworkError` when no HTTP response was obtained (`.cancelled` included),
+    ///   `AuthError` when no token can be had.
+    public nonisolated func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+        let issued = try await token { try await coordinator.tokenForRequest() }
+        let first = try await requestEngine.response(for: authorized(request, issued.token))
+        guard first.1.statusCode == 401 else { return first }
+        let replacement = try await token { try await coordinator.tokenAfterUnauthorized(issued) }
+        return try await requestEngine.response(for: authorized(request, replacement.token))
+    }
+
+    private nonisolated func authorized<R: NetworkRequest>(_ request: R, _ token: String) -> AuthenticatedRequest<R> {
+        AuthenticatedRequest(request, headerName: tokenHeaderName, value: tokenPrefix + token)
+    }
+
+    /// Runs a coordinator call, reporting its cancellation the way the engines do.
+    private nonisolated func token(
+        _ body: () async throws -> TokenRefreshStateMachine.IssuedToken
+    ) async throws -> TokenRefreshStateMachine.IssuedToken {
+        do {
+            return try await body()
+        } catch is CancellationError {
+            throw NetworkError.cancelled
+        }
+    }
+}

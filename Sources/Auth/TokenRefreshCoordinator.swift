@@ -1,0 +1,318 @@
+import Foundation
+import RequestEngine
+
+/// Hands out access tokens and runs at most one `TokenProvider.refreshToken()` at a time, shared
+/// by every request that needs a new token. `AuthenticatedRequestEngine` uses it; share one
+/// coordinator between every engine that talks to the same auth server.
+///
+/// ```swift
+/// let coordinator = TokenRefreshCoordinator(provider: KeychainTokenProvider())
+/// let engine = AuthenticatedRequestEngine(coordinator: coordinator)
+/// ```
+///
+/// What a caller can rely on (Docs/Auth.md has every path):
+/// - **One refresh per storm.** Every token it hands out has a generation. A 401 to a request sent
+///   with an older generation than the current one is retried with the current token and
+///   refreshes nothing (this covers a late 401 that arrives after a refresh finished). Every other
+///   401 joins the refresh in flight or starts the only one. While a refresh that replaces a
+///   rejected token runs, new requests wait for it instead of sending the rejected token.
+/// - **Failure.** A failed refresh fails every waiter with the same
+///   `AuthError.refreshFailed(underlying:)`, and so does every request that was already on its way
+///   with the rejected token. Nobody hangs. A request that starts after the failure may try again.
+/// - **Loop guard.** More than `maxRefreshes` refreshes within `window` → the request that would
+///   start one more gets `AuthError.excessiveRefresh` and is not retried.
+/// - **No token.** When the provider returns `nil` (or an empty string), the coordinator refreshes
+///   first; nothing is sent without a token.
+/// - **Expiry.** When the provider reports an expiry (`TokenProvider.tokenExpiry()`), a token within
+///   `proactiveRefreshLead` of it is refreshed in the background while requests keep using it, and
+///   an expired one is replaced before requests are sent. Each token's expiry triggers at most one
+///   refresh, so a wrong device clock cannot cause a refresh loop.
+/// - **Cancellation.** A cancelled waiter is answered at once; the refresh itself always runs to
+///   its end and its token is kept, even when every waiter has left, because cancelling it half-way
+///   can lose a rotated refresh token.
+/// - **Secrets.** Tokens never appear in errors, descriptions or logs; replaced tokens are
+///   remembered only by hash.
+///
+/// It is an actor for compatibility with the published API, but its state sits behind a lock and
+/// its methods are `nonisolated`: every request reads it, which must not cost an actor hop, and a
+/// cancelled waiter must be removed synchronously from its cancellation handler.
+public actor TokenRefreshCoordinator {
+    typealias Machine = TokenRefreshStateMachine
+    typealias WaitOutcome = Result<Machine.IssuedToken, AuthError>
+
+    private struct State: Sendable {
+        var machine: Machine
+        /// Waiters whose task is suspended, by id.
+        var continuations: [Machine.WaiterID: CheckedContinuation<WaitOutcome?, Never>] = [:]
+        /// Outcomes that arrived before their waiter suspended (it takes them when it does).
+        var parked: [Machine.WaiterID: WaitOutcome] = [:]
+        /// Callers of `waitUntil` (tests): each resumes once its condition holds.
+        var watchers: [(id: UInt64, condition: @Sendable (Machine) -> Bool, continuation: CheckedContinuation<Void, Never>)] = []
+        var lastWatcherID: UInt64 = 0
+    }
+
+    /// The token source this coordinator reads and refreshes.
+    public nonisolated let provider: any TokenProvider
+    /// At most this many refreshes start within `window` (the loop guard). At least 1.
+    public nonisolated let maxRefreshes: Int
+    /// The loop guard's sliding window, on the coordinator's clock. Zero disables the guard.
+    public nonisolated let window: Duration
+    /// How long before a reported expiry a token is refreshed in the background.
+    public nonisolated let proactiveRefreshLead: Duration
+
+    private nonisolated let state: Locked<State>
+    private nonisolated let time: TimeSource
+    /// The wall-clock moment the clock's zero corresponds to, to place a provider's expiry `Date`
+    /// on the clock (so a `ManualClock` moves expiries in tests, as it does TTLs in the queue).
+    private nonisolated let wallClockOrigin: Date
+
+    /// - Parameters:
+    ///   - provider: reads and refreshes the token.
+    ///   - maxRefreshes: the loop guard's limit: at most this many refreshes start within
+    ///     `window` (default 5; values below 1 count as 1).
+    ///   - window: the loop guard's sliding window (default 30 s; zero disables the guard).
+    ///   - proactiveRefreshLead: a token this close to the expiry its provider reports is refreshed
+    ///     in the background (default 60 s; only used when `tokenExpiry()` returns a date).
+    ///   - clock: the clock the loop guard and expiries are measured on (`ManualClock` in tests).
+    public init(
+        provider: any TokenProvider,
+        maxRefreshes: Int = 5,
+        window: Duration = .seconds(30),
+        proactiveRefreshLead: Duration = .seconds(60),
+        clock: some Clock<Duration> = ContinuousClock()
+    ) {
+        let configuration = Machine.Configuration(
+            maxRefreshes: maxRefreshes,
+            window: window,
+            proactiveRefreshLead: proactiveRefreshLead
+        )
+        self.provider = provider
+        self.maxRefreshes = configuration.maxRefreshes
+        self.window = configuration.window
+        self.proactiveRefreshLead = configuration.proactiveRefreshLead
+        self.state = Locked(State(machine: Machine(configuration: configuration)))
+        self.time = TimeSource(clock)
+        self.wallClockOrigin = Date()
+    }
+
+    /// The token the next request would carry, without refreshing: the provider's current token,
+    /// or a newer one this coordinator obtained when the provider's answer is one it has already
+    /// replaced. `nil` when the provider has none.
+    public nonisolated func currentToken() async -> String? {
+        let token = await provider.currentToken()
+        return state.withLock { $0.machine.newestToken(for: token) }
+    }
+
+    /// Refreshes now, or joins the refresh in flight, and returns the new token. Requests keep
+    /// using the current token meanwhile (unless a 401 has rejected it).
+    ///
+    /// - Throws: `AuthError.refreshFailed` or `.invalidToken` when the refresh fails,
+    ///   `AuthError.excessiveRefresh` when the loop guard refuses to start one, and
+    ///   `CancellationError` when the calling task is cancelled (the refresh goes on).
+    public nonisolated func refresh() async throws -> String {
+        let action = state.withLock { $0.machine.refreshRequested(now: time.now()) }
+        return try await perform(action).token
+    }
+
+    // MARK: - Used by AuthenticatedRequestEngine
+
+    /// The token to send a request with: the current one, or a new one if there is none yet or
+    /// the current one is known to be unusable (then this waits for the shared refresh).
+    ///
+    /// - Throws: `AuthError` when no token can be had, `CancellationError` when cancelled.
+    nonisolated func tokenForRequest() async throws -> Machine.IssuedToken {
+        let stamp = state.withLock { $0.machine.stamp }
+        let token = await provider.currentToken()
+        let action = state.withLock { $0.machine.tokenRead(token, stamp: stamp, now: time.now()) }
+        return try await perform(action)
+    }
+
+    /// The token to retry with after the server answered 401 to `rejected`: the current token if
+    /// it is newer, else the result of the shared refresh.
+    ///
+    /// - Throws: `AuthError` when no token can be had, `CancellationError` when cancelled.
+    nonisolated func tokenAfterUnauthorized(_ rejected: Machine.IssuedToken) async throws -> Machine.IssuedToken {
+        let action = state.withLock { $0.machine.unauthorized(rejected.stamp, now: time.now()) }
+        return try await perform(action)
+    }
+
+    // MARK: - Observation (tests)
+
+    /// How many callers wait for the refresh in flight.
+    nonisolated var waiterCount: Int { state.withLock { $0.machine.waiterCount } }
+
+    /// Whether a refresh is in flight.
+    nonisolated var isRefreshing: Bool { state.withLock { $0.machine.isRefreshing } }
+
+    /// The current token's generation (0 before the first token).
+    nonisolated var currentGeneration: UInt64 { state.withLock { $0.machine.currentGeneration } }
+
+    /// Returns once at least `count` callers wait for the refresh in flight (no polling).
+    nonisolated func waitForWaiters(_ count: Int) async {
+        await waitUntil { $0.waiterCount >= count }
+    }
+
+    /// Returns once no refresh is in flight (no polling).
+    nonisolated func waitUntilIdle() async {
+        await waitUntil { !$0.isRefreshing }
+    }
+
+    /// Returns once `condition` holds for the state machine (checked after every join and every
+    /// refresh's end), or when the calling task is cancelled.
+    private nonisolated func waitUntil(_ condition: @escaping @Sendable (Machine) -> Bool) async {
+        let id = state.withLock { state -> UInt64 in
+            state.lastWatcherID += 1
+            return state.lastWatcherID
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let ready = state.withLock { state -> Bool in
+                    if Task.isCancelled || condition(state.machine) { return true }
+                    state.watchers.append((id, condition, continuation))
+                    return false
+                }
+                if ready { continuation.resume() }
+            }
+        } onCancel: {
+            let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                guard let index = state.watchers.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.watchers.remove(at: index).continuation
+            }
+            continuation?.resume()
+        }
+    }
+
+    // MARK: - Performing the machine's actions
+
+    private nonisolated func perform(_ action: Machine.Action) async throws -> Machine.IssuedToken {
+        switch action {
+        case .send(let issued):
+            return issued
+        case .sendAndReadExpiry(let issued):
+            if let expiry = await provider.tokenExpiry() {
+                let expiresAt = clockTime(of: expiry)
+                state.withLock {
+                    $0.machine.expiryRead(generation: issued.stamp.generation, expiresAt: expiresAt, now: time.now())
+                }
+            }
+            return issued
+        case .sendAndStartRefresh(let issued):
+            startRefreshTask()
+            return issued
+        case .wait(let id):
+            notifyWatchers()
+            return try await waitForRefresh(id)
+        case .startRefreshAndWait(let id):
+            startRefreshTask()
+            notifyWatchers()
+            return try await waitForRefresh(id)
+        case .fail(let error):
+            throw error
+        }
+    }
+
+    /// Runs the provider's refresh in a task of its own, so that no caller's cancellation reaches
+    /// it, and reports its end to the machine.
+    private nonisolated func startRefreshTask() {
+        Task {
+            let result: Result<String, AuthError>
+            do {
+                let token = try await provider.refreshToken()
+                result = Self.isUsable(token) ? .success(token) : .failure(.invalidToken)
+            } catch {
+                result = .failure(.refreshFailed(underlying: error))
+            }
+            var expiresAt: Duration?
+            if case .success = result, let expiry = await provider.tokenExpiry() {
+                expiresAt = clockTime(of: expiry)
+            }
+            finishRefresh(result, expiresAt: expiresAt)
+        }
+    }
+
+    private nonisolated func finishRefresh(_ result: Result<String, AuthError>, expiresAt: Duration?) {
+        let (ready, outcome) = state.withLock { state -> ([CheckedContinuation<WaitOutcome?, Never>], WaitOutcome) in
+            let completion: Machine.Completion
+            switch result {
+            case .success(let token):
+                completion = state.machine.refreshSucceeded(token: token, expiresAt: expiresAt, now: time.now())
+            case .failure(let error):
+                completion = state.machine.refreshFailed(error)
+            }
+            var ready: [CheckedContinuation<WaitOutcome?, Never>] = []
+            ready.reserveCapacity(completion.waiters.count)
+            for id in completion.waiters {
+                if let continuation = state.continuations.removeValue(forKey: id) {
+                    ready.append(continuation)
+                } else {
+                    // Registered but not suspended yet: it takes the outcome when it suspends.
+                    state.parked[id] = completion.outcome
+                }
+            }
+            return (ready, completion.outcome)
+        }
+        for continuation in ready { continuation.resume(returning: outcome) }
+        notifyWatchers()
+    }
+
+    /// Suspends waiter `id` until its refresh ends; answers at once when the caller is cancelled.
+    private nonisolated func waitForRefresh(_ id: Machine.WaiterID) async throws -> Machine.IssuedToken {
+        let outcome: WaitOutcome? = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome?, Never>) in
+                enum Registration { case suspended, ready(WaitOutcome), cancelled }
+                // Checking `Task.isCancelled` under the lock closes the race with `onCancel`:
+                // either the flag is already set here, or the handler runs later and finds the
+                // continuation registered.
+                let registration = state.withLock { state -> Registration in
+                    if let parked = state.parked.removeValue(forKey: id) { return .ready(parked) }
+                    if Task.isCancelled {
+                        state.machine.waiterLeft(id)
+                        return .cancelled
+                    }
+                    state.continuations[id] = continuation
+                    return .suspended
+                }
+                switch registration {
+                case .suspended: break
+                case .ready(let outcome): continuation.resume(returning: outcome)
+                case .cancelled: continuation.resume(returning: nil)
+                }
+            }
+        } onCancel: {
+            let continuation = state.withLock { state -> CheckedContinuation<WaitOutcome?, Never>? in
+                guard let continuation = state.continuations.removeValue(forKey: id) else { return nil }
+                state.machine.waiterLeft(id)
+                return continuation
+            }
+            continuation?.resume(returning: nil)
+        }
+        switch outcome {
+        case .success(let issued): return issued
+        case .failure(let error): throw error
+        case nil: throw CancellationError()
+        }
+    }
+
+    private nonisolated func notifyWatchers() {
+        let ready = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            guard !state.watchers.isEmpty else { return [] }
+            let machine = state.machine
+            let ready = state.watchers.filter { $0.condition(machine) }.map(\.continuation)
+            state.watchers.removeAll { $0.condition(machine) }
+            return ready
+        }
+        for continuation in ready { continuation.resume() }
+    }
+
+    /// `date` as a time on the coordinator's clock.
+    private nonisolated func clockTime(of date: Date) -> Duration {
+        let seconds = date.timeIntervalSince(wallClockOrigin)
+        // A date before the origin is simply "already expired": clamp to the clock's zero.
+        return .clamped(seconds: seconds, upperBound: .seconds(Int64.max / 4))
+    }
+
+    /// A token can travel in a header: non-empty, no CR, LF or NUL.
+    static func isUsable(_ token: String) -> Bool {
+        !token.isEmpty && !token.utf8.contains { $0 == 0x0D || $0 == 0x0A || $0 == 0x00 }
+    }
+}

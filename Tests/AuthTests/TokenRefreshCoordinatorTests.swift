@@ -1,0 +1,175 @@
+import Foundation
+import Testing
+import ResilienceTesting
+@testable import Auth
+
+/// The coordinator with real tasks: one provider call per storm, failure and cancellation
+/// delivered to every waiter, the loop guard and expiry on a ManualClock.
+@Suite("TokenRefreshCoordinator: shared refresh, cancellation, loop guard, expiry", .timeLimit(.minutes(1)))
+struct TokenRefreshCoordinatorTests {
+    @Test func concurrentRefreshCallsShareOneProviderCall() async throws {
+        let gate = Gate()
+        let provider = TestTokenProvider(current: "old", gate: gate)
+        let coordinator = TokenRefreshCoordinator(provider: provider)
+        let tasks = (0..<5).map { _ in Task { try await coordinator.refresh() } }
+        await coordinator.waitForWaiters(5)
+        gate.open()
+        for task in tasks { #expect(try await task.value == "fresh-1") }
+        #expect(provider.refreshCount == 1)
+        #expect(await coordinator.currentToken() == "fresh-1")
+    }
+
+    @Test func sequentialRefreshCallsEachRefresh() async throws {
+        let provider = TestTokenProvider(current: "old")
+        let coordinator = TokenRefreshCoordinator(provider: provider)
+        #expect(try await coordinator.refresh() == "fresh-1")
+        #expect(try await coordinator.refresh() == "fresh-2")
+        #expect(provider.refreshCount == 2)
+    }
+
+    @Test func aFailedRefreshReachesEveryWaiterAsRefreshFailedAndALaterOneMaySucceed() async throws {
+        let gate = Gate()
+        let provider = TestTokenProvider(current: "old", behaviour: .fail(id: 9), gate: gate)
+        let coordinator = TokenRefreshCoordinator(provider: provider)
+        let tasks = (0..<3).map { _ in Task { await thrownError { _ = try await coordinator.refresh() } } }
+        await coordinator.waitForWaiters(3)
+        gate.open()
+        for task in tasks { #expect(await task.value?.label == "refreshFailed(9)") }
+        #expect(provider.refreshCount == 1)
+
+        provider.setBehaviour(.rotate)
+        #expect(try await coordinator.refresh() == "fresh-2")
+    }
+
+    @Test func aCancelledWaiterIsAnsweredAtOnceWhileTheOthersGetTheToken() async throws {
+        let gate = Gate()
+        let provider = TestTokenProvider(current: "old", gate: gate)
+        let coordinator = TokenRefreshCoordinator(provider: provider)
+        let leaving = Task { await thrownError { _ = try await coordinator.refresh() } }
+        let staying = Task { try await coordinator.refresh() }
+        await coordinator.waitForWaiters(2)
+        leaving.cancel()
+        #expect(await leaving.value?.label == "CancellationError")
+        #expect(coordinator.isRefreshing)
+        gate.open()
+        #expect(try await staying.value == "fresh-1")
+        #expect(provider.refreshCount == 1)
+    }
+
+    @Test func theRefreshRunsToItsEndAndIsKeptWhenEveryWaiterLeaves() async throws {
+        let gate = Gate()
+        let provider = TestTokenProvider(current: "old", gate: gate)
+        let coordinator = TokenRefreshCoordinator(provider: provider)
+        #expect(try await coordinator.tokenForRequest().token == "old")
+        let only = Task { await thrownError { _ = try await coordinator.refresh() } }
+        await coordinator.waitForWaiters(1)
+        only.cancel()
+        #expect(await only.value?.label == "CancellationError")
+        #expect(coordinator.isRefreshing)
+        gate.open()
+        await coordinator.waitUntilIdle()
+        #expect(!provider.sawCancellation)
+        provider.setCurrent("old")  // even if the provider had not persisted it, the coordinator has it
+        let next = try await coordinator.tokenForRequest()
+        #expect(next.token == "fresh-1")
+        #expect(provider.refreshCount == 1)
+    }
+
+    @Test func aWaiterCancelledBeforeItJoinsGetsCancellationErrorAndNoHang() async throws {
+        let gate = Gate()
+        let provider = TestTokenProvider(current: nil, gate: gate)
+        let coordinator = TokenRefreshCoordinator(provider: provider)
+        let task = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return await thrownError { _ = try await coordinator.tokenForRequest() }
+        }
+        #expect(await task.value?.label == "CancellationError")
+        gate.open()
+    }
+
+    @Test func theLoopGuardStopsTheSixthRefreshWithinTheWindowOnAManualClock() async throws {
+        let clock = ManualClock()
+        let provider = TestTokenProvider(current: "old")
+        let coordinator = TokenRefreshCoordinator(provider: provider, clock: clock)
+        for _ in 0..<5 {
+            _ = try await coordinator.refresh()
+            clock.advance(by: .seconds(5))
+        }
+        // Now at 25 s: five refreshes started within the last 30 s.
+        let error = await thrownError { _ = try await coordinator.refresh() }
+        #expect(error?.label == "excessiveRefresh(5)")
+        #expect(provider.refreshCount == 5)
+        clock.advance(by: .seconds(5))  // 30 s: the refresh at 0 s leaves the window
+        #expect(try await coordinator.refresh() == "fresh-6")
+    }
+
+    @Test func theLoopGuardLimitsAreConfigurable() async throws {
+        let clock = ManualClock()
+        let provider = TestTokenProvider(current: "old")
+        let coordinator = TokenRefreshCoordinator(provider: provider, maxRefreshes: 2, window: .seconds(60), clock: clock)
+        _ = try await coordinator.refresh()
+        _ = try await coordinator.refresh()
+        clock.advance(by: .seconds(59))
+        #expect(await thrownError { _ = try await coordinator.refresh() }?.label == "excessiveRefresh(2)")
+        #expect(String(describing: AuthError.excessiveRefresh(refreshes: 2, window: .seconds(60))).contains("2"))
+    }
+
+    @Test func aTokenNearItsExpiryIsRefreshedInTheBackgroundOnAManualClock() async throws {
+        let clock = ManualClock()
+        let gate = Gate()
+        let provider = TestTokenProvider(current: "old", gate: gate)
+        let coordinator = TokenRefreshCoordinator(provider: provider, proactiveRefreshLead: .seconds(60), clock: clock)
+        provider.setExpiry(Date().addingTimeInterval(300), afterRefresh: Date().addingTimeInterval(3_600))
+
+        #expect(try await coordinator.tokenForRequest().token == "old")  // reads the expiry
+        clock.advance(by: .seconds(239))
+        #expect(try await coordinator.tokenForRequest().token == "old")
+        #expect(provider.refreshCount == 0)
+
+        clock.advance(by: .seconds(2))  // 241 s: within 60 s of the expiry at 300 s
+        #expect(try await coordinator.tokenForRequest().token == "old")  // sent at once, not held
+        await provider.waitForRefreshStart()
+        #expect(try await coordinator.tokenForRequest().token == "old")
+        #expect(provider.refreshCount == 1)
+        gate.open()
+        await coordinator.waitUntilIdle()
+        #expect(try await coordinator.tokenForRequest().token == "fresh-1")
+        clock.advance(by: .seconds(3_000))  // the new token's expiry (1 h) is still 5+ minutes away
+        #expect(try await coordinator.tokenForRequest().token == "fresh-1")
+        #expect(provider.refreshCount == 1)
+    }
+
+    @Test func anExpiredTokenIsReplacedBeforeTheRequestIsSentOnAManualClock() async throws {
+        let clock = ManualClock()
+        let provider = TestTokenProvider(current: "old")
+        let coordinator = TokenRefreshCoordinator(provider: provider, clock: clock)
+        provider.setExpiry(Date().addingTimeInterval(300), afterRefresh: Date().addingTimeInterval(3_600))
+        _ = try await coordinator.tokenForRequest()
+        clock.advance(by: .seconds(301))
+        #expect(try await coordinator.tokenForRequest().token == "fresh-1")
+        #expect(try await coordinator.tokenForRequest().token == "fresh-1")
+        #expect(provider.refreshCount == 1)
+    }
+
+    @Test func currentTokenReportsTheNewestTokenWhenTheProviderLagsBehind() async throws {
+        let provider = TestTokenProvider(current: "old")
+        let coordinator = TokenRefreshCoordinator(provider: provider)
+        #expect(await coordinator.currentToken() == "old")
+        _ = try await coordinator.tokenForRequest()
+        _ = try await coordinator.refresh()
+        provider.setCurrent("old")  // a provider that did not persist the refreshed token
+        #expect(await coordinator.currentToken() == "fresh-1")
+        provider.setCurrent(nil)
+        #expect(await coordinator.currentToken() == nil)
+    }
+
+    @Test(arguments: ["", "abc\r\nX-Injected: 1", "nul\u{0}byte"])
+    func aRefreshedTokenThatCannotTravelInAHeaderIsRejected(token: String) async throws {
+        let provider = TestTokenProvider(current: "old", behaviour: .returns(token))
+        let coordinator = TokenRefreshCoordinator(provider: provider)
+        let error = await thrownError { _ = try await coordinator.refresh() }
+        #expect(error?.label == "invalidToken")
+        #expect(coordinator.currentGeneration == 0)  // not adopted
+        #expect(!coordinator.isRefreshing)
+    }
+}
