@@ -30,6 +30,13 @@ import FoundationNetworking
 ///   token to begin with, not sent at all).
 /// - **Cancellation.** A cancelled caller gets `NetworkError.cancelled` at once, also while it
 ///   waits for a refresh; the refresh goes on for the others.
+/// - **Admission (opt-in).** With `maxConcurrentRequests: n`, at most n attempts are in flight at
+///   once; later ones wait in order and read the token only when admitted. After a 401, requests
+///   not yet admitted then go out with the refreshed token instead of the rejected one: a storm of
+///   10 000 requests with an expired token costs one refresh and about n rejected attempts instead
+///   of 10 000. The price: a request still waiting for admission when a refresh fails is not one
+///   of that refresh's waiters; it reads the (rejected) token when admitted and its 401 may start
+///   another refresh, within the loop guard. Default `nil`: no limit, every caller is a waiter.
 /// - **Secrets.** The token travels only in the request header. The underlying engine's events
 ///   carry no headers, and no error or description here contains a token.
 ///
@@ -43,6 +50,9 @@ public actor AuthenticatedRequestEngine: RequestSending {
     public nonisolated let coordinator: TokenRefreshCoordinator
     /// Sends every attempt (an `AsyncRequestEngine` unless you passed another sender).
     public nonisolated let requestEngine: any RequestSending
+    /// Attempts allowed in flight at once (see "Admission"); `nil` means no limit.
+    public nonisolated let maxConcurrentRequests: Int?
+    private nonisolated let gate: AdmissionGate?
 
     /// - Parameters:
     ///   - requestEngine: sends each attempt; `AsyncRequestEngine()` (on `URLSession.shared`, no
@@ -50,16 +60,21 @@ public actor AuthenticatedRequestEngine: RequestSending {
     ///   - coordinator: hands out tokens and shares refreshes.
     ///   - tokenHeaderName: the header that carries the token.
     ///   - tokenPrefix: put before the token in that header.
+    ///   - maxConcurrentRequests: attempts in flight at once (at least 1), or `nil` (default) for no
+    ///     limit. 64 is well above what URLSession opens to one host.
     public init(
         requestEngine: some RequestSending = AsyncRequestEngine(),
         coordinator: TokenRefreshCoordinator,
         tokenHeaderName: String = "Authorization",
-        tokenPrefix: String = "Bearer "
+        tokenPrefix: String = "Bearer ",
+        maxConcurrentRequests: Int? = nil
     ) {
         self.requestEngine = requestEngine
         self.coordinator = coordinator
         self.tokenHeaderName = tokenHeaderName
         self.tokenPrefix = tokenPrefix
+        self.maxConcurrentRequests = maxConcurrentRequests.map { max(1, $0) }
+        self.gate = maxConcurrentRequests.map { AdmissionGate(limit: max(1, $0)) }
     }
 
     /// Sends `request` with the token and returns the body and response of a 2xx reply.
@@ -84,11 +99,28 @@ public actor AuthenticatedRequestEngine: RequestSending {
     /// - Throws: `NetworkError` when no HTTP response was obtained (`.cancelled` included),
     ///   `AuthError` when no token can be had.
     public nonisolated func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-        let issued = try await token { try await coordinator.tokenForRequest() }
-        let first = try await requestEngine.response(for: authorized(request, issued.token))
-        guard first.1.statusCode == 401 else { return first }
-        let replacement = try await token { try await coordinator.tokenAfterUnauthorized(issued) }
-        return try await requestEngine.response(for: authorized(request, replacement.token))
+        // With an admission limit, the place is held from the token read through the 401, the
+        // shared refresh and the retry: the 401 must start the refresh at once, not after
+        // queueing again behind requests that would then all go out with the rejected token.
+        try await admitted {
+            let issued = try await token { try await coordinator.tokenForRequest() }
+            let first = try await requestEngine.response(for: authorized(request, issued.token))
+            guard first.1.statusCode == 401 else { return first }
+            let replacement = try await token { try await coordinator.tokenAfterUnauthorized(issued) }
+            return try await requestEngine.response(for: authorized(request, replacement.token))
+        }
+    }
+
+    /// Runs `body` holding a place in the admission gate, if there is one.
+    private nonisolated func admitted<T>(_ body: () async throws -> T) async throws -> T {
+        guard let gate else { return try await body() }
+        do {
+            try await gate.enter()
+        } catch {
+            throw NetworkError.cancelled
+        }
+        defer { gate.leave() }
+        return try await body()
     }
 
     private nonisolated func authorized<R: NetworkRequest>(_ request: R, _ token: String) -> AuthenticatedRequest<R> {

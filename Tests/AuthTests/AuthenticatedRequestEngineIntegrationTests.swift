@@ -34,10 +34,11 @@ struct AuthenticatedRequestEngineIntegrationTests {
         return request.header("authorization") == "Bearer " + token
     }
 
-    func engine(_ provider: TestTokenProvider) -> AuthenticatedRequestEngine {
+    func engine(_ provider: TestTokenProvider, maxConcurrentRequests: Int? = nil) -> AuthenticatedRequestEngine {
         AuthenticatedRequestEngine(
             requestEngine: AsyncRequestEngine(session: session),
-            coordinator: TokenRefreshCoordinator(provider: provider)
+            coordinator: TokenRefreshCoordinator(provider: provider),
+            maxConcurrentRequests: maxConcurrentRequests
         )
     }
 
@@ -79,6 +80,18 @@ struct AuthenticatedRequestEngineIntegrationTests {
         #expect(Set(fresh.map(\.path)).count == 10_000)  // one successful call per URL
         #expect(log.count - fresh.count == log.filter { $0.header("authorization") == "Bearer expired" }.count)
         print("10 000-request storm: \(log.count - fresh.count) requests sent with the expired token, \(fresh.count) with the new one, \(elapsed)")
+    }
+
+    @Test func withAnAdmissionLimitAStormSendsAtMostThatManyRequestsWithTheExpiredToken() async throws {
+        let provider = TestTokenProvider(current: "expired", server: valid)
+        let engine = engine(provider, maxConcurrentRequests: 64)
+        let (successes, errors) = await storm(engine, count: 2_000).all()
+        #expect(successes == 2_000, "first errors: \(errors.prefix(3).map(\.label))")
+        #expect(provider.refreshCount == 1)
+        let log = server.requestLog
+        let expired = log.filter { $0.header("authorization") == "Bearer expired" }.count
+        #expect(expired >= 1 && expired <= 64, "\(expired) requests carried the expired token")
+        #expect(log.count == 2_000 + expired)
     }
 
     @Test func aLate401ArrivingAfterTheRefreshRetriesWithTheNewTokenAndRefreshesNothing() async throws {

@@ -38,12 +38,14 @@ let benchmarks: @Sendable () -> Void = {
             for kind in order {
                 results[kind] = try await fixture.batch(requests: 10_000, kind: kind)
             }
-            guard let valid = results[.valid], let storm = results[.storm401], let known = results[.knownExpiry] else { return }
+            guard let valid = results[.valid], let storm = results[.storm401], let known = results[.knownExpiry],
+                  let admission = results[.storm401Admission] else { return }
             // The point of the coordinator: 10 000 rejected requests, one refresh.
             precondition(storm.refreshes == 1, "401 storm: \(storm.refreshes) refreshes (want 1)")
             precondition(known.refreshes == 1, "known expiry: \(known.refreshes) refreshes (want 1)")
+            precondition(admission.refreshes == 1, "storm with admission limit: \(admission.refreshes) refreshes (want 1)")
             precondition(valid.refreshes == 0, "valid token: \(valid.refreshes) refreshes (want 0)")
-            let iteration = AuthIteration(valid: valid, storm: storm, knownExpiry: known)
+            let iteration = AuthIteration(valid: valid, storm: storm, knownExpiry: known, admission: admission)
             iteration.record(in: benchmark)
             report.add(iteration)
         },
@@ -117,6 +119,9 @@ enum AuthBatchKind: Sendable, Hashable {
     /// The provider's token is rejected, but the provider reports that it expired a minute ago:
     /// the coordinator refreshes before sending.
     case knownExpiry
+    /// A 401 storm through an engine with `maxConcurrentRequests: 64`: requests not yet admitted
+    /// when the refresh starts go out with the new token.
+    case storm401Admission
 }
 
 struct AuthBatchResult: Sendable {
@@ -159,9 +164,9 @@ final class AuthFixture: Sendable {
     func nextIterationOrder() -> [AuthBatchKind] {
         let rotation = counters.withLock { counters in
             defer { counters.iteration += 1 }
-            return counters.iteration % 3
+            return counters.iteration % 4
         }
-        let kinds: [AuthBatchKind] = [.valid, .storm401, .knownExpiry]
+        let kinds: [AuthBatchKind] = [.valid, .storm401, .knownExpiry, .storm401Admission]
         return Array(kinds[rotation...] + kinds[..<rotation])
     }
 
@@ -184,7 +189,8 @@ final class AuthFixture: Sendable {
         )
         let authenticated = AuthenticatedRequestEngine(
             requestEngine: engine,
-            coordinator: TokenRefreshCoordinator(provider: provider)
+            coordinator: TokenRefreshCoordinator(provider: provider),
+            maxConcurrentRequests: kind == .storm401Admission ? 64 : nil
         )
         let urls = (0..<requests).map { server.url("/auth/\(batch)/\($0)") }
         let hitsBefore = server.totalHits
@@ -297,13 +303,18 @@ enum AuthMetrics {
     static let rejected = BenchmarkMetric.custom("storm requests rejected 401", useScalingFactor: false)
     static let knownMilliseconds = BenchmarkMetric.custom("known expiry batch (ms)", useScalingFactor: false)
     static let knownRatio = BenchmarkMetric.custom("known expiry/valid wall (‰)", useScalingFactor: false)
-    static let all = [validMilliseconds, stormMilliseconds, ratio, cpuRatio, rejected, knownMilliseconds, knownRatio]
+    static let admissionRatio = BenchmarkMetric.custom("storm with admission limit 64/valid wall (‰)", useScalingFactor: false)
+    static let admissionRejected = BenchmarkMetric.custom("storm with admission limit: rejected 401", useScalingFactor: false)
+    static let all = [validMilliseconds, stormMilliseconds, ratio, cpuRatio, rejected, knownMilliseconds, knownRatio, admissionRatio, admissionRejected]
 }
 
 struct AuthIteration: Sendable {
     let valid: AuthBatchResult
     let storm: AuthBatchResult
     let knownExpiry: AuthBatchResult
+    let admission: AuthBatchResult
+
+    var admissionRatioPermille: Int { authPermille(admission.duration, valid.duration) }
 
     var knownRatioPermille: Int { authPermille(knownExpiry.duration, valid.duration) }
 
@@ -318,6 +329,8 @@ struct AuthIteration: Sendable {
         benchmark.measurement(AuthMetrics.rejected, storm.rejected)
         benchmark.measurement(AuthMetrics.knownMilliseconds, knownExpiry.duration.authMilliseconds)
         benchmark.measurement(AuthMetrics.knownRatio, knownRatioPermille)
+        benchmark.measurement(AuthMetrics.admissionRatio, admissionRatioPermille)
+        benchmark.measurement(AuthMetrics.admissionRejected, admission.rejected)
     }
 }
 
@@ -337,6 +350,7 @@ final class AuthStormReport: Sendable {
         let storm = all.map(\.storm.duration).sorted()
         let known = all.map(\.knownExpiry.duration).sorted()
         let knownRatios = all.map(\.knownRatioPermille).sorted()
+        let admissionRatios = all.map(\.admissionRatioPermille).sorted()
         Swift.print("""
             auth 401 storm vs valid token (10 000 requests each, \(all.count) interleaved iterations, warm-up included)
               valid token: median \(valid[valid.count / 2].authMilliseconds) ms per batch; 401 storm: median \(storm[storm.count / 2].authMilliseconds) ms
@@ -344,6 +358,7 @@ final class AuthStormReport: Sendable {
               storm/valid process CPU: median \(Double(cpuRatios[cpuRatios.count / 2]) / 1000)
               refreshes per storm: \(Set(all.map(\.storm.refreshes)).sorted()); requests the server saw per storm: \(Set(all.map(\.storm.serverRequests)).sorted()), of which rejected 401: \(Set(all.map(\.storm.rejected)).sorted())
               known expiry (refresh before sending): median \(known[known.count / 2].authMilliseconds) ms per batch, known/valid wall: median \(Double(knownRatios[knownRatios.count / 2]) / 1000), min \(Double(knownRatios[0]) / 1000), max \(Double(knownRatios[knownRatios.count - 1]) / 1000); requests the server saw: \(Set(all.map(\.knownExpiry.serverRequests)).sorted()), refreshes: \(Set(all.map(\.knownExpiry.refreshes)).sorted())
+              401 storm with maxConcurrentRequests 64: storm/valid wall: median \(Double(admissionRatios[admissionRatios.count / 2]) / 1000), min \(Double(admissionRatios[0]) / 1000), max \(Double(admissionRatios[admissionRatios.count - 1]) / 1000); rejected 401 per storm: \(Set(all.map(\.admission.rejected)).sorted())
             """)
     }
 }
