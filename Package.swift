@@ -41,6 +41,7 @@ let package = Package(
         .testTarget(name: "OfflineQueueTests", dependencies: ["OfflineQueue", "ResilienceTesting"]),
         .testTarget(name: "AuthTests", dependencies: ["Auth", "ResilienceTesting"]),
         .testTarget(name: "ObservabilityTests", dependencies: ["Observability", "ResilienceTesting"]),
+        .testTarget(name: "DrainerTests", dependencies: ["Drainer", "ResilienceTesting"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -56,7 +56,9 @@ public actor OfflineQueueEngine {
     public nonisolated let configuration: Configuration
 
     private let sender: any RequestSending
-    private let reachability: any ReachabilityMonitoring
+    /// The monitor this queue follows (a drain service subscribes to the same one).
+    public nonisolated let reachabilityMonitor: any ReachabilityMonitoring
+    private var reachability: any ReachabilityMonitoring { reachabilityMonitor }
     private let time: TimeSource
     private let wallClockOrigin: Date
 
@@ -87,7 +89,7 @@ public actor OfflineQueueEngine {
         clock: some Clock<Duration> = ContinuousClock()
     ) {
         self.sender = requestEngine
-        self.reachability = reachabilityMonitor
+        self.reachabilityMonitor = reachabilityMonitor
         self.store = store
         self.maxQueueSize = max(0, maxQueueSize)
         self.configuration = configuration
