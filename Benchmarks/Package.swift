@@ -49,6 +49,16 @@ let package = Package(
             path: "Benchmarks/AuthBenchmarks",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
+        .executableTarget(
+            name: "ObservabilityBenchmarks",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "Observability", package: "Resilience"),
+                .product(name: "RequestEngine", package: "Resilience"),
+            ],
+            path: "Benchmarks/ObservabilityBenchmarks",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -107,6 +107,44 @@ public final class DiskQueueStore: Sendable {
         )
     }
 
+    /// A read-only look at a queue folder, for operators: nothing is moved, removed or locked.
+    public struct Inspection: Sendable {
+        /// Entries that would load, in replay order.
+        public let entries: [QueueEntry]
+        /// Entry files in the folder that would be quarantined at the next open, with the reason.
+        public let unreadable: [QuarantinedFile]
+        /// Names of files already in `quarantine/`.
+        public let quarantined: [String]
+        /// Entries in `dead-letter/`.
+        public let deadLetters: Int
+        /// Leftover temp files of interrupted writes.
+        public let temporaryFiles: Int
+    }
+
+    /// Reads a queue folder without changing it (unlike `init(directory:)`, which removes temp files
+    /// and quarantines unreadable ones).
+    public static func inspect(directory: URL) throws -> Inspection {
+        let names = try DurableFiles.listDirectory(directory.path)
+        let candidates = names.filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") }
+        var entries: [QueueEntry] = []
+        var unreadable: [QuarantinedFile] = []
+        for (name, result) in zip(candidates, decodeAll(candidates, in: directory)) {
+            switch result {
+            case .entry(let entry): entries.append(entry)
+            case .corrupt(let reason): unreadable.append(QuarantinedFile(name: name, reason: reason))
+            }
+        }
+        let quarantine = directory.appendingPathComponent("quarantine").path
+        let deadLetter = directory.appendingPathComponent("dead-letter").path
+        return Inspection(
+            entries: QueueIndex(loading: entries).ordered(),
+            unreadable: unreadable.sorted { $0.name < $1.name },
+            quarantined: ((try? DurableFiles.listDirectory(quarantine)) ?? []).sorted(),
+            deadLetters: ((try? DurableFiles.listDirectory(deadLetter)) ?? []).filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") }.count,
+            temporaryFiles: names.filter { $0.hasPrefix(".") && $0.hasSuffix(".tmp") }.count
+        )
+    }
+
     // MARK: - Reading (from the index, never from the folder)
 
     /// Every entry in replay order: priority descending, then FIFO.

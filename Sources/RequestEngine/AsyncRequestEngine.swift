@@ -250,22 +250,26 @@ public actor AsyncRequestEngine: RequestSending {
         timeout: Duration?
     ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
         let session = self.session
-        guard let timeout else { return await Self.call(urlRequest, on: session) }
-        // The attempt runs in a task of its own so the watchdog can cancel just this attempt (not
-        // the caller, whose later retries must still run) when the deadline passes.
-        let expired = Locked(false)
-        let attempt = Task { await Self.call(urlRequest, on: session) }
-        let registration = watchdog.schedule(after: timeout) {
-            expired.withLock { $0 = true }
-            attempt.cancel()
+        // The attempt runs in a task of its own, and the caller waits on a one-shot box that the
+        // first of three things fills: the attempt's result, the watchdog's timeout, or the
+        // caller's cancellation. So a timeout cancels just this attempt (not the caller, whose later
+        // retries must still run), and neither a timeout nor a cancellation waits for the transport
+        // to wind down (libcurl-based URLSession can take seconds to acknowledge a cancel under load).
+        let box = OneShot<Result<(Data, HTTPURLResponse), NetworkError>>()
+        let attempt = Task { box.fill(await Self.call(urlRequest, on: session)) }
+        let registration = timeout.map { timeout in
+            watchdog.schedule(after: timeout) {
+                box.fill(.failure(.timedOut))
+                attempt.cancel()
+            }
         }
         let result = await withTaskCancellationHandler {
-            await attempt.value
+            await box.value()
         } onCancel: {
+            box.fill(.failure(.cancelled))
             attempt.cancel()
         }
-        watchdog.cancel(registration)
-        if case .failure = result, expired.withLock({ $0 }) { return .failure(.timedOut) }
+        if let registration { watchdog.cancel(registration) }
         return result
     }
 

@@ -59,10 +59,12 @@ public final class LoopbackHTTPServer: Sendable {
     private let state: LoopbackServerState
     private let wake: LoopbackWakePipe
 
-    /// Binds 127.0.0.1 on an ephemeral port (listen backlog 4096) and starts serving on a
-    /// background thread. Throws `LoopbackHTTPServer.Error` when a socket call fails.
-    public init() throws {
-        let listener = try LoopbackSocket.makeListener(backlog: 4096)
+    /// Binds 127.0.0.1 on `port` — 0 (the default) for an ephemeral port — with a listen backlog
+    /// of 4096, and starts serving on a background thread. Throws `LoopbackHTTPServer.Error` when a
+    /// socket call fails (`.bind(errno: EADDRINUSE)` for a taken port, `EINVAL` for one out of range).
+    public init(port: Int = 0) throws {
+        guard (0...65_535).contains(port) else { throw Error.bind(errno: EINVAL) }
+        let listener = try LoopbackSocket.makeListener(backlog: 4096, port: port)
         let wake: LoopbackWakePipe
         do {
             wake = try LoopbackWakePipe()

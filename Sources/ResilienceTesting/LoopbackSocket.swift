@@ -34,7 +34,7 @@ enum LoopbackSocket {
     }
 
     /// A non-blocking, close-on-exec TCP socket listening on 127.0.0.1 with an ephemeral port.
-    static func makeListener(backlog: Int32) throws -> (fd: Int32, port: Int) {
+    static func makeListener(backlog: Int32, port: Int = 0) throws -> (fd: Int32, port: Int) {
         let fd = socket(AF_INET, streamType, 0)
         guard fd >= 0 else { throw LoopbackHTTPServer.Error.socket(errno: errno) }
         do {
@@ -49,7 +49,7 @@ enum LoopbackSocket {
             address.sin_len = UInt8(MemoryLayout<sockaddr_in>.size)
             #endif
             address.sin_family = sa_family_t(AF_INET)
-            address.sin_port = 0
+            address.sin_port = in_port_t(UInt16(truncatingIfNeeded: port).bigEndian)
             guard inet_pton(AF_INET, "127.0.0.1", &address.sin_addr) == 1 else {
                 throw LoopbackHTTPServer.Error.bind(errno: errno)
             }

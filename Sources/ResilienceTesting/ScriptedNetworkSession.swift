@@ -60,6 +60,7 @@ public final class ScriptedNetworkSession: NetworkSession {
         var watchers: [CallWatcher] = []
         var nextWatcher: UInt64 = 0
         var cancelledWatchers: Set<UInt64> = []
+        var idleWaiters: [(UInt64, CheckedContinuation<Void, Never>)] = []
     }
 
     private let state: Locked<State>
@@ -103,15 +104,51 @@ public final class ScriptedNetworkSession: NetworkSession {
         }
     }
 
+    /// Suspends until no call is suspended in a `.hang` or `.held` step (every such call was
+    /// released or cancelled and has let go), or the waiting task is cancelled.
+    public func waitUntilNoneSuspended() async {
+        let id = state.withLock { state -> UInt64 in
+            state.nextWatcher += 1
+            return state.nextWatcher
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let ready = state.withLock { state -> Bool in
+                    if state.suspended.isEmpty || state.cancelledWatchers.remove(id) != nil { return true }
+                    state.idleWaiters.append((id, continuation))
+                    return false
+                }
+                if ready { continuation.resume() }
+            }
+        } onCancel: {
+            let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                guard let index = state.idleWaiters.firstIndex(where: { $0.0 == id }) else {
+                    state.cancelledWatchers.insert(id)
+                    return nil
+                }
+                return state.idleWaiters.remove(at: index).1
+            }
+            waiter?.resume()
+        }
+    }
+
+    /// Takes the idle waiters if nothing is suspended any more.
+    private static func takeIdleWaiters(_ state: inout State) -> [CheckedContinuation<Void, Never>] {
+        guard state.suspended.isEmpty else { return [] }
+        defer { state.idleWaiters.removeAll() }
+        return state.idleWaiters.map(\.1)
+    }
+
     /// Lets every started call in a `.held` step go on (later calls hold again).
     public func releaseHeld() {
-        let released = state.withLock { state -> [Waiter] in
+        let (released, idle) = state.withLock { state -> ([Waiter], [CheckedContinuation<Void, Never>]) in
             state.releasedThrough = state.nextID
             let ready = state.suspended.filter { state.isHeld[$0.id] == true }
             state.suspended.removeAll { state.isHeld[$0.id] == true }
-            return ready
+            return (ready, Self.takeIdleWaiters(&state))
         }
         for waiter in released { waiter.continuation.resume(returning: true) }
+        for waiter in idle { waiter.resume() }
     }
 
     public func data(for request: URLRequest) async throws -> (Data, URLResponse) {
@@ -163,15 +200,17 @@ public final class ScriptedNetworkSession: NetworkSession {
                 if let immediate { continuation.resume(returning: immediate) }
             }
         } onCancel: {
-            let continuation = state.withLock { state -> CheckedContinuation<Bool, Never>? in
+            let (continuation, idle) = state.withLock { state -> (CheckedContinuation<Bool, Never>?, [CheckedContinuation<Void, Never>]) in
                 guard let index = state.suspended.firstIndex(where: { $0.id == id }) else {
                     state.cancelledEarly.insert(id)
-                    return nil
+                    return (nil, [])
                 }
                 state.isHeld[id] = nil
-                return state.suspended.remove(at: index).continuation
+                let continuation = state.suspended.remove(at: index).continuation
+                return (continuation, Self.takeIdleWaiters(&state))
             }
             continuation?.resume(returning: false)
+            for waiter in idle { waiter.resume() }
         }
     }
 }

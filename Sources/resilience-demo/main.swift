@@ -9,10 +9,17 @@ import FoundationNetworking
 // LoopbackHTTPServer on 127.0.0.1. Exits 0 only if every scenario met its expectation.
 
 let arguments = Array(CommandLine.arguments.dropFirst())
+if arguments.first == "serve" {
+    exit(await Serve.run(Array(arguments.dropFirst())))
+}
 if arguments.contains("--help") || arguments.contains("-h") {
     print("""
-    usage: resilience-demo            run every scenario against the embedded loopback server
-           resilience-demo --list     list the scenarios (including the ones still to come)
+    usage: resilience-demo                         run every scenario against the embedded loopback server
+           resilience-demo --list                  list the scenarios
+           resilience-demo stress dedup --callers N | auth --callers N | queue --entries N
+           resilience-demo queue inspect DIR       list an on-disk offline queue (read-only)
+           resilience-demo serve [--port N] [--duration S]
+                                                   steady workload with Prometheus metrics at /metrics
     """)
     exit(0)
 }
@@ -20,6 +27,12 @@ if arguments.contains("--list") {
     for scenario in Demo.scenarios { print("  \(scenario.name)") }
     for name in Demo.comingLater { print("  \(name)  (to come)") }
     exit(0)
+}
+if arguments.first == "stress" {
+    exit(await Stress.run(Array(arguments.dropFirst())))
+}
+if arguments.first == "queue" {
+    exit(QueueInspect.run(Array(arguments.dropFirst())))
 }
 if let unknown = arguments.first {
     FileHandle.standardError.write(Data("resilience-demo: unknown argument '\(unknown)'; try --help\n".utf8))

@@ -7,7 +7,7 @@ import ResilienceTesting
 import FoundationNetworking
 #endif
 
-@Suite("AsyncRequestEngine: single-flight deduplication and cancellation")
+@Suite("AsyncRequestEngine: single-flight deduplication and cancellation", .timeLimit(.minutes(1)))
 struct AsyncRequestEngineDeduplicationTests {
     @Test func concurrentIdenticalGETsShareOneCall() async throws {
         let session = ScriptedNetworkSession([.held(.ok("shared"))])
@@ -115,6 +115,7 @@ struct AsyncRequestEngineDeduplicationTests {
         for waiter in waiters { waiter.cancel() }
         for waiter in waiters { #expect(await waiter.value?.caseName == "cancelled") }
         await recorder.wait { events in events.contains { if case .failed(_, .cancelled, _) = $0 { true } else { false } } }
+        await session.waitUntilNoneSuspended()
         #expect(session.suspendedCount == 0)  // the network call itself was cancelled
     }
 

@@ -7,7 +7,7 @@ import ResilienceTesting
 import FoundationNetworking
 #endif
 
-@Suite("AsyncRequestEngine: retries, Retry-After, budget, breaker")
+@Suite("AsyncRequestEngine: retries, Retry-After, budget, breaker", .timeLimit(.minutes(1)))
 struct AsyncRequestEngineRetryTests {
     @Test func successReturnsBodyAndEmitsStartedThenSucceeded() async throws {
         let session = ScriptedNetworkSession([.ok("hello")])
@@ -260,6 +260,7 @@ struct AsyncRequestEngineRetryTests {
         #expect(clock.nextDeadline == .init(offset: .seconds(5)))
         clock.advance(by: .seconds(5))
         #expect(await task.value?.caseName == "timedOut")
+        await session.waitUntilNoneSuspended()
         #expect(session.suspendedCount == 0)  // the hanging call was cancelled, not leaked
     }
 

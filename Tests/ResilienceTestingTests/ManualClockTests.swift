@@ -3,7 +3,7 @@ import Testing
 import Retry
 import ResilienceTesting
 
-@Suite("ManualClock")
+@Suite("ManualClock", .timeLimit(.minutes(1)))
 struct ManualClockTests {
     final class Order: Sendable {
         private let names = Locked<[String]>([])

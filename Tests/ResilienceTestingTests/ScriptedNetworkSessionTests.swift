@@ -5,7 +5,7 @@ import ResilienceTesting
 import FoundationNetworking
 #endif
 
-@Suite("ScriptedNetworkSession")
+@Suite("ScriptedNetworkSession", .timeLimit(.minutes(1)))
 struct ScriptedNetworkSessionTests {
     let request = URLRequest(url: URL(string: "https://example.test/a")!)
 
@@ -43,6 +43,7 @@ struct ScriptedNetworkSessionTests {
         session.releaseHeld()  // does not release a hang
         call.cancel()
         await #expect(throws: URLError.self) { try await call.value }
+        await session.waitUntilNoneSuspended()
         #expect(session.suspendedCount == 0)
     }
 }
