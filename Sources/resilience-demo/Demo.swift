@@ -32,13 +32,13 @@ enum Demo {
         Scenario(name: "prompt cancellation mid-request", run: cancellation),
         Scenario(name: "circuit breaker fails fast", run: circuitBreaker),
         Scenario(name: "garbage reply is a typed error", run: garbageReply),
+        Scenario(name: "401 storm: one token refresh", run: authStorm),
+        Scenario(name: "offline → queued → restart → reconnect → drained", run: offlineQueue),
+        Scenario(name: "metrics table and Prometheus text", run: metrics),
     ]
 
     static let comingLater = [
-        "401 storm with one coalesced token refresh (Auth)",
-        "offline -> queued -> restart -> reconnect -> drained (OfflineQueue)",
         "drain-service cycles with a budget (Drainer)",
-        "metrics table and Prometheus text (Observability)",
     ]
 
     static func runAll() async -> Bool {
