@@ -15,7 +15,9 @@ import Darwin
 enum Stress {
     static let usage = """
     usage: resilience-demo stress dedup --callers N     N concurrent identical GETs through one engine
-           resilience-demo stress auth  --callers N     N concurrent requests with an expired token
+           resilience-demo stress auth  --callers N [--max-concurrent M]
+                                                        N concurrent requests with an expired token
+                                                        (M: AuthenticatedRequestEngine's admission limit)
            resilience-demo stress queue --entries N     N durable enqueues offline, restart, reconnect, drain
     """
 
@@ -25,12 +27,18 @@ enum Stress {
             FileHandle.standardError.write(Data((usage + "\n").utf8))
             return 64
         }
-        let options = Array(arguments.dropFirst())
         do {
+            let options = try parse(Array(arguments.dropFirst()))
             switch kind {
-            case "dedup": return try await dedup(callers: count(options, "--callers", default: 10_000))
-            case "auth": return try await auth(callers: count(options, "--callers", default: 10_000))
-            case "queue": return try await queue(entries: count(options, "--entries", default: 10_000))
+            case "dedup":
+                try options.allow(["--callers"])
+                return try await dedup(callers: options.number("--callers") ?? 10_000)
+            case "auth":
+                try options.allow(["--callers", "--max-concurrent"])
+                return try await auth(callers: options.number("--callers") ?? 10_000, maxConcurrent: options.number("--max-concurrent"))
+            case "queue":
+                try options.allow(["--entries"])
+                return try await queue(entries: options.number("--entries") ?? 10_000)
             default:
                 FileHandle.standardError.write(Data("resilience-demo stress: unknown kind '\(kind)'\n\(usage)\n".utf8))
                 return 64
@@ -46,15 +54,32 @@ enum Stress {
 
     struct UsageError: Error { let message: String }
 
-    private static func count(_ options: [String], _ name: String, default value: Int) throws -> Int {
-        guard let index = options.firstIndex(of: name) else {
-            if let unknown = options.first { throw UsageError(message: "unknown option '\(unknown)'") }
-            return value
+    struct Options {
+        var values: [String: Int] = [:]
+
+        func number(_ name: String) -> Int? { values[name] }
+
+        func allow(_ names: Set<String>) throws {
+            if let unknown = values.keys.first(where: { !names.contains($0) }) {
+                throw UsageError(message: "unknown option '\(unknown)'")
+            }
         }
-        guard index + 1 < options.count, let number = Int(options[index + 1]), number > 0, number <= 10_000_000 else {
-            throw UsageError(message: "\(name) needs a positive whole number")
+    }
+
+    /// `--name N` pairs, each N a positive whole number.
+    private static func parse(_ arguments: [String]) throws -> Options {
+        var options = Options()
+        var index = 0
+        while index < arguments.count {
+            let name = arguments[index]
+            guard name.hasPrefix("--") else { throw UsageError(message: "unexpected argument '\(name)'") }
+            guard index + 1 < arguments.count, let number = Int(arguments[index + 1]), number > 0, number <= 10_000_000 else {
+                throw UsageError(message: "\(name) needs a positive whole number")
+            }
+            options.values[name] = number
+            index += 2
         }
-        return number
+        return options
     }
 
     // MARK: - dedup
@@ -91,7 +116,7 @@ enum Stress {
 
     // MARK: - auth
 
-    static func auth(callers: Int) async throws -> Int32 {
+    static func auth(callers: Int, maxConcurrent: Int?) async throws -> Int32 {
         let server = try LoopbackHTTPServer()
         defer { server.shutdown() }
         let valid = ValidTokenBox("fresh-token")
@@ -101,9 +126,11 @@ enum Stress {
         let provider = StressTokenProvider(current: "expired-token", refreshed: valid.value)
         let engine = AuthenticatedRequestEngine(
             requestEngine: AsyncRequestEngine(session: URLSession(configuration: .ephemeral)),
-            coordinator: TokenRefreshCoordinator(provider: provider)
+            coordinator: TokenRefreshCoordinator(provider: provider),
+            maxConcurrentRequests: maxConcurrent
         )
-        print("stress auth: \(callers) concurrent GETs of distinct URLs with an expired token")
+        print("stress auth: \(callers) concurrent GETs of distinct URLs with an expired token"
+              + (maxConcurrent.map { ", admission limit \($0)" } ?? ""))
         let waits = Samples()
         let start = ContinuousClock.now
         let tasks = (0..<callers).map { index in
