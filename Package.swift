@@ -27,7 +27,7 @@ let package = Package(
         ),
         .target(name: "Auth", dependencies: ["RequestEngine"]),
         .target(name: "Observability", dependencies: ["RequestEngine"]),
-        .target(name: "Drainer", dependencies: ["OfflineQueue"]),
+        .target(name: "Drainer", dependencies: ["OfflineQueue", "Retry"]),
         .target(
             name: "Resilience",
             dependencies: ["Retry", "RequestEngine", "OfflineQueue", "Auth", "Observability", "Drainer"]
@@ -41,7 +41,7 @@ let package = Package(
         .testTarget(name: "OfflineQueueTests", dependencies: ["OfflineQueue", "ResilienceTesting"]),
         .testTarget(name: "AuthTests", dependencies: ["Auth", "ResilienceTesting"]),
         .testTarget(name: "ObservabilityTests", dependencies: ["Observability", "ResilienceTesting"]),
-        .testTarget(name: "DrainerTests", dependencies: ["Drainer", "ResilienceTesting"]),
+        .testTarget(name: "DrainerTests", dependencies: ["Drainer", "OfflineQueue", "ResilienceTesting"]),
     ],
     swiftLanguageModes: [.v6]
 )

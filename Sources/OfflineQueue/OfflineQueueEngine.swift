@@ -66,7 +66,8 @@ public actor OfflineQueueEngine {
     private var beingReplaced: Set<UUID> = []
     private var learnedOffline = false
     private var passRunning = false
-    private var passWaiters: [CheckedContinuation<Void, Never>] = []
+    private var passWaiters: [(id: UInt64, continuation: CheckedContinuation<Bool, Never>)] = []
+    private var nextPassWaiterID: UInt64 = 0
     private var loopTask: Task<Void, Never>?
     private var timerTask: Task<Void, Never>?
     private var timerDeadline: Date?
@@ -202,7 +203,9 @@ public actor OfflineQueueEngine {
 
     /// Runs one drain pass now and returns what it did. Waits for a pass already running to end
     /// first (passes never overlap, whoever triggers them). Cancelling the calling task ends the
-    /// pass after the entry in flight; that entry stays queued.
+    /// pass: the request in flight is cancelled and its entry stays queued with its attempt count
+    /// unchanged (`wasCancelled` is set); a flush cancelled while it waits for another pass returns
+    /// without sending anything.
     @discardableResult
     public func flush() async -> FlushReport {
         await runPass(.flush)
@@ -330,9 +333,14 @@ public actor OfflineQueueEngine {
     // MARK: - Internals: passes
 
     private func runPass(_ trigger: FlushReport.Trigger) async -> FlushReport {
-        await acquirePass()
-        defer { releasePass() }
         var report = FlushReport(trigger: trigger)
+        guard await acquirePass() else {
+            // Cancelled while another pass ran (e.g. a drain cycle's budget ran out): nothing sent.
+            report.wasCancelled = true
+            report.remaining = store.entryCount
+            return report
+        }
+        defer { releasePass() }
         let connected = await reachability.isConnected
         report.endedOffline = !connected
         var blockedKeys: Set<String> = []
@@ -445,19 +453,34 @@ public actor OfflineQueueEngine {
         for continuation in subscribers.values { continuation.yield(result) }
     }
 
-    private func acquirePass() async {
+    /// Takes the pass, waiting for one in flight to end. Returns `false`, without the pass, when
+    /// the caller is cancelled while it waits.
+    private func acquirePass() async -> Bool {
         if !passRunning {
             passRunning = true
-            return
+            return true
         }
-        await withCheckedContinuation { passWaiters.append($0) }
+        if Task.isCancelled { return false }
+        let id = nextPassWaiterID
+        nextPassWaiterID &+= 1
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { passWaiters.append((id, $0)) }
+        } onCancel: {
+            Task { [weak self] in await self?.abandonPassWait(id) }
+        }
+    }
+
+    private func abandonPassWait(_ id: UInt64) {
+        // Not found: the pass was already handed over; that pass sees the cancellation and ends.
+        guard let index = passWaiters.firstIndex(where: { $0.id == id }) else { return }
+        passWaiters.remove(at: index).continuation.resume(returning: false)
     }
 
     private func releasePass() {
         if passWaiters.isEmpty {
             passRunning = false
         } else {
-            passWaiters.removeFirst().resume()  // hand over: passRunning stays true
+            passWaiters.removeFirst().continuation.resume(returning: true)  // hand over: passRunning stays true
         }
     }
 

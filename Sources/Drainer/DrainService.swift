@@ -1,0 +1,290 @@
+import Foundation
+import OfflineQueue
+import Retry
+
+/// Drains an `OfflineQueueEngine` on a timer, each cycle bounded by a time budget — the stand-in,
+/// on servers and Linux, for a background processing task that the system may expire at any time.
+///
+/// ```swift
+/// let drainer = DrainService(queue: queue, interval: .seconds(60), cycleBudget: .seconds(20))
+/// await drainer.start()          // a cycle now, then every minute (±10 %), and on reconnect
+/// for await report in await drainer.reports { print(report) }
+/// await drainer.stop()           // waits for the cycle in flight
+/// ```
+///
+/// - A cycle runs at `start()`, then every `interval` with jitter, and at once when the queue's
+///   reachability monitor reports that connectivity returned.
+/// - A failed cycle (offline, or an entry failed transiently) makes the next wait grow:
+///   `interval × multiplier^failures`, capped at `backoff.maximum`; a successful or reconnect
+///   cycle resets it.
+/// - Each cycle ends when the queue is drained or `cycleBudget` runs out, whichever is first; at
+///   the budget the request in flight is cancelled and its entry stays queued with the same
+///   idempotency key for the next cycle.
+/// - Cycles never overlap, neither with each other nor with the queue's own passes
+///   (`OfflineQueueEngine.start()`, `flush()`): the queue runs one pass at a time.
+///
+/// See Docs/Drainer.md.
+public actor DrainService {
+    /// How the wait grows after failed cycles.
+    public struct Backoff: Sendable, Hashable {
+        /// The factor applied per consecutive failed cycle (at least 1).
+        public var multiplier: Double
+        /// The longest wait between cycles (never shorter than the interval).
+        public var maximum: Duration
+
+        public init(multiplier: Double = 2, maximum: Duration = .seconds(3600)) {
+            self.multiplier = multiplier.isFinite ? max(1, multiplier) : 2
+            self.maximum = max(.zero, maximum)
+        }
+    }
+
+    /// The queue this service drains.
+    public nonisolated let queue: OfflineQueueEngine
+    /// The wait between cycles when the last one succeeded (before jitter).
+    public nonisolated let interval: Duration
+    /// The most time one cycle may take.
+    public nonisolated let cycleBudget: Duration
+    /// Each wait is multiplied by a random factor in `1 ± jitter` (0…1).
+    public nonisolated let jitter: Double
+    public nonisolated let backoff: Backoff
+
+    private let time: TimeSource
+    private let randomUnit: @Sendable () -> Double
+
+    private var loopTask: Task<Void, Never>?
+    private var listenerTask: Task<Void, Never>?
+    private var stoppingTask: Task<Void, Never>?
+    private var sleepTask: Task<Bool, Never>?
+    private var stopRequested = false
+    private var reconnectPending = false
+    private var cycleRunning = false
+    private var cycleWaiters: [CheckedContinuation<Void, Never>] = []
+    private var subscribers: [UUID: AsyncStream<DrainCycleReport>.Continuation] = [:]
+
+    /// Consecutive failed cycles (0 after a success).
+    public private(set) var consecutiveFailures = 0
+    /// The last cycle's report.
+    public private(set) var lastReport: DrainCycleReport?
+    /// Cycles run since the service was made.
+    public private(set) var cyclesRun = 0
+    /// When the next timed cycle is due, while the service waits for it.
+    public private(set) var nextCycleAt: Date?
+
+    /// - Parameters:
+    ///   - queue: the queue to drain.
+    ///   - interval: the wait between cycles (at least 1 ms).
+    ///   - cycleBudget: the most time one cycle may take (at least 1 ms).
+    ///   - jitter: each wait is multiplied by a random factor in `1 ± jitter`; clamped to 0…1,
+    ///     default 0.1 (±10 %), so many processes started together spread out.
+    ///   - backoff: how the wait grows after failed cycles.
+    ///   - clock: the clock interval, jitter and budget run on.
+    public init(
+        queue: OfflineQueueEngine,
+        interval: Duration,
+        cycleBudget: Duration,
+        jitter: Double = 0.1,
+        backoff: Backoff = Backoff(),
+        clock: some Clock<Duration> = ContinuousClock()
+    ) {
+        self.init(queue: queue, interval: interval, cycleBudget: cycleBudget, jitter: jitter, backoff: backoff,
+                  clock: clock, randomUnit: { Double.random(in: 0..<1) })
+    }
+
+    /// For tests: `randomUnit` returns a value in 0..<1 that picks the jitter factor.
+    init(
+        queue: OfflineQueueEngine,
+        interval: Duration,
+        cycleBudget: Duration,
+        jitter: Double,
+        backoff: Backoff,
+        clock: some Clock<Duration>,
+        randomUnit: @escaping @Sendable () -> Double
+    ) {
+        self.queue = queue
+        self.interval = max(.milliseconds(1), interval)
+        self.cycleBudget = max(.milliseconds(1), cycleBudget)
+        self.jitter = jitter.isNaN ? 0.1 : min(1, max(0, jitter))
+        self.backoff = backoff
+        self.time = TimeSource(clock)
+        self.randomUnit = randomUnit
+    }
+
+    // MARK: - Running
+
+    /// Whether `start()` is in effect.
+    public var isRunning: Bool { loopTask != nil }
+
+    /// Runs a cycle now and then keeps cycling until `stop()`. Calling it again while running does
+    /// nothing; after `stop()` it starts afresh (backoff reset).
+    public func start() async {
+        if let stoppingTask { await stoppingTask.value }
+        guard loopTask == nil else { return }
+        stopRequested = false
+        reconnectPending = false
+        consecutiveFailures = 0
+        // Subscribe before the first cycle so a reconnect during it is not missed.
+        let monitor = queue.reachabilityMonitor
+        let wasConnected = await monitor.isConnected
+        let connectivity = await monitor.connectivity
+        guard loopTask == nil else { return }  // a concurrent start() won
+        listenerTask = Task { [weak self] in
+            var last = wasConnected
+            for await connected in connectivity {
+                if connected && !last { await self?.connectivityReturned() }
+                last = connected
+            }
+        }
+        loopTask = Task { await self.runLoop() }
+    }
+
+    /// Stops the service and waits for the cycle in flight to end — on its own, within its budget,
+    /// or at once with `interruptingCycle: true` (its request in flight is cancelled and the entry
+    /// stays queued). No cycle runs after `stop()` returns.
+    public func stop(interruptingCycle: Bool = false) async {
+        if let loop = loopTask {
+            loopTask = nil
+            stopRequested = true
+            listenerTask?.cancel()
+            listenerTask = nil
+            sleepTask?.cancel()
+            if interruptingCycle { loop.cancel() }
+            let stopping = Task { await loop.value }
+            stoppingTask = stopping
+            await stopping.value
+            if stoppingTask == stopping { stoppingTask = nil }
+            nextCycleAt = nil
+        } else if let stoppingTask {
+            if interruptingCycle { stoppingTask.cancel() }
+            await stoppingTask.value
+        }
+    }
+
+    /// Runs one cycle now (bounded by `cycleBudget`), after any cycle in flight, whether or not the
+    /// service is started. Cancelling the caller interrupts it.
+    @discardableResult
+    public func drainNow() async -> DrainCycleReport {
+        await runCycle(.manual)
+    }
+
+    /// A new stream of cycle reports for each access; it ends when the service is deinitialised.
+    public var reports: AsyncStream<DrainCycleReport> {
+        let (stream, continuation) = AsyncStream<DrainCycleReport>.makeStream(bufferingPolicy: .bufferingNewest(1000))
+        let id = UUID()
+        subscribers[id] = continuation
+        continuation.onTermination = { [weak self] _ in
+            Task { await self?.unsubscribe(id) }
+        }
+        return stream
+    }
+
+    /// The wait before the next timed cycle, before jitter: the interval, or after `n` failed
+    /// cycles `interval × multiplier^n`, capped at `max(interval, backoff.maximum)`.
+    public var scheduledDelay: Duration {
+        guard consecutiveFailures > 0 else { return interval }
+        let cap = max(interval, backoff.maximum)
+        let factor = pow(backoff.multiplier, Double(min(consecutiveFailures, 1000)))
+        return Duration.clamped(seconds: interval.seconds * factor, upperBound: cap)
+    }
+
+    /// For tests: a reconnect arrived and its cycle has not begun yet.
+    var reconnectIsPending: Bool { reconnectPending }
+
+    // MARK: - Internals
+
+    private enum Wake {
+        case elapsed, reconnect, stopped
+    }
+
+    private func runLoop() async {
+        var trigger = DrainCycleReport.Trigger.start
+        while !stopRequested {
+            reconnectPending = false
+            _ = await runCycle(trigger)
+            if stopRequested || Task.isCancelled { break }
+            if reconnectPending {
+                trigger = .reconnect
+                continue
+            }
+            switch await sleepUntilNextCycle() {
+            case .elapsed: trigger = consecutiveFailures > 0 ? .retry : .interval
+            case .reconnect: trigger = .reconnect
+            case .stopped: return
+            }
+        }
+    }
+
+    private func sleepUntilNextCycle() async -> Wake {
+        let base = scheduledDelay.seconds
+        let factor = 1 + jitter * (2 * min(max(randomUnit(), 0), 1) - 1)
+        let delay = Duration.clamped(seconds: base * factor, upperBound: .seconds(86_400 * 365))
+        nextCycleAt = queue.now.addingTimeInterval(delay.seconds)
+        defer { nextCycleAt = nil }
+        let time = self.time
+        let sleeper = Task {
+            do {
+                try await time.sleep(delay)
+                return true
+            } catch {
+                return false
+            }
+        }
+        sleepTask = sleeper
+        let elapsed = await withTaskCancellationHandler {
+            await sleeper.value
+        } onCancel: {
+            sleeper.cancel()
+        }
+        sleepTask = nil
+        if stopRequested || Task.isCancelled { return .stopped }
+        if elapsed { return .elapsed }
+        return reconnectPending ? .reconnect : .stopped
+    }
+
+    private func connectivityReturned() {
+        guard loopTask != nil, !stopRequested else { return }
+        reconnectPending = true
+        consecutiveFailures = 0
+        sleepTask?.cancel()
+    }
+
+    private func runCycle(_ trigger: DrainCycleReport.Trigger) async -> DrainCycleReport {
+        await acquireCycle()
+        defer { releaseCycle() }
+        let report = await DrainCycle.run(queue: queue, trigger: trigger, budget: cycleBudget, time: time)
+        cyclesRun += 1
+        lastReport = report
+        if report.isFailure {
+            consecutiveFailures += 1
+        } else if !report.interrupted {
+            consecutiveFailures = 0
+        }
+        for continuation in subscribers.values { continuation.yield(report) }
+        return report
+    }
+
+    private func acquireCycle() async {
+        guard cycleRunning else {
+            cycleRunning = true
+            return
+        }
+        await withCheckedContinuation { cycleWaiters.append($0) }
+    }
+
+    private func releaseCycle() {
+        if cycleWaiters.isEmpty {
+            cycleRunning = false
+        } else {
+            cycleWaiters.removeFirst().resume()  // hand over: cycleRunning stays true
+        }
+    }
+
+    private func unsubscribe(_ id: UUID) {
+        subscribers[id] = nil
+    }
+
+    deinit {
+        for continuation in subscribers.values { continuation.finish() }
+        listenerTask?.cancel()
+        loopTask?.cancel()
+    }
+}
