@@ -34,12 +34,10 @@ enum Demo {
         Scenario(name: "garbage reply is a typed error", run: garbageReply),
         Scenario(name: "401 storm: one token refresh", run: authStorm),
         Scenario(name: "offline → queued → restart → reconnect → drained", run: offlineQueue),
+        Scenario(name: "drain-service cycles with a budget, SIGTERM stop", run: drainServiceCycles),
         Scenario(name: "metrics table and Prometheus text", run: metrics),
     ]
 
-    static let comingLater = [
-        "drain-service cycles with a budget (Drainer)",
-    ]
 
     static func runAll() async -> Bool {
         let server: LoopbackHTTPServer
@@ -74,7 +72,6 @@ enum Demo {
             let ms = Int((elapsed.seconds * 1000).rounded())
             print("  \(outcome.passed ? "PASS" : "FAIL")  \(padded)  \(String(repeating: " ", count: max(0, 6 - String(ms).count)))\(ms) ms")
         }
-        for name in comingLater { print("  ----  \(name)  (to come)") }
         let passed = rows.allSatisfy(\.1.passed)
         print(passed ? "\nAll \(rows.count) scenarios passed." : "\nSome scenarios FAILED.")
         return passed

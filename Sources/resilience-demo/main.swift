@@ -12,6 +12,9 @@ let arguments = Array(CommandLine.arguments.dropFirst())
 if arguments.first == "serve" {
     exit(await Serve.run(Array(arguments.dropFirst())))
 }
+if arguments.first == "drain" {
+    exit(await DrainCommand.run(Array(arguments.dropFirst())))
+}
 if arguments.contains("--help") || arguments.contains("-h") {
     print("""
     usage: resilience-demo                         run every scenario against the embedded loopback server
@@ -20,12 +23,13 @@ if arguments.contains("--help") || arguments.contains("-h") {
            resilience-demo queue inspect DIR       list an on-disk offline queue (read-only)
            resilience-demo serve [--port N] [--duration S]
                                                    steady workload with Prometheus metrics at /metrics
+           resilience-demo drain [--interval S] [--budget S] [--entries N]
+                                                   a drain service process; stops cleanly on SIGTERM/SIGINT
     """)
     exit(0)
 }
 if arguments.contains("--list") {
     for scenario in Demo.scenarios { print("  \(scenario.name)") }
-    for name in Demo.comingLater { print("  \(name)  (to come)") }
     exit(0)
 }
 if arguments.first == "stress" {
