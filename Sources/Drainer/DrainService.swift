@@ -53,7 +53,7 @@ public actor DrainService {
 
     private var loopTask: Task<Void, Never>?
     private var listenerTask: Task<Void, Never>?
-    private var stoppingTask: Task<Void, Never>?
+    private var stoppingLoop: Task<Void, Never>?
     private var sleepTask: Task<Bool, Never>?
     private var stopRequested = false
     private var reconnectPending = false
@@ -117,7 +117,7 @@ public actor DrainService {
     /// Runs a cycle now and then keeps cycling until `stop()`. Calling it again while running does
     /// nothing; after `stop()` it starts afresh (backoff reset).
     public func start() async {
-        if let stoppingTask { await stoppingTask.value }
+        if let stoppingLoop { await stoppingLoop.value }
         guard loopTask == nil else { return }
         stopRequested = false
         reconnectPending = false
@@ -143,19 +143,19 @@ public actor DrainService {
     public func stop(interruptingCycle: Bool = false) async {
         if let loop = loopTask {
             loopTask = nil
+            stoppingLoop = loop
             stopRequested = true
             listenerTask?.cancel()
             listenerTask = nil
             sleepTask?.cancel()
-            if interruptingCycle { loop.cancel() }
-            let stopping = Task { await loop.value }
-            stoppingTask = stopping
-            await stopping.value
-            if stoppingTask == stopping { stoppingTask = nil }
+        }
+        // Also reached by a second stop() while the first still waits: it may interrupt the cycle.
+        guard let loop = stoppingLoop else { return }
+        if interruptingCycle { loop.cancel() }
+        await loop.value
+        if stoppingLoop == loop {
+            stoppingLoop = nil
             nextCycleAt = nil
-        } else if let stoppingTask {
-            if interruptingCycle { stoppingTask.cancel() }
-            await stoppingTask.value
         }
     }
 

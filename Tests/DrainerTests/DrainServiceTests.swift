@@ -201,6 +201,21 @@ struct DrainServiceTests {
         #expect(h.clock.sleeperCount == 0)
     }
 
+    @Test func aSecondStopMayInterruptTheCycleTheFirstStopWaitsFor() async throws {
+        let h = try await DrainHarness([.hang])
+        try await h.enqueue(1)
+        await h.service.start()
+        await h.session.waitForCalls(1)
+        let patient = Task { await h.service.stop() }
+        await waitUntil { await !h.service.isRunning }
+        await h.service.stop(interruptingCycle: true)
+        await patient.value
+        let last = try #require(await h.service.lastReport)
+        #expect(last.interrupted)
+        #expect(await h.queue.pendingCount() == 1)
+        #expect(h.clock.sleeperCount == 0)
+    }
+
     @Test func startAfterStopWorksAndStartTwiceRunsOneLoop() async throws {
         let h = try await DrainHarness([.ok()], interval: .seconds(60))
         await h.service.start()
