@@ -158,6 +158,7 @@ final class LoopbackEventLoop {
         connections.removeAll()
         heldLocations.removeAll()
         timers.removeAll()
+        LoopbackSocket.stopListening(listenFD)
         LoopbackSocket.closeDescriptor(listenFD)
         state.loopFinished()
     }

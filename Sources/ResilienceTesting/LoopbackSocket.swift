@@ -187,6 +187,14 @@ enum LoopbackSocket {
         _ = setsockopt(fd, SOL_SOCKET, SO_LINGER, &option, socklen_t(MemoryLayout<linger>.size))
     }
 
+    /// Stops a listening socket at once, so that connecting is refused from now on. Closing it is
+    /// not enough on Linux while a child process that another thread is spawning still holds a
+    /// copy (between `posix_spawn`'s clone and its exec): until then the kernel would keep
+    /// completing connections into the backlog, and reset them afterwards.
+    static func stopListening(_ fd: Int32) {
+        _ = shutdown(fd, Int32(SHUT_RDWR))
+    }
+
     static func closeDescriptor(_ fd: Int32) {
         _ = close(fd)
     }

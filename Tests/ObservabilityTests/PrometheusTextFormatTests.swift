@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import RequestEngine
+import ResilienceTesting
 @testable import Observability
 
 /// One parsed sample line.
@@ -247,19 +248,10 @@ struct PrometheusTextFormatTests {
     func promtoolCheckMetricsAcceptsTheOutput() throws {
         let promtool = try #require(Self.promtool)
         for text in [Self.populatedCollector().prometheusText(), RequestMetricsCollector().prometheusText()] {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: promtool)
-            process.arguments = ["check", "metrics"]
-            let input = Pipe(), output = Pipe()
-            process.standardInput = input
-            process.standardOutput = output
-            process.standardError = output
-            try process.run()
-            input.fileHandleForWriting.write(Data(text.utf8))
-            try input.fileHandleForWriting.close()
-            let report = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            process.waitUntilExit()
-            #expect(process.terminationStatus == 0, "promtool check metrics: \(report)")
+            // SpawnedProcess, not Foundation.Process, whose run() can crash on Linux (see SpawnedProcess).
+            let (termination, output) = try SpawnedProcess.run(promtool, ["check", "metrics"], input: Data(text.utf8))
+            let report = String(decoding: output, as: UTF8.self)
+            #expect(termination == .exited(0), "promtool check metrics: \(report)")
             #expect(report.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty, "promtool reported: \(report)")
         }
     }

@@ -496,16 +496,9 @@ struct NetworkNamespaceLab {
 
     /// Runs `ip` with `arguments`; throws with its output when it fails.
     func ip(_ arguments: String...) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: ipPath)
-        process.arguments = arguments
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
+        // SpawnedProcess, not Foundation.Process, whose run() can crash on Linux (see SpawnedProcess).
+        let (termination, data) = try SpawnedProcess.run(ipPath, arguments)
+        guard termination == .exited(0) else {
             throw CommandFailed(description: "ip \(arguments.joined(separator: " ")): \(String(decoding: data, as: UTF8.self))")
         }
     }

@@ -1,0 +1,212 @@
+import Foundation
+import Retry
+import ResilienceTesting
+import Testing
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+// SpawnedProcess replaces Foundation.Process (whose run() can crash on Linux with Swift 6.3.1,
+// swiftlang/swift-corelibs-foundation#5472). These tests run real children: /bin/echo, /bin/sh,
+// /bin/cat and /bin/sleep exist on Linux and macOS alike.
+
+@Suite("SpawnedProcess", .timeLimit(.minutes(1)))
+struct SpawnedProcessTests {
+    @Test func echoExitsZeroWithItsOutput() throws {
+        let (termination, output) = try SpawnedProcess.run("/bin/echo", ["hello"])
+        #expect(termination == .exited(0))
+        #expect(String(decoding: output, as: UTF8.self) == "hello\n")
+    }
+
+    @Test func exitStatusIsReported() throws {
+        #expect(try SpawnedProcess.run("/bin/sh", ["-c", "exit 3"]).termination == .exited(3))
+        #expect(try SpawnedProcess.run("/bin/sh", ["-c", "exit 255"]).termination == .exited(255))
+    }
+
+    @Test func standardErrorSharesTheOutputPipe() throws {
+        let (termination, output) = try SpawnedProcess.run("/bin/sh", ["-c", "echo out; echo err >&2"])
+        #expect(termination == .exited(0))
+        #expect(String(decoding: output, as: UTF8.self) == "out\nerr\n")
+    }
+
+    @Test func catRoundTripsInputBytes() throws {
+        // 1 MiB, far more than a pipe holds, so input and output must flow at the same time.
+        let input = Data((0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7 &+ $0 >> 8) })
+        let (termination, output) = try SpawnedProcess.run("/bin/cat", [], input: input)
+        #expect(termination == .exited(0))
+        #expect(output == input)
+
+        let process = try SpawnedProcess.spawn("/bin/cat", [], standardInput: true)
+        process.writeInput(Data("first\n".utf8))
+        #expect(process.readLine() == "first")
+        process.writeInput(Data([0, 1, 2, 255]))
+        process.closeInput()
+        process.closeInput()  // idempotent
+        #expect(process.readToEnd() == Data([0, 1, 2, 255]))
+        #expect(process.wait() == .exited(0))
+    }
+
+    @Test func standardInputIsDevNullByDefault() throws {
+        // Without standardInput the child must not read the test runner's own standard input.
+        let (termination, output) = try SpawnedProcess.run("/bin/cat", [])
+        #expect(termination == .exited(0))
+        #expect(output.isEmpty)
+    }
+
+    @Test func signalEndsTheChild() throws {
+        let process = try SpawnedProcess.spawn("/bin/sleep", ["30"])
+        process.send(SIGTERM)
+        #expect(process.wait() == .signalled(SIGTERM))
+        #expect(process.wait() == .signalled(SIGTERM))  // reaped once, remembered
+        process.send(SIGKILL)  // after reaping: the pid may be someone else's now, so nothing is sent
+        #expect(process.readToEnd().isEmpty)
+    }
+
+    @Test func readLineReturnsLinesThenNil() throws {
+        let process = try SpawnedProcess.spawn("/bin/sh", ["-c", "echo ready; echo two"])
+        #expect(process.readLine() == "ready")
+        #expect(process.readLine() == "two")
+        #expect(process.readLine() == nil)
+        #expect(process.wait() == .exited(0))
+
+        // An unterminated last line is still a line; readToEnd returns what readLine buffered.
+        let partial = try SpawnedProcess.spawn("/bin/sh", ["-c", "printf 'one\\ntwo\\nthree'"])
+        #expect(partial.readLine() == "one")
+        #expect(String(decoding: partial.readToEnd(), as: UTF8.self) == "two\nthree")
+        #expect(partial.readLine() == nil)
+        #expect(partial.wait() == .exited(0))
+    }
+
+    @Test func spawningAMissingPathThrows() {
+        let path = "/nonexistent/spawned-process-\(UUID().uuidString)"
+        #expect(throws: SpawnedProcess.Error.spawn(path: path, errno: ENOENT)) {
+            try SpawnedProcess.spawn(path, [])
+        }
+        #expect(throws: SpawnedProcess.Error.self) {
+            try SpawnedProcess.run(path, ["x"], input: Data("x".utf8))
+        }
+    }
+
+    @Test func childGetsTheParentEnvironment() throws {
+        let (termination, output) = try SpawnedProcess.run("/usr/bin/env", [])
+        #expect(termination == .exited(0))
+        let lines = Set(String(decoding: output, as: UTF8.self).split(separator: "\n").map(String.init))
+        for key in ["PATH", "HOME"] {
+            if let value = ProcessInfo.processInfo.environment[key] {
+                #expect(lines.contains("\(key)=\(value)"))
+            }
+        }
+    }
+
+    @Test func writingToAChildThatClosedItsInputDoesNotRaiseSIGPIPE() throws {
+        let process = try SpawnedProcess.spawn("/bin/sh", ["-c", "exec </dev/null; echo ready; exec /bin/sleep 30"], standardInput: true)
+        #expect(process.readLine() == "ready")
+        process.writeInput(Data(count: 1 << 20))  // EPIPE, quietly: no reader is left
+        process.send(SIGTERM)
+        #expect(process.wait() == .signalled(SIGTERM))
+
+        // The reader leaving while a large write is blocked: the write returns a partial count,
+        // and the kernel raises SIGPIPE all the same.
+        for _ in 0..<20 {
+            let (termination, output) = try SpawnedProcess.run("/bin/sh", ["-c", "head -c 10 >/dev/null"], input: Data(count: 1 << 20))
+            #expect(termination == .exited(0))
+            #expect(output.isEmpty)
+        }
+    }
+
+    @Test func pipesAreNotInheritedByLaterChildren() throws {
+        // If `sleeper` inherited cat's input or output pipe, cat would not see end-of-file (or we
+        // would not see it on cat's output) until the sleeper exits, ten seconds later.
+        let cat = try SpawnedProcess.spawn("/bin/cat", [], standardInput: true)
+        let sleeper = try SpawnedProcess.spawn("/bin/sleep", ["10"], standardInput: true)
+        defer {
+            sleeper.send(SIGKILL)
+            _ = sleeper.wait()
+        }
+        let start = ContinuousClock.now
+        cat.writeInput(Data("x".utf8))
+        cat.closeInput()
+        #expect(cat.readToEnd() == Data("x".utf8))
+        #expect(cat.wait() == .exited(0))
+        #expect(ContinuousClock.now - start < .seconds(5))
+    }
+
+    @Test func descriptorsWithoutCloseOnExecAreNotInherited() throws {
+        // Like a socket that its creator marks close-on-exec only after a child was spawned.
+        var fds: [Int32] = [-1, -1]
+        try #require(pipe(&fds) == 0)
+        defer { close(fds[0]) }
+        let sleeper = try SpawnedProcess.spawn("/bin/sleep", ["10"])
+        defer {
+            sleeper.send(SIGKILL)
+            _ = sleeper.wait()
+        }
+        // End-of-file at once, unless the sleeper holds a copy of the write end for ten seconds.
+        let start = ContinuousClock.now
+        close(fds[1])
+        var byte: UInt8 = 0
+        #expect(read(fds[0], &byte, 1) == 0)
+        #expect(ContinuousClock.now - start < .seconds(5))
+    }
+
+    // MARK: Stress
+
+    /// Open descriptors of this process.
+    static func openDescriptorCount() throws -> Int {
+        #if os(Linux)
+        try FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count
+        #else
+        try FileManager.default.contentsOfDirectory(atPath: "/dev/fd").count
+        #endif
+    }
+
+    /// Spawns `/bin/echo` `count` times, checking every output; returns the failures.
+    static func echo(_ count: Int, tag: String) -> [String] {
+        var failures: [String] = []
+        for index in 0..<count {
+            do {
+                let (termination, output) = try SpawnedProcess.run("/bin/echo", ["\(tag)-\(index)"])
+                let text = String(decoding: output, as: UTF8.self)
+                if termination != .exited(0) || text != "\(tag)-\(index)\n" {
+                    failures.append("\(tag)-\(index): \(termination), \(text.debugDescription)")
+                }
+            } catch {
+                failures.append("\(tag)-\(index): \(error)")
+            }
+        }
+        return failures
+    }
+
+    @Test func manySequentialAndConcurrentSpawnsNeitherCrashNorLeakDescriptors() async throws {
+        #if os(Linux) || os(macOS)
+        // In a child process of its own (an exit test): there no other test opens or closes
+        // descriptors meanwhile, so the counts before and after must be equal, and a crash fails
+        // only this test. Blocking on Dispatch threads is fine there too.
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            // Whatever Foundation or Dispatch open on first use stays open: not a leak.
+            _ = SpawnedProcessTests.echo(2, tag: "warm-up")
+            DispatchQueue.concurrentPerform(iterations: 4) { _ in _ = SpawnedProcessTests.echo(1, tag: "warm-up") }
+
+            let before = try SpawnedProcessTests.openDescriptorCount()
+            let failures = Locked(SpawnedProcessTests.echo(200, tag: "sequential"))
+            DispatchQueue.concurrentPerform(iterations: 4) { worker in
+                let concurrent = SpawnedProcessTests.echo(50, tag: "worker\(worker)")
+                failures.withLock { $0 += concurrent }
+            }
+            let after = try SpawnedProcessTests.openDescriptorCount()
+            for failure in failures.withLock({ $0 }) { print("FAIL \(failure)") }
+            print("DESCRIPTORS \(before) \(after)")
+        }
+        let output = String(decoding: try #require(result).standardOutputContent, as: UTF8.self)
+        let lines = output.split(separator: "\n")
+        let failures = lines.filter { $0.hasPrefix("FAIL ") }
+        #expect(failures.isEmpty, "\(failures.count) spawns went wrong, e.g. \(failures.prefix(3))")
+        let counts = lines.last { $0.hasPrefix("DESCRIPTORS ") }?.split(separator: " ").dropFirst().compactMap { Int($0) }
+        #expect(counts?.count == 2 && counts?.first == counts?.last, "open descriptors before and after 400 spawns: \(counts ?? [])")
+        #endif
+    }
+}
