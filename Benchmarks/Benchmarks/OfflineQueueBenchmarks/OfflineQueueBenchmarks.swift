@@ -69,6 +69,11 @@ let benchmarks: @Sendable () -> Void = {
     // MARK: 2. Concurrent enqueue with group commit vs sequential enqueue, interleaved
 
     let concurrent = RatioReport(label: "concurrent (64 tasks) enqueue rate / sequential enqueue rate (256 entries each way per iteration)", invert: true)
+    // The disk's own ceiling, measured in the same iterations: 256 raw durable writes from 64
+    // threads (temp + fsync + rename each, ONE directory fsync for the whole batch, more optimistic
+    // than the queue, which acknowledges each entry only after a directory fsync covers it) against
+    // 256 raw durable writes one by one.
+    let rawCeiling = RatioReport(label: "raw ceiling: 64 threads of raw durable writes rate / sequential raw durable write rate (256 each way)", invert: true)
     Benchmark("queue: 64 concurrent enqueuers (group commit) vs sequential, interleaved") { benchmark in
         let folder = Folder()
         defer { folder.remove() }
@@ -103,8 +108,27 @@ let benchmarks: @Sendable () -> Void = {
         }
         concurrent.add(numerator: concurrentTime, denominator: sequentialTime)
         benchmark.measurement(.custom("concurrent/sequential time (‰)"), Int(concurrentTime / sequentialTime * 1000))
+
+        let rawFolder = Folder()
+        defer { rawFolder.remove() }
+        var rawSequential = Duration.zero
+        var rawParallel = Duration.zero
+        for round in 0..<2 {
+            for parallel in round == 0 ? [false, true] : [true, false] {
+                let start = ContinuousClock.now
+                if parallel {
+                    rawParallelDurableWrites(payload, directory: rawFolder.url.path, count: count, threads: 64)
+                    rawParallel += ContinuousClock.now - start
+                } else {
+                    for _ in 0..<count { try rawDurableWrite(payload, directory: rawFolder.url.path) }
+                    rawSequential += ContinuousClock.now - start
+                }
+            }
+        }
+        rawCeiling.add(numerator: rawParallel, denominator: rawSequential)
     } teardown: {
         concurrent.print()
+        rawCeiling.print()
     }
 
     // MARK: 3. Open a folder of N entries
@@ -206,6 +230,33 @@ func rawDurableWrite(_ payload: Payload, directory: String) throws {
     fsync(fd)
     close(fd)
     rename(temp, final)
+    let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    fsync(dir)
+    close(dir)
+}
+
+/// `count` raw durable writes from `threads` OS threads (fsync blocks a thread, so Swift tasks on the
+/// two-thread cooperative pool would cap the parallelism at two), then one directory fsync.
+func rawParallelDurableWrites(_ payload: Payload, directory: String, count: Int, threads: Int) {
+    let group = DispatchGroup()
+    for _ in 0..<threads {
+        group.enter()
+        let thread = Thread {
+            for _ in 0..<(count / threads) {
+                let name = UUID().uuidString
+                let temp = "\(directory)/.\(name).tmp"
+                let fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+                guard fd >= 0 else { continue }
+                _ = payload.encoded.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+                fsync(fd)
+                close(fd)
+                rename(temp, "\(directory)/\(name).json")
+            }
+            group.leave()
+        }
+        thread.start()
+    }
+    group.wait()
     let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
     fsync(dir)
     close(dir)
