@@ -16,10 +16,16 @@ import Retry
 /// try? drainer.schedule()
 /// ```
 ///
-/// The identifier must be listed under `BGTaskSchedulerPermittedIdentifiers` in Info.plist.
+/// The identifier must be listed under `BGTaskSchedulerPermittedIdentifiers` in Info.plist, and
+/// `UIBackgroundModes` must include `processing`. Register once, before the app finishes
+/// launching: BGTaskScheduler raises an exception (it does not return `false`) for a late or
+/// repeated registration.
 /// This type is thin on purpose: the cycle itself is `DrainService`'s, tested on Linux.
 public final class BackgroundQueueDrainer: Sendable {
-    /// A `BGTask` is used from its launch handler and the task that completes it.
+    /// A `BGTask` crosses from its launch handler to the task that completes it. Unchecked because
+    /// BackgroundTasks does not mark it `Sendable`; it is safe because the only calls made on it
+    /// (`expirationHandler =`, then `setTaskCompleted(success:)` exactly once) are ones the system
+    /// itself makes and expects from arbitrary threads.
     private struct TaskHandle: @unchecked Sendable {
         let task: BGTask
     }
@@ -64,11 +70,14 @@ public final class BackgroundQueueDrainer: Sendable {
         try BGTaskScheduler.shared.submit(request)
     }
 
+    /// No budget of its own (the system's expiration is the budget), so no timer ever runs on it.
+    private static let unusedTime = TimeSource(ContinuousClock())
+
     private func handle(_ handle: TaskHandle) {
         let queue = self.queue
         let onReport = self.onReport
         let work = Task {
-            await DrainCycle.run(queue: queue, trigger: .background, budget: nil, time: TimeSource(ContinuousClock()))
+            await DrainCycle.run(queue: queue, trigger: .background, budget: nil, time: Self.unusedTime)
         }
         handle.task.expirationHandler = { work.cancel() }
         Task { [self] in

@@ -7,8 +7,10 @@ import Retry
 ///
 /// ```swift
 /// let drainer = DrainService(queue: queue, interval: .seconds(60), cycleBudget: .seconds(20))
+/// let reports = await drainer.reports
+/// Task { for await report in reports { print(report) } }   // ends at stop()
 /// await drainer.start()          // a cycle now, then every minute (±10 %), and on reconnect
-/// for await report in await drainer.reports { print(report) }
+/// // …
 /// await drainer.stop()           // waits for the cycle in flight
 /// ```
 ///
@@ -29,7 +31,8 @@ public actor DrainService {
     public struct Backoff: Sendable, Hashable {
         /// The factor applied per consecutive failed cycle (at least 1).
         public var multiplier: Double
-        /// The longest wait between cycles (never shorter than the interval).
+        /// The longest wait between cycles before jitter (never shorter than the interval); jitter
+        /// may add up to `jitter` × this on top.
         public var maximum: Duration
 
         public init(multiplier: Double = 2, maximum: Duration = .seconds(3600)) {
@@ -58,7 +61,8 @@ public actor DrainService {
     private var stopRequested = false
     private var reconnectPending = false
     private var cycleRunning = false
-    private var cycleWaiters: [CheckedContinuation<Void, Never>] = []
+    private var cycleWaiters: [(id: UInt64, continuation: CheckedContinuation<Bool, Never>)] = []
+    private var nextCycleWaiterID: UInt64 = 0
     private var subscribers: [UUID: AsyncStream<DrainCycleReport>.Continuation] = [:]
 
     /// Consecutive failed cycles (0 after a success).
@@ -115,31 +119,24 @@ public actor DrainService {
     public var isRunning: Bool { loopTask != nil }
 
     /// Runs a cycle now and then keeps cycling until `stop()`. Calling it again while running does
-    /// nothing; after `stop()` it starts afresh (backoff reset).
+    /// nothing; after `stop()` it starts afresh (backoff reset). A `start()` called while a `stop()`
+    /// still waits for its cycle starts after that stop completes.
     public func start() async {
-        if let stoppingLoop { await stoppingLoop.value }
+        while let stoppingLoop { await stoppingLoop.value }
         guard loopTask == nil else { return }
         stopRequested = false
         reconnectPending = false
         consecutiveFailures = 0
-        // Subscribe before the first cycle so a reconnect during it is not missed.
-        let monitor = queue.reachabilityMonitor
-        let wasConnected = await monitor.isConnected
-        let connectivity = await monitor.connectivity
-        guard loopTask == nil else { return }  // a concurrent start() won
-        listenerTask = Task { [weak self] in
-            var last = wasConnected
-            for await connected in connectivity {
-                if connected && !last { await self?.connectivityReturned() }
-                last = connected
-            }
-        }
+        // No suspension between the check above and this line: a concurrent stop() either sees
+        // the loop and stops it, or comes before it and is a no-op.
         loopTask = Task { await self.runLoop() }
     }
 
-    /// Stops the service and waits for the cycle in flight to end — on its own, within its budget,
-    /// or at once with `interruptingCycle: true` (its request in flight is cancelled and the entry
-    /// stays queued). No cycle runs after `stop()` returns.
+    /// Stops the service: no cycle of its loop starts after this is called, and it waits for the
+    /// loop's cycle in flight to end — on its own, within its budget, or at once with
+    /// `interruptingCycle: true` (the request in flight is cancelled and its entry stays queued).
+    /// Every `reports` stream obtained before the call ends. A `drainNow()` call in flight is its
+    /// caller's and runs to its end.
     public func stop(interruptingCycle: Bool = false) async {
         if let loop = loopTask {
             loopTask = nil
@@ -149,24 +146,25 @@ public actor DrainService {
             listenerTask = nil
             sleepTask?.cancel()
         }
+        defer { finishReports() }
         // Also reached by a second stop() while the first still waits: it may interrupt the cycle.
         guard let loop = stoppingLoop else { return }
         if interruptingCycle { loop.cancel() }
         await loop.value
-        if stoppingLoop == loop {
-            stoppingLoop = nil
-            nextCycleAt = nil
-        }
+        if stoppingLoop == loop { stoppingLoop = nil }
     }
 
     /// Runs one cycle now (bounded by `cycleBudget`), after any cycle in flight, whether or not the
-    /// service is started. Cancelling the caller interrupts it.
+    /// service is started. Cancelling the caller interrupts it, also while it waits for its turn
+    /// (the report then says `interrupted` and nothing was sent).
     @discardableResult
     public func drainNow() async -> DrainCycleReport {
-        await runCycle(.manual)
+        if let report = await runCycle(.manual, forLoop: false) { return report }
+        return await interruptedBeforeStarting(.manual)
     }
 
-    /// A new stream of cycle reports for each access; it ends when the service is deinitialised.
+    /// A new stream of cycle reports for each access. It ends at the next `stop()` (subscribe again
+    /// after a restart), or when the service is deinitialised.
     public var reports: AsyncStream<DrainCycleReport> {
         let (stream, continuation) = AsyncStream<DrainCycleReport>.makeStream(bufferingPolicy: .bufferingNewest(1000))
         let id = UUID()
@@ -188,6 +186,8 @@ public actor DrainService {
 
     /// For tests: a reconnect arrived and its cycle has not begun yet.
     var reconnectIsPending: Bool { reconnectPending }
+    /// For tests: cycles (the loop's or `drainNow()`'s) waiting for the one in flight.
+    var cycleWaiterCount: Int { cycleWaiters.count }
 
     // MARK: - Internals
 
@@ -196,11 +196,23 @@ public actor DrainService {
     }
 
     private func runLoop() async {
+        // Subscribe before the first cycle so a reconnect during it is not missed.
+        let monitor = queue.reachabilityMonitor
+        let wasConnected = await monitor.isConnected
+        let connectivity = await monitor.connectivity
+        guard !stopRequested, !Task.isCancelled else { return }
+        listenerTask = Task { [weak self] in
+            var last = wasConnected
+            for await connected in connectivity {
+                if connected && !last { await self?.connectivityReturned() }
+                last = connected
+            }
+        }
         var trigger = DrainCycleReport.Trigger.start
         while !stopRequested {
             reconnectPending = false
-            _ = await runCycle(trigger)
-            if stopRequested || Task.isCancelled { break }
+            guard await runCycle(trigger, forLoop: true) != nil else { return }
+            if stopRequested || Task.isCancelled { return }
             if reconnectPending {
                 trigger = .reconnect
                 continue
@@ -247,9 +259,12 @@ public actor DrainService {
         sleepTask?.cancel()
     }
 
-    private func runCycle(_ trigger: DrainCycleReport.Trigger) async -> DrainCycleReport {
-        await acquireCycle()
+    /// One cycle, after any cycle in flight. `nil` when the caller was cancelled while it waited
+    /// for its turn, or, for the loop, when `stop()` was asked for meanwhile: nothing was sent.
+    private func runCycle(_ trigger: DrainCycleReport.Trigger, forLoop: Bool) async -> DrainCycleReport? {
+        guard await acquireCycle() else { return nil }
         defer { releaseCycle() }
+        if forLoop && stopRequested { return nil }
         let report = await DrainCycle.run(queue: queue, trigger: trigger, budget: cycleBudget, time: time)
         cyclesRun += 1
         lastReport = report
@@ -262,20 +277,49 @@ public actor DrainService {
         return report
     }
 
-    private func acquireCycle() async {
+    private func interruptedBeforeStarting(_ trigger: DrainCycleReport.Trigger) async -> DrainCycleReport {
+        var flush = FlushReport(trigger: .flush)
+        flush.wasCancelled = true
+        flush.remaining = await queue.pendingCount()
+        let now = queue.now
+        return DrainCycleReport(trigger: trigger, startedAt: now, endedAt: now, flush: flush, budgetExhausted: false, interrupted: true)
+    }
+
+    /// Takes the cycle turn, waiting for a cycle in flight. `false`, without the turn, when the
+    /// caller is cancelled while it waits.
+    private func acquireCycle() async -> Bool {
         guard cycleRunning else {
             cycleRunning = true
-            return
+            return true
         }
-        await withCheckedContinuation { cycleWaiters.append($0) }
+        if Task.isCancelled { return false }
+        let id = nextCycleWaiterID
+        nextCycleWaiterID &+= 1
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { cycleWaiters.append((id, $0)) }
+        } onCancel: {
+            Task { [weak self] in await self?.abandonCycleWait(id) }
+        }
+    }
+
+    private func abandonCycleWait(_ id: UInt64) {
+        // Not found: the turn was already handed over; that cycle sees the cancellation and ends.
+        guard let index = cycleWaiters.firstIndex(where: { $0.id == id }) else { return }
+        cycleWaiters.remove(at: index).continuation.resume(returning: false)
     }
 
     private func releaseCycle() {
         if cycleWaiters.isEmpty {
             cycleRunning = false
         } else {
-            cycleWaiters.removeFirst().resume()  // hand over: cycleRunning stays true
+            cycleWaiters.removeFirst().continuation.resume(returning: true)  // hand over: cycleRunning stays true
         }
+    }
+
+    private func finishReports() {
+        let ended = subscribers.values
+        subscribers.removeAll()
+        for continuation in ended { continuation.finish() }
     }
 
     private func unsubscribe(_ id: UUID) {

@@ -20,14 +20,20 @@ import Retry
 public final class SignalListener: Sendable {
     private struct State {
         var received: [Int32] = []
-        var waiters: [CheckedContinuation<Int32?, Never>] = []
+        var waiters: [(id: UInt64, continuation: CheckedContinuation<Int32?, Never>)] = []
+        var nextWaiterID: UInt64 = 0
+        var cancelledEarly: Set<UInt64> = []
         var cancelled = false
     }
 
     /// The signals listened for.
     public let signals: [Int32]
+    /// Whether the handlers are installed. `false` only when the process could not create the
+    /// self-pipe (no file descriptors left): the signals then keep their previous action
+    /// (SIGTERM still terminates), rather than being swallowed with nobody told.
+    public let isListening: Bool
     private let state = Locked(State())
-    private let id: UInt64
+    private let id: UInt64?
 
     /// Starts listening for `signals` at once (before this returns), so none is missed.
     public init(signals: [Int32] = [SIGTERM, SIGINT]) {
@@ -40,36 +46,53 @@ public final class SignalListener: Sendable {
                     state.received.append(number)
                     return nil
                 }
-                return state.waiters.removeFirst()
+                return state.waiters.removeFirst().continuation
             }
             waiter?.resume(returning: number)
         }
+        isListening = id != nil
     }
 
-    /// Waits for the next signal and returns its number; `nil` once the listener is cancelled.
+    /// Waits for the next signal and returns its number; `nil` once the listener is cancelled or
+    /// when the calling task is cancelled.
     public func next() async -> Int32? {
-        await withCheckedContinuation { continuation in
-            let immediate: Int32?? = state.withLock { state in
-                if !state.received.isEmpty { return .some(state.received.removeFirst()) }
-                if state.cancelled { return .some(nil) }
-                state.waiters.append(continuation)
-                return .none
+        let id = state.withLock { state -> UInt64 in
+            state.nextWaiterID += 1
+            return state.nextWaiterID
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                let immediate: Int32?? = state.withLock { state in
+                    if !state.received.isEmpty { return .some(state.received.removeFirst()) }
+                    if state.cancelled || state.cancelledEarly.remove(id) != nil { return .some(nil) }
+                    state.waiters.append((id, continuation))
+                    return .none
+                }
+                if case .some(let value) = immediate { continuation.resume(returning: value) }
             }
-            if case .some(let value) = immediate { continuation.resume(returning: value) }
+        } onCancel: {
+            let waiter = state.withLock { state -> CheckedContinuation<Int32?, Never>? in
+                guard let index = state.waiters.firstIndex(where: { $0.id == id }) else {
+                    state.cancelledEarly.insert(id)
+                    return nil
+                }
+                return state.waiters.remove(at: index).continuation
+            }
+            waiter?.resume(returning: nil)
         }
     }
 
-    /// Stops listening, restores the signals' default action (once no other listener has them)
+    /// Stops listening, restores the signals' previous actions (once no other listener has them)
     /// and ends every `next()` with `nil`.
     public func cancel() {
         let waiters: [CheckedContinuation<Int32?, Never>]? = state.withLock { state in
             guard !state.cancelled else { return nil }
             state.cancelled = true
             defer { state.waiters.removeAll() }
-            return state.waiters
+            return state.waiters.map(\.continuation)
         }
         guard let waiters else { return }
-        SignalHub.shared.remove(id)
+        if let id { SignalHub.shared.remove(id) }
         for waiter in waiters { waiter.resume(returning: nil) }
     }
 
@@ -82,15 +105,25 @@ public final class SignalListener: Sendable {
 /// before the first handler is installed; never changed afterwards.
 nonisolated(unsafe) private var signalPipeWriteEnd: Int32 = -1
 
-/// The signal handler: only async-signal-safe work — one byte into the pipe.
+/// The signal handler: only async-signal-safe work — one byte into a non-blocking pipe, with
+/// `errno` saved and restored for the code it interrupted.
 private func forwardSignal(_ number: Int32) {
+    let savedErrno = errno
     var byte = UInt8(truncatingIfNeeded: number)
     _ = write(signalPipeWriteEnd, &byte, 1)
+    errno = savedErrno
 }
 
-/// Process-wide: installs `sigaction`-level handlers synchronously (so there is no window in which
-/// a signal is lost, as there is with a Dispatch signal source whose registration completes later
-/// on another thread), and fans the signals read from the self-pipe out to the listeners.
+/// A `sigaction` saved at install time, restored when the last listener of the signal leaves.
+/// Plain C data, only read and written under the hub's lock.
+private struct SavedAction: @unchecked Sendable {
+    var action: sigaction
+}
+
+/// Process-wide: installs the handlers with `sigaction` synchronously (so there is no window in
+/// which a signal is lost, as there is with a Dispatch signal source whose registration completes
+/// later on another thread), remembers the actions it replaced, and fans the signals read from the
+/// self-pipe out to the listeners.
 private final class SignalHub: Sendable {
     static let shared = SignalHub()
 
@@ -102,21 +135,35 @@ private final class SignalHub: Sendable {
     private struct State {
         var listeners: [UInt64: Listener] = [:]
         var nextID: UInt64 = 0
-        var readerStarted = false
+        var pipeReady: Bool?  // nil: not tried yet
+        var saved: [Int32: SavedAction] = [:]
     }
 
     private let state = Locked(State())
 
-    func add(signals: [Int32], deliver: @escaping @Sendable (Int32) -> Void) -> UInt64 {
+    /// Registers a listener and installs the handlers; `nil` when no self-pipe could be made (then
+    /// nothing is installed).
+    func add(signals: [Int32], deliver: @escaping @Sendable (Int32) -> Void) -> UInt64? {
         state.withLock { state in
-            if !state.readerStarted {
-                startReader()
-                state.readerStarted = true
-            }
+            if state.pipeReady == nil { state.pipeReady = startReader() }
+            guard state.pipeReady == true else { return nil }
             let id = state.nextID
             state.nextID += 1
             state.listeners[id] = Listener(signals: Set(signals), deliver: deliver)
-            for number in signals { _ = signal(number, forwardSignal) }
+            for number in Set(signals) where state.saved[number] == nil {
+                var action = sigaction()
+                #if canImport(Darwin)
+                action.__sigaction_u.__sa_handler = forwardSignal
+                #else
+                action.__sigaction_handler.sa_handler = forwardSignal
+                #endif
+                action.sa_flags = SA_RESTART
+                sigemptyset(&action.sa_mask)
+                var previous = sigaction()
+                if sigaction(number, &action, &previous) == 0 {
+                    state.saved[number] = SavedAction(action: previous)
+                }
+            }
             return id
         }
     }
@@ -126,16 +173,24 @@ private final class SignalHub: Sendable {
             guard let removed = state.listeners.removeValue(forKey: id) else { return }
             let stillWanted = state.listeners.values.reduce(into: Set<Int32>()) { $0.formUnion($1.signals) }
             for number in removed.signals where !stillWanted.contains(number) {
-                _ = signal(number, SIG_DFL)
+                guard var saved = state.saved.removeValue(forKey: number) else { continue }
+                _ = sigaction(number, &saved.action, nil)
             }
         }
     }
 
-    /// Called once, under the lock, before any handler is installed.
-    private func startReader() {
+    /// Called once, under the lock, before any handler is installed. Returns whether the pipe and
+    /// its reader exist.
+    private func startReader() -> Bool {
         var ends: [Int32] = [-1, -1]
-        guard pipe(&ends) == 0 else { return }  // no pipe: the handlers' writes fail harmlessly
+        // Made once per process, at the first listener. (`pipe2` with O_CLOEXEC would close the
+        // short window before `fcntl` in which a child spawned by another thread could inherit
+        // the ends; Glibc declares it only under _GNU_SOURCE, which Swift's module does not set.)
+        guard pipe(&ends) == 0 else { return false }
         for fd in ends { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
+        // A full pipe must never block a signal handler: extra signals are dropped instead (the
+        // reader already has bytes to wake for).
+        _ = fcntl(ends[1], F_SETFL, fcntl(ends[1], F_GETFL) | O_NONBLOCK)
         signalPipeWriteEnd = ends[1]
         let readEnd = ends[0]
         let thread = Thread { [self] in
@@ -157,28 +212,31 @@ private final class SignalHub: Sendable {
         }
         thread.name = "resilience.signals"
         thread.start()
+        return true
     }
 }
 
 extension DrainService {
-    /// Starts the service, waits for one of `signals` (SIGTERM and SIGINT by default), stops it
+    /// Starts the service, waits for one of `signals` (SIGTERM and SIGINT by default), stops
+    /// listening (so a second signal acts as it did before, e.g. terminates), stops the service
     /// cleanly — waiting for the cycle in flight, or interrupting it with
-    /// `interruptingCycle: true` — and returns the signal received.
+    /// `interruptingCycle: true` — and returns the signal received; `nil` when the calling task
+    /// was cancelled instead (the service is stopped then too).
     ///
     /// ```swift
     /// // main.swift of a service
     /// let signal = await drainer.runUntilSignalled()
-    /// print("stopped on signal \(signal)")
+    /// print("stopped on signal \(signal ?? 0)")
     /// ```
     @discardableResult
     public func runUntilSignalled(
         _ signals: [Int32] = [SIGTERM, SIGINT],
         interruptingCycle: Bool = false
-    ) async -> Int32 {
+    ) async -> Int32? {
         let listener = SignalListener(signals: signals)
-        defer { listener.cancel() }
         await start()
-        let signal = await listener.next() ?? 0
+        let signal = await listener.next()
+        listener.cancel()
         await stop(interruptingCycle: interruptingCycle)
         return signal
     }

@@ -275,6 +275,9 @@ public actor OfflineQueueEngine {
             }
             return .retry(error, after: delay)
         } catch let error as NetworkError {
+            // Cancelled first: a send cut by a drain budget may surface as any error, and must
+            // neither count as an attempt nor mark the network offline.
+            if Task.isCancelled { return .stop }
             switch error {
             case .noConnection:
                 learnedOffline = true

@@ -158,7 +158,7 @@ enum DrainCommand {
             let cycles = await service.cyclesRun
             let left = await queue.pendingCount()
             printer.cancel()
-            emit("stopped cleanly on \(signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : "signal \(signal)") after \(cycles) cycle\(cycles == 1 ? "" : "s"); \(left) entries left")
+            emit("stopped cleanly on \(signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : "signal \(signal ?? 0)") after \(cycles) cycle\(cycles == 1 ? "" : "s"); \(left) entries left")
             return 0
         } catch {
             return fail("\(error)")

@@ -95,14 +95,33 @@ struct DrainServiceIntegrationTests {
 /// Signals sent to this very process; serialized, each on its own signal number.
 @Suite("SignalListener", .serialized, .timeLimit(.minutes(1)))
 struct SignalListenerTests {
-    @Test func aSignalIsDeliveredToNextAndCancelEndsWaiting() async throws {
+    @Test func aSignalIsDeliveredToNextAndCancelEndsWaitingWithNil() async throws {
         let listener = SignalListener(signals: [SIGUSR1])
+        #expect(listener.isListening)
         kill(getpid(), SIGUSR1)
         #expect(await listener.next() == SIGUSR1)
         let waiting = Task { await listener.next() }
         listener.cancel()
         #expect(await waiting.value == nil)
         #expect(await listener.next() == nil)
+    }
+
+    @Test func cancellingTheWaitingTaskEndsNextWithNil() async throws {
+        let listener = SignalListener(signals: [SIGUSR1])
+        defer { listener.cancel() }
+        let waiting = Task { await listener.next() }
+        waiting.cancel()
+        #expect(await waiting.value == nil)
+    }
+
+    @Test func cancellingRunUntilSignalledStopsTheService() async throws {
+        let h = try await DrainHarness([.ok()], interval: .seconds(60))
+        let run = Task { await h.service.runUntilSignalled([SIGUSR2]) }
+        await h.reports.wait(for: 1)
+        run.cancel()
+        #expect(await run.value == nil)
+        #expect(await !h.service.isRunning)
+        #expect(h.clock.sleeperCount == 0)
     }
 
     @Test func runUntilSignalledStopsTheServiceCleanly() async throws {

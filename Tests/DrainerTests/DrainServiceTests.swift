@@ -61,7 +61,7 @@ struct DrainServiceTests {
         #expect(h.reports.items.dropFirst().allSatisfy { $0.trigger == .interval })
     }
 
-    @Test func zeroJitterAndOutOfRangeSettingsAreClamped() async throws {
+    @Test func outOfRangeSettingsAreClamped() async throws {
         let h = try await DrainHarness([.ok()])
         let wild = DrainService(queue: h.queue, interval: .seconds(-5), cycleBudget: .zero, jitter: .nan)
         #expect(wild.interval == .milliseconds(1))
@@ -115,6 +115,7 @@ struct DrainServiceTests {
         let ids = try await h.enqueue(2)
         await h.service.start()
         await h.session.waitForCalls(1)
+        await h.clock.waitForSleepers(1)  // the budget timer
         #expect(h.clock.sleeperCount == 1, "only the budget timer sleeps during the cycle")
         h.clock.advance(by: .seconds(5))
 
@@ -174,8 +175,14 @@ struct DrainServiceTests {
         try await h.enqueue(1)
         await h.service.start()
         await h.session.waitForCalls(1)
-        let stopping = Task { await h.service.stop() }
+        let returned = Locked(false)
+        let stopping = Task {
+            await h.service.stop()
+            returned.withLock { $0 = true }
+        }
         await waitUntil { await !h.service.isRunning }
+        for _ in 0..<100 { await Task.yield() }
+        #expect(!returned.withLock { $0 }, "stop() must not return while the cycle is held")
         h.session.releaseHeld()
         await stopping.value
         // stop() returned after the cycle finished: its report exists and the entry was delivered.
@@ -226,17 +233,83 @@ struct DrainServiceTests {
         await h.service.stop()
         #expect(await !h.service.isRunning)
         #expect(h.clock.sleeperCount == 0)
+        await h.reports.wait(for: 2)  // returns at once: stop() ended the stream
+        #expect(h.reports.items.count == 1)
 
         try await h.enqueue(2)
+        let again = Collector(await h.service.reports)  // a new stream for the new run
         await h.service.start()
-        let again = try #require(await h.report(2))
-        #expect(again.trigger == .start && again.delivered == 2)
+        await again.wait(for: 1)
+        let restarted = try #require(again.items.first)
+        #expect(restarted.trigger == .start && restarted.delivered == 2)
         #expect(await h.service.isRunning)
+        #expect(await h.sleeperDelay() == .seconds(60))
         h.clock.advance(by: .seconds(60))
-        #expect(try #require(await h.report(3)).trigger == .interval)
+        await again.wait(for: 2)
+        #expect(again.items.last?.trigger == .interval)
         await h.service.stop()
         await h.service.stop()  // stopping twice is harmless
         #expect(await h.service.cyclesRun == 3)
+    }
+
+    @Test func concurrentStartsAndStopsNeverLeaveALoopBehindAStop() async throws {
+        let h = try await DrainHarness([.ok()], interval: .seconds(60))
+        for _ in 0..<50 {
+            async let started: Void = h.service.start()
+            async let stopped: Void = h.service.stop()
+            _ = await (started, stopped)
+            await h.service.stop()
+            #expect(await !h.service.isRunning)
+            #expect(h.clock.sleeperCount == 0)
+            let cycles = await h.service.cyclesRun
+            h.clock.advance(by: .seconds(600))
+            #expect(await h.service.cyclesRun == cycles, "no cycle after stop() returned")
+        }
+    }
+
+    @Test func aLoopCycleWaitingBehindDrainNowDoesNotRunOnceStopIsAskedFor() async throws {
+        // A budget longer than the interval: advancing to the loop's wake-up leaves drainNow's cycle running.
+        let h = try await DrainHarness([.held(.ok()), .ok()], interval: .seconds(60), cycleBudget: .seconds(120))
+        await h.service.start()
+        _ = await h.report(1)
+        _ = await h.sleeperDelay()
+        try await h.enqueue(1)
+        let manual = Task { await h.service.drainNow() }
+        await h.session.waitForCalls(1)  // drainNow's cycle is in flight, held
+        h.clock.advance(by: .seconds(60))  // the loop wakes and queues behind it
+        await waitUntil { await h.service.cycleWaiterCount == 1 }
+        let stopping = Task { await h.service.stop() }
+        await waitUntil { await !h.service.isRunning }
+        h.session.releaseHeld()
+        #expect(await manual.value.delivered == 1)
+        await stopping.value
+        #expect(await h.service.cyclesRun == 2, "start's cycle and drainNow's; the loop's was skipped")
+        #expect(h.session.callCount == 1)
+    }
+
+    @Test func aCancelledDrainNowLeavesTheLineAtOnce() async throws {
+        let h = try await DrainHarness([.hang], interval: .seconds(60), cycleBudget: .seconds(30))
+        try await h.enqueue(1)
+        await h.service.start()
+        await h.session.waitForCalls(1)  // the loop's cycle hangs in its send
+        let manual = Task { await h.service.drainNow() }
+        await waitUntil { await h.service.cycleWaiterCount == 1 }
+        manual.cancel()
+        let report = await manual.value  // would wait up to the 30 s budget if the wait ignored cancellation
+        #expect(report.interrupted && report.trigger == .manual)
+        #expect(report.delivered == 0 && report.remaining == 1)
+        #expect(h.session.callCount == 1)
+        await h.service.stop(interruptingCycle: true)
+    }
+
+    @Test func jitterAlsoAppliesToBackoffWaits() async throws {
+        let h = try await DrainHarness([.status(503)], interval: .seconds(100), jitter: 0.1, randomUnit: { 0 })
+        try await h.enqueue(1)
+        await h.service.start()
+        _ = await h.report(1)
+        let delay = try #require(await h.sleeperDelay())
+        #expect(abs((delay - .seconds(180)).seconds) < 0.001, "200 s backoff × 0.9: \(delay)")
+        await h.service.stop()
     }
 
     @Test func aCycleWaitsForTheQueuesOwnPassAndNeverSendsAnEntryTwice() async throws {

@@ -51,8 +51,10 @@ struct DrainHarness {
         session = ScriptedNetworkSession(steps)
         monitor = ManualReachabilityMonitor(isConnected: connected)
         queue = OfflineQueueEngine(
-            // The engine keeps the real clock: only the service's timers and the queue's dates sleep
-            // on the manual clock, so `nextDeadline` is the service's.
+            // The engine keeps the real clock (requests have no timeout anyway): only the service's
+            // timers sleep on the manual clock, so `nextDeadline` is the service's. The queue gets
+            // the manual clock too, for its dates (TTL, reports); it is not started, so it sets no
+            // timers.
             requestEngine: AsyncRequestEngine(session: session, retryPolicy: NoRetryPolicy()),
             reachabilityMonitor: monitor,
             store: try DiskQueueStore(directory: directory.url),
@@ -101,6 +103,7 @@ final class Collector<Element: Sendable>: Sendable {
         var items: [Element] = []
         var waiters: [(id: UUID, count: Int, continuation: CheckedContinuation<Void, Never>)] = []
         var cancelled: Set<UUID> = []
+        var finished = false
     }
     private let state = Locked(State())
     private let task: Task<Void, Never>
@@ -118,6 +121,13 @@ final class Collector<Element: Sendable>: Sendable {
                 }
                 for continuation in ready { continuation.resume() }
             }
+            // The stream ended: nobody waits for more.
+            let waiting = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+                state.finished = true
+                defer { state.waiters.removeAll() }
+                return state.waiters.map(\.continuation)
+            }
+            for continuation in waiting { continuation.resume() }
         }
     }
 
@@ -125,13 +135,13 @@ final class Collector<Element: Sendable>: Sendable {
 
     var items: [Element] { state.withLock { $0.items } }
 
-    /// Suspends until `count` elements arrived (or the waiting task is cancelled).
+    /// Suspends until `count` elements arrived, the stream ended, or the waiting task is cancelled.
     func wait(for count: Int) async {
         let id = UUID()
         await withTaskCancellationHandler {
             await withCheckedContinuation { continuation in
                 let ready = state.withLock { state -> Bool in
-                    if state.items.count >= count || state.cancelled.remove(id) != nil { return true }
+                    if state.items.count >= count || state.finished || state.cancelled.remove(id) != nil { return true }
                     state.waiters.append((id, count, continuation))
                     return false
                 }

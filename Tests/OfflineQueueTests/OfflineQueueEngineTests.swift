@@ -208,6 +208,23 @@ struct OfflineQueueEngineTests {
         #expect(reports.flatMap(\.delivered).count == 1)
     }
 
+    @Test func aFlushCancelledWhileAnotherPassRunsReturnsAtOnceWithoutSending() async throws {
+        let h = try QueueHarness([.held(.ok())], connected: false)
+        _ = try await h.engine.enqueue(Mutation("/once"))
+        await h.monitor.setConnected(true)
+        let first = Task { await h.engine.flush() }
+        await h.session.waitForCalls(1)  // the first pass holds its send
+        let second = Task { await h.engine.flush() }
+        second.cancel()
+        // Returns while the first pass is still held: a wait for the pass would hang here.
+        let cancelled = await second.value
+        #expect(cancelled.wasCancelled)
+        #expect(cancelled.results.isEmpty && cancelled.remaining == 1)
+        h.session.releaseHeld()
+        #expect(await first.value.delivered.count == 1)
+        #expect(h.session.callCount == 1)
+    }
+
     @Test func maxQueueSizeHoldsUnderOneHundredConcurrentEnqueues() async throws {
         let h = try QueueHarness([.ok()], connected: false, maxQueueSize: 10)
         let engine = h.engine
