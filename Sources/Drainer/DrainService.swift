@@ -63,6 +63,8 @@ public actor DrainService {
     private var cycleRunning = false
     private var cycleWaiters: [(id: UInt64, continuation: CheckedContinuation<Bool, Never>)] = []
     private var nextCycleWaiterID: UInt64 = 0
+    private var loopCycleWaiterID: UInt64?
+    private var stopsRequested: UInt64 = 0
     private var subscribers: [UUID: AsyncStream<DrainCycleReport>.Continuation] = [:]
 
     /// Consecutive failed cycles (0 after a success).
@@ -122,8 +124,11 @@ public actor DrainService {
     /// nothing; after `stop()` it starts afresh (backoff reset). A `start()` called while a `stop()`
     /// still waits for its cycle starts after that stop completes.
     public func start() async {
+        let stopsBefore = stopsRequested
         while let stoppingLoop { await stoppingLoop.value }
-        guard loopTask == nil else { return }
+        // A stop() asked for while this start() waited wins: starting now would leave a loop
+        // running behind a stop() that has returned.
+        guard loopTask == nil, stopsRequested == stopsBefore else { return }
         stopRequested = false
         reconnectPending = false
         consecutiveFailures = 0
@@ -138,6 +143,10 @@ public actor DrainService {
     /// Every `reports` stream obtained before the call ends. A `drainNow()` call in flight is its
     /// caller's and runs to its end.
     public func stop(interruptingCycle: Bool = false) async {
+        stopsRequested &+= 1
+        // The streams to end are those that exist now, not ones a later start() subscribes.
+        let endingReports = Array(subscribers.keys)
+        defer { finishReports(endingReports) }
         if let loop = loopTask {
             loopTask = nil
             stoppingLoop = loop
@@ -145,8 +154,9 @@ public actor DrainService {
             listenerTask?.cancel()
             listenerTask = nil
             sleepTask?.cancel()
+            // A loop cycle still waiting for its turn (behind drainNow() cycles) never runs.
+            if let id = loopCycleWaiterID { abandonCycleWait(id) }
         }
-        defer { finishReports() }
         // Also reached by a second stop() while the first still waits: it may interrupt the cycle.
         guard let loop = stoppingLoop else { return }
         if interruptingCycle { loop.cancel() }
@@ -262,7 +272,7 @@ public actor DrainService {
     /// One cycle, after any cycle in flight. `nil` when the caller was cancelled while it waited
     /// for its turn, or, for the loop, when `stop()` was asked for meanwhile: nothing was sent.
     private func runCycle(_ trigger: DrainCycleReport.Trigger, forLoop: Bool) async -> DrainCycleReport? {
-        guard await acquireCycle() else { return nil }
+        guard await acquireCycle(forLoop: forLoop) else { return nil }
         defer { releaseCycle() }
         if forLoop && stopRequested { return nil }
         let report = await DrainCycle.run(queue: queue, trigger: trigger, budget: cycleBudget, time: time)
@@ -287,7 +297,7 @@ public actor DrainService {
 
     /// Takes the cycle turn, waiting for a cycle in flight. `false`, without the turn, when the
     /// caller is cancelled while it waits.
-    private func acquireCycle() async -> Bool {
+    private func acquireCycle(forLoop: Bool) async -> Bool {
         guard cycleRunning else {
             cycleRunning = true
             return true
@@ -295,6 +305,8 @@ public actor DrainService {
         if Task.isCancelled { return false }
         let id = nextCycleWaiterID
         nextCycleWaiterID &+= 1
+        if forLoop { loopCycleWaiterID = id }
+        defer { if loopCycleWaiterID == id { loopCycleWaiterID = nil } }
         return await withTaskCancellationHandler {
             await withCheckedContinuation { cycleWaiters.append((id, $0)) }
         } onCancel: {
@@ -316,10 +328,8 @@ public actor DrainService {
         }
     }
 
-    private func finishReports() {
-        let ended = subscribers.values
-        subscribers.removeAll()
-        for continuation in ended { continuation.finish() }
+    private func finishReports(_ ids: [UUID]) {
+        for id in ids { subscribers.removeValue(forKey: id)?.finish() }
     }
 
     private func unsubscribe(_ id: UUID) {

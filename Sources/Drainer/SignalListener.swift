@@ -12,11 +12,12 @@ import Retry
 /// await drainer.stop()                         // the cycle in flight ends within its budget
 /// ```
 ///
-/// The handler is installed before `init` returns, so no signal sent after that is missed. While
-/// a listener lives, its signals' default action (terminate) is replaced: they are delivered to
-/// `next()` instead (every live listener of a signal receives it). `cancel()` (or deinit) restores
-/// the default once no listener of that signal is left, so a second SIGTERM or Ctrl-C after the
-/// first one was handled terminates the process as usual if the service does not stop.
+/// The handler is installed before `init` returns (`isListening`), so no signal sent after that is
+/// missed. While a listener lives, its signals' previous action (by default: terminate) is
+/// replaced: they are delivered to `next()` instead (every live listener of a signal receives
+/// it). `cancel()` (or deinit) restores the previous action once no listener of that signal is
+/// left, so a second SIGTERM or Ctrl-C after the first one was handled terminates the process as
+/// usual if the service does not stop.
 public final class SignalListener: Sendable {
     private struct State {
         var received: [Int32] = []
@@ -85,15 +86,24 @@ public final class SignalListener: Sendable {
     /// Stops listening, restores the signals' previous actions (once no other listener has them)
     /// and ends every `next()` with `nil`.
     public func cancel() {
-        let waiters: [CheckedContinuation<Int32?, Never>]? = state.withLock { state in
+        _ = cancelReturningUnconsumed()
+    }
+
+    /// `cancel()`, returning the signals received but never handed to `next()`.
+    func cancelReturningUnconsumed() -> [Int32] {
+        let ended: (waiters: [CheckedContinuation<Int32?, Never>], unconsumed: [Int32])? = state.withLock { state in
             guard !state.cancelled else { return nil }
             state.cancelled = true
-            defer { state.waiters.removeAll() }
-            return state.waiters.map(\.continuation)
+            defer {
+                state.waiters.removeAll()
+                state.received.removeAll()
+            }
+            return (state.waiters.map(\.continuation), state.received)
         }
-        guard let waiters else { return }
+        guard let ended else { return [] }
         if let id { SignalHub.shared.remove(id) }
-        for waiter in waiters { waiter.resume(returning: nil) }
+        for waiter in ended.waiters { waiter.resume(returning: nil) }
+        return ended.unconsumed
     }
 
     deinit {
@@ -145,7 +155,8 @@ private final class SignalHub: Sendable {
     /// nothing is installed).
     func add(signals: [Int32], deliver: @escaping @Sendable (Int32) -> Void) -> UInt64? {
         state.withLock { state in
-            if state.pipeReady == nil { state.pipeReady = startReader() }
+            // A failed pipe (no descriptors left) is tried again by the next listener.
+            if state.pipeReady != true { state.pipeReady = startReader() }
             guard state.pipeReady == true else { return nil }
             let id = state.nextID
             state.nextID += 1
@@ -154,8 +165,12 @@ private final class SignalHub: Sendable {
                 var action = sigaction()
                 #if canImport(Darwin)
                 action.__sigaction_u.__sa_handler = forwardSignal
-                #else
+                #elseif canImport(Glibc)
                 action.__sigaction_handler.sa_handler = forwardSignal
+                #elseif canImport(Musl)
+                action.__sa_handler.sa_handler = forwardSignal
+                #else
+                action.sa_handler = forwardSignal
                 #endif
                 action.sa_flags = SA_RESTART
                 sigemptyset(&action.sa_mask)
@@ -236,7 +251,8 @@ extension DrainService {
         let listener = SignalListener(signals: signals)
         await start()
         let signal = await listener.next()
-        listener.cancel()
+        // A second signal that came before the previous action was back gets that action now.
+        for unconsumed in listener.cancelReturningUnconsumed() { raise(unconsumed) }
         await stop(interruptingCycle: interruptingCycle)
         return signal
     }
