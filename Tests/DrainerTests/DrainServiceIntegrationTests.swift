@@ -106,6 +106,16 @@ struct SignalListenerTests {
         #expect(await listener.next() == nil)
     }
 
+    @Test func cancelRestoresTheActionThatWasThereBefore() throws {
+        // An inherited or app-chosen SIG_IGN must survive a listener's life, not become SIG_DFL.
+        _ = signal(SIGUSR1, SIG_IGN)
+        defer { _ = signal(SIGUSR1, SIG_DFL) }
+        let listener = SignalListener(signals: [SIGUSR1])
+        listener.cancel()
+        let restored = signal(SIGUSR1, SIG_IGN)
+        #expect(unsafeBitCast(restored, to: Int.self) == unsafeBitCast(SIG_IGN, to: Int.self))
+    }
+
     @Test func cancellingTheWaitingTaskEndsNextWithNil() async throws {
         let listener = SignalListener(signals: [SIGUSR1])
         defer { listener.cancel() }
