@@ -60,10 +60,9 @@ public actor DrainService {
     private var sleepTask: Task<Bool, Never>?
     private var stopRequested = false
     private var reconnectPending = false
-    private var cycleRunning = false
-    private var cycleWaiters: [(id: UInt64, continuation: CheckedContinuation<Bool, Never>)] = []
-    private var nextCycleWaiterID: UInt64 = 0
-    private var loopCycleWaiterID: UInt64?
+    /// One cycle at a time (the loop's, `drainNow()`'s); FIFO; a cancelled waiter leaves the line.
+    private let cycleGate = AdmissionGate(limit: 1)
+    private var loopWaitsForTurn = false
     private var stopsRequested: UInt64 = 0
     private var subscribers: [UUID: AsyncStream<DrainCycleReport>.Continuation] = [:]
 
@@ -154,8 +153,10 @@ public actor DrainService {
             listenerTask?.cancel()
             listenerTask = nil
             sleepTask?.cancel()
-            // A loop cycle still waiting for its turn (behind drainNow() cycles) never runs.
-            if let id = loopCycleWaiterID { abandonCycleWait(id) }
+            // A loop cycle still waiting for its turn (behind drainNow() cycles) never runs: the
+            // cancelled loop leaves the line, or, if handed the turn meanwhile, gives it back
+            // unused (it sees `stopRequested`).
+            if loopWaitsForTurn { loop.cancel() }
         }
         // Also reached by a second stop() while the first still waits: it may interrupt the cycle.
         guard let loop = stoppingLoop else { return }
@@ -197,7 +198,7 @@ public actor DrainService {
     /// For tests: a reconnect arrived and its cycle has not begun yet.
     var reconnectIsPending: Bool { reconnectPending }
     /// For tests: cycles (the loop's or `drainNow()`'s) waiting for the one in flight.
-    var cycleWaiterCount: Int { cycleWaiters.count }
+    var cycleWaiterCount: Int { cycleGate.waiterCount }
 
     // MARK: - Internals
 
@@ -272,8 +273,11 @@ public actor DrainService {
     /// One cycle, after any cycle in flight. `nil` when the caller was cancelled while it waited
     /// for its turn, or, for the loop, when `stop()` was asked for meanwhile: nothing was sent.
     private func runCycle(_ trigger: DrainCycleReport.Trigger, forLoop: Bool) async -> DrainCycleReport? {
-        guard await acquireCycle(forLoop: forLoop) else { return nil }
-        defer { releaseCycle() }
+        if forLoop { loopWaitsForTurn = true }
+        let admitted = (try? await cycleGate.enter()) != nil
+        if forLoop { loopWaitsForTurn = false }
+        guard admitted else { return nil }
+        defer { cycleGate.leave() }
         if forLoop && stopRequested { return nil }
         let report = await DrainCycle.run(queue: queue, trigger: trigger, budget: cycleBudget, time: time)
         cyclesRun += 1
@@ -293,39 +297,6 @@ public actor DrainService {
         flush.remaining = await queue.pendingCount()
         let now = queue.now
         return DrainCycleReport(trigger: trigger, startedAt: now, endedAt: now, flush: flush, budgetExhausted: false, interrupted: true)
-    }
-
-    /// Takes the cycle turn, waiting for a cycle in flight. `false`, without the turn, when the
-    /// caller is cancelled while it waits.
-    private func acquireCycle(forLoop: Bool) async -> Bool {
-        guard cycleRunning else {
-            cycleRunning = true
-            return true
-        }
-        if Task.isCancelled { return false }
-        let id = nextCycleWaiterID
-        nextCycleWaiterID &+= 1
-        if forLoop { loopCycleWaiterID = id }
-        defer { if loopCycleWaiterID == id { loopCycleWaiterID = nil } }
-        return await withTaskCancellationHandler {
-            await withCheckedContinuation { cycleWaiters.append((id, $0)) }
-        } onCancel: {
-            Task { [weak self] in await self?.abandonCycleWait(id) }
-        }
-    }
-
-    private func abandonCycleWait(_ id: UInt64) {
-        // Not found: the turn was already handed over; that cycle sees the cancellation and ends.
-        guard let index = cycleWaiters.firstIndex(where: { $0.id == id }) else { return }
-        cycleWaiters.remove(at: index).continuation.resume(returning: false)
-    }
-
-    private func releaseCycle() {
-        if cycleWaiters.isEmpty {
-            cycleRunning = false
-        } else {
-            cycleWaiters.removeFirst().continuation.resume(returning: true)  // hand over: cycleRunning stays true
-        }
     }
 
     private func finishReports(_ ids: [UUID]) {

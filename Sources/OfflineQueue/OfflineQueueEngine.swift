@@ -65,9 +65,8 @@ public actor OfflineQueueEngine {
     private var inFlight: Set<UUID> = []
     private var beingReplaced: Set<UUID> = []
     private var learnedOffline = false
-    private var passRunning = false
-    private var passWaiters: [(id: UInt64, continuation: CheckedContinuation<Bool, Never>)] = []
-    private var nextPassWaiterID: UInt64 = 0
+    /// One drain pass at a time, whoever triggers it; FIFO; a cancelled waiter leaves the line.
+    private let passGate = AdmissionGate(limit: 1)
     private var loopTask: Task<Void, Never>?
     private var timerTask: Task<Void, Never>?
     private var timerDeadline: Date?
@@ -337,13 +336,15 @@ public actor OfflineQueueEngine {
 
     private func runPass(_ trigger: FlushReport.Trigger) async -> FlushReport {
         var report = FlushReport(trigger: trigger)
-        guard await acquirePass() else {
+        do {
+            try await passGate.enter()
+        } catch {
             // Cancelled while another pass ran (e.g. a drain cycle's budget ran out): nothing sent.
             report.wasCancelled = true
             report.remaining = store.entryCount
             return report
         }
-        defer { releasePass() }
+        defer { passGate.leave() }
         let connected = await reachability.isConnected
         report.endedOffline = !connected
         var blockedKeys: Set<String> = []
@@ -454,37 +455,6 @@ public actor OfflineQueueEngine {
     private func record(_ result: QueueEntryResult, in report: inout FlushReport) {
         report.results.append(result)
         for continuation in subscribers.values { continuation.yield(result) }
-    }
-
-    /// Takes the pass, waiting for one in flight to end. Returns `false`, without the pass, when
-    /// the caller is cancelled while it waits.
-    private func acquirePass() async -> Bool {
-        if !passRunning {
-            passRunning = true
-            return true
-        }
-        if Task.isCancelled { return false }
-        let id = nextPassWaiterID
-        nextPassWaiterID &+= 1
-        return await withTaskCancellationHandler {
-            await withCheckedContinuation { passWaiters.append((id, $0)) }
-        } onCancel: {
-            Task { [weak self] in await self?.abandonPassWait(id) }
-        }
-    }
-
-    private func abandonPassWait(_ id: UInt64) {
-        // Not found: the pass was already handed over; that pass sees the cancellation and ends.
-        guard let index = passWaiters.firstIndex(where: { $0.id == id }) else { return }
-        passWaiters.remove(at: index).continuation.resume(returning: false)
-    }
-
-    private func releasePass() {
-        if passWaiters.isEmpty {
-            passRunning = false
-        } else {
-            passWaiters.removeFirst().continuation.resume(returning: true)  // hand over: passRunning stays true
-        }
     }
 
     private func connectivityChanged(_ connected: Bool) async {

@@ -1,14 +1,13 @@
-import Retry
-
-/// At most `limit` holders at once; the rest wait in arrival order. Cancellation-aware: a waiter
-/// whose task is cancelled leaves the line at once with `CancellationError`.
+/// At most `limit` holders at once; the rest wait in arrival order, and `leave()` hands the place
+/// straight to the longest waiter. Cancellation-aware: a waiter whose task is cancelled leaves the
+/// line at once with `CancellationError`. Lock-based, so callers on any actor or none can share it.
 ///
-/// The authenticated engine admits each attempt through this gate and reads the token only once
-/// admitted. Without it, thousands of callers would all hand their request — token already in
-/// the header — to URLSession before the first 401 came back, and every one of them would be
-/// sent with the stale token and rejected. With it, at most `limit` requests carry a token that
-/// has since been replaced.
-final class AdmissionGate: Sendable {
+/// Users in the package:
+/// - Auth's engine admits each attempt through one (opt-in limit) and reads the token only once
+///   admitted, so at most `limit` requests carry a token that a refresh has since replaced.
+/// - The offline queue runs its drain passes one at a time through one with limit 1, and a drain
+///   service its cycles; a pass or cycle cancelled while it waits leaves without running.
+package final class AdmissionGate: Sendable {
     private struct Waiter: Sendable {
         let id: UInt64
         let continuation: CheckedContinuation<Void, any Error>
@@ -19,29 +18,38 @@ final class AdmissionGate: Sendable {
         var waiters: [Waiter] = []
         var head = 0  // waiters before `head` were served; compacted lazily
         var nextID: UInt64 = 0
+        var pending: Set<UInt64> = []  // waiting, but not in `waiters` yet
         var cancelledEarly: Set<UInt64> = []
     }
 
     private let state: Locked<State>
 
-    init(limit: Int) {
+    package init(limit: Int) {
         state = Locked(State(available: max(1, limit)))
     }
 
-    /// Waits for a place; call `leave()` exactly once afterwards.
-    func enter() async throws {
+    /// The number of callers waiting for a place.
+    package var waiterCount: Int {
+        state.withLock { $0.waiters.count - $0.head + $0.pending.count }
+    }
+
+    /// Waits for a place; call `leave()` exactly once afterwards. Throws `CancellationError`, with
+    /// no place taken, when the caller is cancelled while it waits.
+    package func enter() async throws {
         let id: UInt64? = state.withLock { state in
             if state.available > 0, state.head == state.waiters.count {
                 state.available -= 1
                 return nil
             }
             state.nextID += 1
+            state.pending.insert(state.nextID)
             return state.nextID
         }
         guard let id else { return }
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
                 let cancelled = state.withLock { state -> Bool in
+                    state.pending.remove(id)
                     if state.cancelledEarly.remove(id) != nil { return true }
                     state.waiters.append(Waiter(id: id, continuation: continuation))
                     return false
@@ -51,7 +59,9 @@ final class AdmissionGate: Sendable {
         } onCancel: {
             let waiter = state.withLock { state -> Waiter? in
                 guard let index = state.waiters[state.head...].firstIndex(where: { $0.id == id }) else {
-                    state.cancelledEarly.insert(id)
+                    // Not in line: either not yet (remember, so it never joins), or already
+                    // served (it holds the place; nothing to remember).
+                    if state.pending.contains(id) { state.cancelledEarly.insert(id) }
                     return nil
                 }
                 return state.waiters.remove(at: index)
@@ -61,7 +71,7 @@ final class AdmissionGate: Sendable {
     }
 
     /// Gives the place back, to the longest waiter if there is one.
-    func leave() {
+    package func leave() {
         let next = state.withLock { state -> Waiter? in
             guard state.head < state.waiters.count else {
                 state.available += 1
