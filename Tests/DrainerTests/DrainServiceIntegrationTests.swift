@@ -41,7 +41,7 @@ struct DrainServiceIntegrationTests {
         #expect(entryFiles(folder.url).count == 25)
 
         let service = DrainService(queue: queue, interval: .seconds(3600), cycleBudget: .seconds(30))
-        let reports = Collector(await service.reports)
+        let reports = StreamCollector(await service.reports)
         await service.start()
         await reports.wait(for: 1)
         await service.stop()

@@ -237,7 +237,7 @@ struct DrainServiceTests {
         #expect(h.reports.items.count == 1)
 
         try await h.enqueue(2)
-        let again = Collector(await h.service.reports)  // a new stream for the new run
+        let again = StreamCollector(await h.service.reports)  // a new stream for the new run
         await h.service.start()
         await again.wait(for: 1)
         let restarted = try #require(again.items.first)
@@ -317,10 +317,7 @@ struct DrainServiceTests {
     @Test func aCycleWaitsForTheQueuesOwnPassAndNeverSendsAnEntryTwice() async throws {
         let h = try await DrainHarness([.held(.ok())], interval: .seconds(60), cycleBudget: .seconds(30))
         try await h.enqueue(1)
-        let flush = Task { await h.queue.flush() }
-        await h.session.waitForCalls(1)
-        await h.service.start()  // its cycle waits for the flush's pass
-        await h.clock.waitForSleepers(1)  // the cycle's budget timer: the cycle has begun waiting
+        let flush = await h.startBehindAHeldFlush()
         h.session.releaseHeld()
         let flushed = await flush.value
         #expect(flushed.delivered.count == 1)
@@ -333,10 +330,7 @@ struct DrainServiceTests {
     @Test func theBudgetAlsoRunsOutWhileWaitingForTheQueuesPass() async throws {
         let h = try await DrainHarness([.held(.ok())], interval: .seconds(60), cycleBudget: .seconds(5))
         try await h.enqueue(1)
-        let flush = Task { await h.queue.flush() }
-        await h.session.waitForCalls(1)
-        await h.service.start()
-        await h.clock.waitForSleepers(1)
+        let flush = await h.startBehindAHeldFlush()
         h.clock.advance(by: .seconds(5))
         let cycle = try #require(await h.report(1))
         #expect(cycle.budgetExhausted && cycle.delivered == 0)

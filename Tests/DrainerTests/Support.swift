@@ -9,15 +9,6 @@ import ResilienceTesting
 import FoundationNetworking
 #endif
 
-/// A fresh folder under the system temp directory, removed when the value is deinitialised.
-final class TemporaryDirectory: Sendable {
-    let url: URL
-    init() {
-        url = FileManager.default.temporaryDirectory.appendingPathComponent("resilience-drain-\(UUID().uuidString)", isDirectory: true)
-    }
-    deinit { try? FileManager.default.removeItem(at: url) }
-}
-
 struct Mutation: QueueableRequest {
     var url: URL
     var method: HTTPMethod = .post
@@ -37,7 +28,7 @@ struct DrainHarness {
     let monitor: ManualReachabilityMonitor
     let queue: OfflineQueueEngine
     let service: DrainService
-    let reports: Collector<DrainCycleReport>
+    let reports: StreamCollector<DrainCycleReport>
 
     init(
         _ steps: [ScriptedNetworkSession.Step],
@@ -66,7 +57,7 @@ struct DrainHarness {
             queue: queue, interval: interval, cycleBudget: cycleBudget, jitter: jitter, backoff: backoff,
             clock: clock, randomUnit: randomUnit ?? { Double.random(in: 0..<1) }
         )
-        reports = Collector(await service.reports)
+        reports = StreamCollector(await service.reports)
     }
 
     /// Stores `count` entries without sending them.
@@ -94,68 +85,16 @@ struct DrainHarness {
         return items.count >= n ? items[n - 1] : nil
     }
 
-    var sentKeys: [String?] { session.requests.map { $0.value(forHTTPHeaderField: "Idempotency-Key") } }
-}
-
-/// Collects an async stream's elements and lets a test wait for a number of them.
-final class Collector<Element: Sendable>: Sendable {
-    private struct State {
-        var items: [Element] = []
-        var waiters: [(id: UUID, count: Int, continuation: CheckedContinuation<Void, Never>)] = []
-        var cancelled: Set<UUID> = []
-        var finished = false
-    }
-    private let state = Locked(State())
-    private let task: Task<Void, Never>
-
-    init(_ stream: AsyncStream<Element>) {
-        let state = self.state
-        task = Task {
-            for await item in stream {
-                let ready = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-                    state.items.append(item)
-                    let count = state.items.count
-                    let ready = state.waiters.filter { $0.count <= count }.map(\.continuation)
-                    state.waiters.removeAll { $0.count <= count }
-                    return ready
-                }
-                for continuation in ready { continuation.resume() }
-            }
-            // The stream ended: nobody waits for more.
-            let waiting = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-                state.finished = true
-                defer { state.waiters.removeAll() }
-                return state.waiters.map(\.continuation)
-            }
-            for continuation in waiting { continuation.resume() }
-        }
+    /// Starts a queue flush whose send is held (its script's first step must be `.held`), then the
+    /// service, whose first cycle must wait for that pass; returns the flush once the cycle's budget
+    /// timer runs.
+    func startBehindAHeldFlush() async -> Task<FlushReport, Never> {
+        let flush = Task { await queue.flush() }
+        await session.waitForCalls(1)
+        await service.start()
+        await clock.waitForSleepers(1)
+        return flush
     }
 
-    deinit { task.cancel() }
-
-    var items: [Element] { state.withLock { $0.items } }
-
-    /// Suspends until `count` elements arrived, the stream ended, or the waiting task is cancelled.
-    func wait(for count: Int) async {
-        let id = UUID()
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                let ready = state.withLock { state -> Bool in
-                    if state.items.count >= count || state.finished || state.cancelled.remove(id) != nil { return true }
-                    state.waiters.append((id, count, continuation))
-                    return false
-                }
-                if ready { continuation.resume() }
-            }
-        } onCancel: {
-            let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
-                guard let index = state.waiters.firstIndex(where: { $0.id == id }) else {
-                    state.cancelled.insert(id)
-                    return nil
-                }
-                return state.waiters.remove(at: index).continuation
-            }
-            waiter?.resume()
-        }
-    }
+        var sentKeys: [String?] { session.requests.map { $0.value(forHTTPHeaderField: "Idempotency-Key") } }
 }

@@ -329,13 +329,13 @@ struct OfflineQueueEngineTests {
 
     @Test func resultsAreStreamedPerEntry() async throws {
         let h = try QueueHarness([.ok(), .status(400)], connected: false)
-        let collector = ResultCollector(await h.engine.results)
+        let collector = StreamCollector(await h.engine.results)
         _ = try await h.engine.enqueue(Mutation("/a"))
         _ = try await h.engine.enqueue(Mutation("/b"))
         await h.monitor.setConnected(true)
         _ = await h.engine.flush()
         await collector.wait(for: 2)
-        #expect(collector.results.map(\.name) == ["delivered(200)", "failed(400)"])
+        #expect(collector.items.map(\.name) == ["delivered(200)", "failed(400)"])
     }
 
     // MARK: Secrets
@@ -373,7 +373,7 @@ struct OfflineQueueEngineTests {
         // The monitor keeps saying "connected" while sends find no network.
         let h = try QueueHarness([.urlError(.notConnectedToInternet), .urlError(.notConnectedToInternet), .ok()],
                                  configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10), offlineRecheckInterval: .seconds(30)))
-        let collector = ResultCollector(await h.engine.results)
+        let collector = StreamCollector(await h.engine.results)
         _ = try await h.engine.enqueue(Mutation("/a"))  // noConnection: queued
         await h.engine.start()  // the start pass finds no network again and arms the re-check
         await h.clock.waitForSleepers(1)
@@ -381,7 +381,7 @@ struct OfflineQueueEngineTests {
         #expect(h.clock.nextDeadline == .init(offset: .seconds(30)))
         h.clock.advance(by: .seconds(30))
         await collector.wait(for: 1)
-        #expect(collector.results.map(\.name) == ["delivered(200)"])
+        #expect(collector.items.map(\.name) == ["delivered(200)"])
         await h.engine.stop()
     }
 }

@@ -47,11 +47,11 @@ struct OfflineQueueIntegrationTests {
         let store = try DiskQueueStore(directory: directory.url)
         #expect(store.openReport.loaded == 2)
         let engine = OfflineQueueEngine(requestEngine: AsyncRequestEngine(session: session), reachabilityMonitor: monitor, store: store)
-        let collector = ResultCollector(await engine.results)
+        let collector = StreamCollector(await engine.results)
         await engine.start()
         await monitor.setConnected(true)
         await collector.wait(for: 2)
-        #expect(collector.results.map(\.name) == ["delivered(201)", "delivered(201)"])
+        #expect(collector.items.map(\.name) == ["delivered(201)", "delivered(201)"])
         #expect(await engine.pendingCount() == 0)
         #expect(directory.fileNames.isEmpty)
         let orders = server.requestLog.filter { $0.path == "/orders" }
@@ -78,7 +78,7 @@ struct OfflineQueueIntegrationTests {
         await server.waitForHits("/a", atLeast: 1)
         #expect(await monitor.subscriberCount == 1)
         server.releaseHeld("/a")
-        let collector = ResultCollector(await engine.results)
+        let collector = StreamCollector(await engine.results)
         await collector.wait(for: 1)
         #expect(server.hits("/a") == 1)
 
