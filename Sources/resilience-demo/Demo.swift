@@ -39,6 +39,21 @@ enum Demo {
     ]
 
 
+    /// What `work` returns, or `nil` when it takes longer than `limit`: a broken layer then fails
+    /// its scenario instead of hanging the demo.
+    static func within<T: Sendable>(_ limit: Duration, _ work: @escaping @Sendable () async -> T?) async -> T? {
+        await withTaskGroup(of: T?.self) { group in
+            group.addTask { await work() }
+            group.addTask {
+                try? await Task.sleep(for: limit)
+                return nil
+            }
+            let first = await group.next() ?? nil
+            group.cancelAll()
+            return first
+        }
+    }
+
     static func runAll() async -> Bool {
         let server: LoopbackHTTPServer
         do {

@@ -35,25 +35,15 @@ extension Demo {
         let service = DrainService(queue: queue, interval: .milliseconds(200), cycleBudget: .milliseconds(300))
         let reports = await service.reports
         await service.start()
-        // The cycles until the queue is empty, or nil after 20 s so a broken service fails the
-        // scenario instead of hanging the demo.
-        let collected = await withTaskGroup(of: [DrainCycleReport]?.self) { group in
-            group.addTask {
-                var cycles: [DrainCycleReport] = []
-                for await report in reports {
-                    print("      \(report)")
-                    cycles.append(report)
-                    if report.remaining == 0 { return cycles }
-                }
-                return nil
+        // The cycles until the queue is empty, or nil after 20 s.
+        let collected = await within(.seconds(20)) { () -> [DrainCycleReport]? in
+            var cycles: [DrainCycleReport] = []
+            for await report in reports {
+                print("      \(report)")
+                cycles.append(report)
+                if report.remaining == 0 { return cycles }
             }
-            group.addTask {
-                try? await Task.sleep(for: .seconds(20))
-                return nil
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first
+            return nil
         }
         let finished = collected != nil
         let cycles = collected ?? []

@@ -69,26 +69,16 @@ extension Demo {
         await queue.start()
         await monitor.setConnected(true)
         print("    network back: the queue drains by itself (the 503'd like waits out its backoff)")
-        // Wait for four deliveries, or give up after 15 s so a broken queue fails the scenario
-        // instead of hanging the demo.
-        let delivered = await withTaskGroup(of: Int?.self) { group in
-            group.addTask {
-                var delivered = 0
-                for await result in results {
-                    print("      \(result)")
-                    if case .delivered = result { delivered += 1 }
-                    if delivered == 4 { break }
-                }
-                return delivered
+        // Wait for four deliveries, or give up after 15 s.
+        let delivered = await within(.seconds(15)) { () -> Int? in
+            var delivered = 0
+            for await result in results {
+                print("      \(result)")
+                if case .delivered = result { delivered += 1 }
+                if delivered == 4 { break }
             }
-            group.addTask {
-                try? await Task.sleep(for: .seconds(15))
-                return nil
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first ?? 0
-        }
+            return delivered
+        } ?? 0
         await queue.stop()
         let sentKeys = server.requestLog.filter { $0.path == "/comments" || $0.path == "/likes" }.compactMap { $0.header("idempotency-key") }
         let likeKeys = sentKeys.filter { $0 == "like-7" }.count
