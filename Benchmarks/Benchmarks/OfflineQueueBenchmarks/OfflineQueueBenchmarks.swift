@@ -220,7 +220,7 @@ enum BenchmarkFailure: Error {
 }
 
 /// The baseline: what any durable one-file-per-record store must do.
-func rawDurableWrite(_ payload: Payload, directory: String) throws {
+func rawDurableWrite(_ payload: Payload, directory: String, syncDirectory: Bool = true) throws {
     let name = UUID().uuidString
     let temp = "\(directory)/.\(name).tmp"
     let final = "\(directory)/\(name).json"
@@ -230,6 +230,10 @@ func rawDurableWrite(_ payload: Payload, directory: String) throws {
     fsync(fd)
     close(fd)
     rename(temp, final)
+    if syncDirectory { fsyncDirectory(directory) }
+}
+
+func fsyncDirectory(_ directory: String) {
     let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
     fsync(dir)
     close(dir)
@@ -243,23 +247,14 @@ func rawParallelDurableWrites(_ payload: Payload, directory: String, count: Int,
         group.enter()
         let thread = Thread {
             for _ in 0..<(count / threads) {
-                let name = UUID().uuidString
-                let temp = "\(directory)/.\(name).tmp"
-                let fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-                guard fd >= 0 else { continue }
-                _ = payload.encoded.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-                fsync(fd)
-                close(fd)
-                rename(temp, "\(directory)/\(name).json")
+                try? rawDurableWrite(payload, directory: directory, syncDirectory: false)
             }
             group.leave()
         }
         thread.start()
     }
     group.wait()
-    let dir = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-    fsync(dir)
-    close(dir)
+    fsyncDirectory(directory)
 }
 
 struct DirectRequest: NetworkRequest {
