@@ -114,10 +114,19 @@ public actor AsyncRequestEngine: RequestSending {
     /// 503. Throws `NetworkError` only when no HTTP response was obtained (offline, transport
     /// failure, timeout, invalid reply, cancellation, open circuit, invalid request).
     public nonisolated func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-        if options.deduplicatedMethods.contains(request.method) {
-            return try await sendShared(request)
+        guard options.deduplicatedMethods.contains(request.method) else {
+            let call = SharedCall()
+            call.start { await self.run(request, on: call, registeredAs: nil) }
+            return try await call.wait(SharedCall.firstWaiterID).get()
         }
-        return try await execute(request, traceID: makeTraceID()).get()
+        let identity = RequestIdentity(request)
+        let (call, waiter, joined) = joinOrStart(identity)
+        if joined {
+            await emit(.deduplicated(traceID: makeTraceID(), url: request.url, method: request.method))
+        } else {
+            call.start { await self.run(request, on: call, registeredAs: identity) }
+        }
+        return try await call.wait(waiter).get()
     }
 
     /// The number of distinct shared calls in flight now (deduplicated methods only).
@@ -133,25 +142,6 @@ public actor AsyncRequestEngine: RequestSending {
 
     // MARK: - Single flight
 
-    private nonisolated func sendShared(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-        let identity = RequestIdentity(request)
-        let (call, waiter, joined) = joinOrStart(identity)
-        if joined {
-            await emit(.deduplicated(traceID: makeTraceID(), url: request.url, method: request.method))
-        } else {
-            call.attach(Task {
-                let outcome = await self.execute(request, traceID: self.makeTraceID())
-                // Unregister before answering, so a send after completion starts a fresh call.
-                // A newer call may have replaced this one after it was abandoned: leave that one.
-                self.inFlight.withLock { calls in
-                    if calls[identity] === call { calls[identity] = nil }
-                }
-                call.complete(outcome)
-            })
-        }
-        return try await call.wait(waiter).get()
-    }
-
     /// Joins the call in flight for `identity`, or registers a new one (lock order: the table,
     /// then the call's own lock; nothing takes them the other way round).
     private nonisolated func joinOrStart(_ identity: RequestIdentity) -> (SharedCall, Int, joined: Bool) {
@@ -159,48 +149,102 @@ public actor AsyncRequestEngine: RequestSending {
             if let existing = calls[identity], let waiter = existing.join() {
                 return (existing, waiter, true)
             }
-            let (call, waiter) = SharedCall.started()
+            let call = SharedCall()
             calls[identity] = call
-            return (call, waiter, false)
+            return (call, SharedCall.firstWaiterID, false)
         }
     }
 
     // MARK: - One logical request: attempts, retries, events
 
-    /// Runs the attempts of one logical request. `.success` carries the final HTTP response of any
-    /// status (a non-2xx one once retrying has stopped); `.failure` means no response was obtained.
-    private nonisolated func execute(
+    /// What the attempts of one logical request share; a task that takes over after a timeout
+    /// carries on from it.
+    private struct Execution: Sendable {
+        let urlRequest: URLRequest
+        let traceID: UUID
+        let started: Duration
+        let timeout: Duration?
+        let mayRetry: Bool
+        let priority: TaskPriority
+        /// The single-flight table key this call is registered under, if any.
+        let identity: RequestIdentity?
+    }
+
+    /// The whole logical request, in the call's task: prepare, then attempts and retries.
+    private nonisolated func run(
         _ request: some NetworkRequest,
-        traceID: UUID
-    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        let started = time.now()
+        on call: SharedCall,
+        registeredAs identity: RequestIdentity?
+    ) async {
+        let traceID = makeTraceID()
+        let started = eventSink == nil ? .zero : time.now()  // read only for `succeeded`'s duration
         await emit(.started(traceID: traceID, url: request.url, method: request.method))
 
         let urlRequest: URLRequest
         do {
             urlRequest = try request.makeURLRequest()
         } catch {
-            return await fail(traceID, error, attempt: 0)
+            finish(call, identity, await fail(traceID, error, attempt: 0))
+            return
         }
         let timeout: Duration? = request.timeout.isFinite
             ? .clamped(seconds: request.timeout, upperBound: .seconds(Int64.max / 2))
             : nil
         let mayRetry = retryPolicy != nil && (request.method.isIdempotent || request.hasIdempotencyKey)
         retryBudget?.recordRequest()
+        let execution = Execution(
+            urlRequest: urlRequest,
+            traceID: traceID,
+            started: started,
+            timeout: timeout,
+            mayRetry: mayRetry,
+            priority: Task.currentPriority,
+            identity: identity
+        )
+        await attempts(execution, on: call, from: 0, afterTimeout: nil)
+    }
 
-        var attempt = 0
+    /// An attempt whose timeout fired: the task the watchdog starts carries on from it.
+    private struct TimedOutAttempt: Sendable {
+        /// The attempt's circuit-breaker permit, if a breaker is configured.
+        let permit: CircuitBreaker.Permit?
+    }
+
+    /// Runs attempts from `first` until the request succeeds, fails for good, or a timeout hands the
+    /// rest to a new task. With `afterTimeout`, attempt `first` has already timed out and this is
+    /// the task the watchdog started to carry on.
+    private nonisolated func attempts(
+        _ execution: Execution,
+        on call: SharedCall,
+        from first: Int,
+        afterTimeout: TimedOutAttempt?
+    ) async {
+        let traceID = execution.traceID
+        var attempt = first
+        var timedOut = afterTimeout
         while true {
-            if Task.isCancelled { return await fail(traceID, .cancelled, attempt: attempt) }
-            var permit: CircuitBreaker.Permit?
-            if let circuitBreaker {
-                guard let granted = circuitBreaker.acquire() else {
-                    return await fail(traceID, .circuitOpen, attempt: attempt)
+            let result: Result<(Data, HTTPURLResponse), NetworkError>
+            if let expired = timedOut {
+                timedOut = nil
+                // A call whose waiters all left before the timeout fired ends as cancelled, as it
+                // would have without the timeout (its successor task starts cancelled).
+                result = .failure(Task.isCancelled ? .cancelled : .timedOut)
+                if let permit = expired.permit { circuitBreaker?.record(Self.breakerOutcome(of: result), for: permit) }
+            } else {
+                if Task.isCancelled { return finish(call, execution.identity, await fail(traceID, .cancelled, attempt: attempt)) }
+                var permit: CircuitBreaker.Permit?
+                if let circuitBreaker {
+                    guard let granted = circuitBreaker.acquire() else {
+                        return finish(call, execution.identity, await fail(traceID, .circuitOpen, attempt: attempt))
+                    }
+                    permit = granted
                 }
-                permit = granted
+                guard let outcome = await perform(execution, on: call, attempt: attempt, permit: permit) else {
+                    return  // timed out: the watchdog's task carries on
+                }
+                result = outcome
+                if let permit { circuitBreaker?.record(Self.breakerOutcome(of: result), for: permit) }
             }
-
-            let result = await perform(urlRequest, timeout: timeout)
-            if let permit { circuitBreaker?.record(Self.breakerOutcome(of: result), for: permit) }
 
             let error: NetworkError
             var retryAfter: Duration?
@@ -211,10 +255,10 @@ public actor AsyncRequestEngine: RequestSending {
                     await emit(.succeeded(
                         traceID: traceID,
                         statusCode: response.statusCode,
-                        duration: (time.now() - started).seconds,
+                        duration: (time.now() - execution.started).seconds,
                         attempt: attempt
                     ))
-                    return .success((data, response))
+                    return finish(call, execution.identity, .success((data, response)))
                 }
                 error = .httpError(statusCode: response.statusCode, data: data)
                 finalResponse = (data, response)
@@ -225,52 +269,64 @@ public actor AsyncRequestEngine: RequestSending {
                 error = failure
             }
 
-            guard mayRetry, error.isRetryable, !Task.isCancelled,
+            guard execution.mayRetry, error.isRetryable, !Task.isCancelled,
                   let seconds = retryPolicy?.delay(forAttempt: attempt)
-            else { return await fail(traceID, error, attempt: attempt, response: finalResponse) }
+            else { return finish(call, execution.identity, await fail(traceID, error, attempt: attempt, response: finalResponse)) }
             var delay = RetryPolicyDelay.sanitized(seconds, maximum: options.maximumRetryDelay)
             if let retryAfter { delay = min(retryAfter, options.maximumRetryAfter) }
             if let retryBudget, !retryBudget.tryWithdraw() {
-                return await fail(traceID, error, attempt: attempt, response: finalResponse)
+                return finish(call, execution.identity, await fail(traceID, error, attempt: attempt, response: finalResponse))
             }
 
             await emit(.retryScheduled(traceID: traceID, attempt: attempt, delay: delay.seconds))
             do {
                 if delay > .zero { try await time.sleep(delay) }
             } catch {
-                return await fail(traceID, .cancelled, attempt: attempt)
+                return finish(call, execution.identity, await fail(traceID, .cancelled, attempt: attempt))
             }
             attempt += 1
         }
     }
 
-    /// One attempt, bounded by `timeout` on the engine's clock. Non-HTTP responses become `invalidResponse`.
+    /// One attempt, in the call's task, bounded by the request's timeout on the engine's clock.
+    /// Returns `nil` when the timeout came first: the watchdog has then moved the rest of the
+    /// request (the timed-out result, retries) to a new task and cancelled this one, so neither a
+    /// retry nor the waiters wait for the transport to wind down (libcurl-based URLSession can take
+    /// seconds to acknowledge a cancel under load). Non-HTTP responses become `invalidResponse`.
     private nonisolated func perform(
-        _ urlRequest: URLRequest,
-        timeout: Duration?
-    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        let session = self.session
-        // The attempt runs in a task of its own, and the caller waits on a one-shot box that the
-        // first of three things fills: the attempt's result, the watchdog's timeout, or the
-        // caller's cancellation. So a timeout cancels just this attempt (not the caller, whose later
-        // retries must still run), and neither a timeout nor a cancellation waits for the transport
-        // to wind down (libcurl-based URLSession can take seconds to acknowledge a cancel under load).
-        let box = OneShot<Result<(Data, HTTPURLResponse), NetworkError>>()
-        let attempt = Task { box.fill(await Self.call(urlRequest, on: session)) }
-        let registration = timeout.map { timeout in
-            watchdog.schedule(after: timeout) {
-                box.fill(.failure(.timedOut))
-                attempt.cancel()
+        _ execution: Execution,
+        on call: SharedCall,
+        attempt: Int,
+        permit: CircuitBreaker.Permit?
+    ) async -> Result<(Data, HTTPURLResponse), NetworkError>? {
+        guard let timeout = execution.timeout else {
+            return await Self.call(execution.urlRequest, on: session)
+        }
+        call.open(attempt: attempt)
+        let registration = watchdog.schedule(after: timeout) {
+            call.timeOut(attempt: attempt, priority: execution.priority) {
+                await self.attempts(execution, on: call, from: attempt, afterTimeout: TimedOutAttempt(permit: permit))
             }
         }
-        let result = await withTaskCancellationHandler {
-            await box.value()
-        } onCancel: {
-            box.fill(.failure(.cancelled))
-            attempt.cancel()
+        let result = await Self.call(execution.urlRequest, on: session)
+        watchdog.cancel(registration)
+        return call.claim(attempt: attempt) ? result : nil
+    }
+
+    /// Unregisters a finished call from the single-flight table and answers its waiters.
+    private nonisolated func finish(
+        _ call: SharedCall,
+        _ identity: RequestIdentity?,
+        _ outcome: Result<(Data, HTTPURLResponse), NetworkError>
+    ) {
+        // Unregister before answering, so a send after completion starts a fresh call.
+        // A newer call may have replaced this one after it was abandoned: leave that one.
+        if let identity {
+            inFlight.withLock { calls in
+                if calls[identity] === call { calls[identity] = nil }
+            }
         }
-        if let registration { watchdog.cancel(registration) }
-        return result
+        call.complete(outcome)
     }
 
     private static func call(

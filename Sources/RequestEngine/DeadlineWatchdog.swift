@@ -68,7 +68,9 @@ final class DeadlineWatchdog: Sendable {
     }
 
     private func startSleeper(until first: Duration) -> Task<Void, Never> {
-        Task { [time = self.time, state = self.state] in
+        // Detached: the sleeper outlives the request that armed it and must not keep (or pass
+        // on) that request's task-local values or priority.
+        Task.detached { [time = self.time, state = self.state] in
             var wake = first
             while true {
                 do {

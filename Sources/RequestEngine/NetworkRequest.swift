@@ -63,8 +63,9 @@ extension NetworkRequest {
         var urlRequest = URLRequest(url: url)
         // URLSession's own timeout is a backstop; the engine enforces `timeout` itself.
         urlRequest.timeoutInterval = timeout.isFinite ? timeout + 1 : 7 * 24 * 3600
-        urlRequest.httpMethod = method.rawValue
-        urlRequest.httpBody = body
+        // GET is URLRequest's default; setting it anyway costs allocations (Foundation normalises it).
+        if method != .get { urlRequest.httpMethod = method.rawValue }
+        if let body { urlRequest.httpBody = body }
         for (name, value) in headers {
             guard HeaderValidation.isValidName(name) else {
                 throw .invalidRequest(reason: "invalid header name")

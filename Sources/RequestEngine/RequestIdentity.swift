@@ -15,10 +15,15 @@ public struct RequestIdentity: Hashable, Sendable {
     public init(_ request: some NetworkRequest) {
         method = request.method
         url = request.url.absoluteString
-        var normalized: [String: String] = [:]
-        normalized.reserveCapacity(request.headers.count)
-        for (name, value) in request.headers { normalized[name.lowercased()] = value }
-        headers = normalized
+        let given = request.headers
+        if given.isEmpty {
+            headers = [:]
+        } else {
+            var normalized: [String: String] = [:]
+            normalized.reserveCapacity(given.count)
+            for (name, value) in given { normalized[name.lowercased()] = value }
+            headers = normalized
+        }
         body = request.body
     }
 }

@@ -3,44 +3,61 @@ import Retry
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
+#if !canImport(os)
+import Synchronization
+#endif
 
-/// One network call shared by one or more waiting callers (single-flight).
+/// One logical request's work, run in one task and awaited by one or more callers. With single
+/// flight, identical concurrent reads share one; every other send has one of its own.
 ///
-/// The call runs in its own task. Each caller waits on a continuation, so a caller whose task is
-/// cancelled is answered `.cancelled` at once, without waiting for the network, while the others
-/// keep waiting. When the last waiter leaves, the call's task is cancelled.
+/// Each caller waits on a continuation, so a caller whose task is cancelled is answered
+/// `.cancelled` at once, without waiting for the network, while the others keep waiting. When the
+/// last waiter leaves, the running task is cancelled.
+///
+/// The work normally runs in one task from start to finish, attempts included. Each attempt is
+/// opened with `open(attempt:)` and then claimed by exactly one side: the task, when the response
+/// comes first (`claim(attempt:)`), or the engine's watchdog, when the timeout comes first
+/// (`timeOut(attempt:…)`). The watchdog hands the rest of the work to a new task and cancels the old
+/// one, so neither a retry nor the waiters wait for a transport slow to acknowledge the cancel.
 ///
 /// Races this guards against:
 /// - a waiter cancelled before its continuation is installed (cancellation handler runs first):
 ///   it is remembered in `cancelledEarly` and answered as soon as it installs;
-/// - the last waiter leaving before the engine has attached the task: `attach` cancels it at once;
+/// - the last waiter leaving before the work has started: `start` cancels the new task at once;
+/// - a timeout racing the last waiter's departure: the successor starts cancelled and winds down;
+/// - a superseded task's late response: its attempt number no longer matches, its claim fails;
 /// - a caller trying to join after the last waiter left or after completion: `join` refuses, and
 ///   the engine starts a fresh call instead of handing out a cancelled or stale result.
+///
+/// Performance notes (this is the path every request takes): one allocation for the call and its
+/// lock on Linux, the first waiter's continuation outside the dictionary, unsafe continuations
+/// (each is resumed exactly once: only after being removed from the state under the lock).
 final class SharedCall: Sendable {
     typealias Outcome = Result<(Data, HTTPURLResponse), NetworkError>
+    typealias Waiter = UnsafeContinuation<Outcome, Never>
 
-    private struct State: Sendable {
-        var nextWaiter = 0
-        var activeWaiters = 0
-        var continuations: [Int: CheckedContinuation<Outcome, Never>] = [:]
+    struct State: Sendable {
+        var nextWaiter = 1
+        var activeWaiters = 1
+        /// Waiter 1 (the caller that started the call), kept apart: most calls have no other.
+        var firstWaiter: Waiter?
+        var otherWaiters: [Int: Waiter] = [:]
         var cancelledEarly: Set<Int> = []
         var outcome: Outcome?
         var task: Task<Void, Never>?
         var abandoned = false
+        /// The attempt in flight that neither its task nor the watchdog has claimed yet.
+        var openAttempt: Int?
     }
 
+    #if canImport(os)
     private let state = Locked(State())
+    #else
+    private let state = Mutex(State())
+    #endif
 
-    /// Makes a call with its first waiter already registered (waiter id returned).
-    static func started() -> (SharedCall, Int) {
-        let call = SharedCall()
-        let first = call.state.withLock { state in
-            state.nextWaiter = 1
-            state.activeWaiters = 1
-            return 1
-        }
-        return (call, first)
-    }
+    /// The id of the waiter registered with the call (the caller that starts it).
+    static let firstWaiterID = 1
 
     /// Registers a waiter; `nil` when the call has completed or been abandoned.
     func join() -> Int? {
@@ -52,23 +69,63 @@ final class SharedCall: Sendable {
         }
     }
 
-    /// Hands over the task doing the work, cancelling it at once if everyone already left.
-    func attach(_ task: Task<Void, Never>) {
-        let cancelNow = state.withLock { state in
+    /// Starts the work in a new task, cancelled at once if everyone already left. The task is
+    /// recorded before its body can reach the lock, so a timeout always finds it.
+    func start(_ work: @escaping @Sendable () async -> Void) {
+        let (task, abandoned) = state.withLock { state in
+            let task = Task(operation: work)
             state.task = task
-            return state.abandoned
+            return (task, state.abandoned)
         }
-        if cancelNow { task.cancel() }
+        if abandoned { task.cancel() }
+    }
+
+    /// Marks `attempt` as in flight, to be claimed by its task or by its timeout.
+    func open(attempt: Int) {
+        state.withLock { $0.openAttempt = attempt }
+    }
+
+    /// The attempt's task claims its response; false when the timeout claimed it first (this
+    /// task has been superseded and must stop).
+    func claim(attempt: Int) -> Bool {
+        state.withLock { state in
+            guard state.openAttempt == attempt else { return false }
+            state.openAttempt = nil
+            return true
+        }
+    }
+
+    /// The watchdog claims `attempt` for its timeout and moves the rest of the work to a new task
+    /// running `successor`, cancelling the superseded one. Does nothing when the task claimed the
+    /// attempt first. A successor of an abandoned call starts cancelled.
+    func timeOut(attempt: Int, priority: TaskPriority?, successor: @escaping @Sendable () async -> Void) {
+        let handed = state.withLock { state -> (old: Task<Void, Never>?, new: Task<Void, Never>, abandoned: Bool)? in
+            guard state.openAttempt == attempt, state.outcome == nil else { return nil }
+            state.openAttempt = nil
+            let old = state.task
+            // Detached: created on the watchdog's task, a plain `Task` would inherit that task's
+            // task-local values, which belong to no request.
+            let new = Task.detached(priority: priority, operation: successor)
+            state.task = new
+            return (old, new, state.abandoned)
+        }
+        guard let handed else { return }
+        handed.old?.cancel()
+        if handed.abandoned { handed.new.cancel() }
     }
 
     /// Waits for the outcome as waiter `id`; returns `.cancelled` promptly if the caller is cancelled.
     func wait(_ id: Int) async -> Outcome {
         await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Outcome, Never>) in
+            await withUnsafeContinuation { (continuation: Waiter) in
                 let ready: Outcome? = state.withLock { state in
                     if let outcome = state.outcome { return outcome }
                     if state.cancelledEarly.remove(id) != nil { return .failure(.cancelled) }
-                    state.continuations[id] = continuation
+                    if id == Self.firstWaiterID {
+                        state.firstWaiter = continuation
+                    } else {
+                        state.otherWaiters[id] = continuation
+                    }
                     return nil
                 }
                 if let ready { continuation.resume(returning: ready) }
@@ -80,20 +137,31 @@ final class SharedCall: Sendable {
 
     /// Delivers the outcome to every waiter still waiting.
     func complete(_ outcome: Outcome) {
-        let waiting = state.withLock { state -> [CheckedContinuation<Outcome, Never>] in
-            guard state.outcome == nil else { return [] }
+        let waiting = state.withLock { state -> (first: Waiter?, others: [Int: Waiter])? in
+            guard state.outcome == nil else { return nil }
             state.outcome = outcome
             state.task = nil
-            defer { state.continuations.removeAll() }
-            return Array(state.continuations.values)
+            defer {
+                state.firstWaiter = nil
+                state.otherWaiters = [:]
+            }
+            return (state.firstWaiter, state.otherWaiters)
         }
-        for continuation in waiting { continuation.resume(returning: outcome) }
+        guard let waiting else { return }
+        waiting.first?.resume(returning: outcome)
+        for continuation in waiting.others.values { continuation.resume(returning: outcome) }
     }
 
     private func leave(_ id: Int) {
-        let (continuation, taskToCancel) = state.withLock { state -> (CheckedContinuation<Outcome, Never>?, Task<Void, Never>?) in
+        let (continuation, taskToCancel) = state.withLock { state -> (Waiter?, Task<Void, Never>?) in
             guard state.outcome == nil else { return (nil, nil) }
-            let continuation = state.continuations.removeValue(forKey: id)
+            let continuation: Waiter?
+            if id == Self.firstWaiterID {
+                continuation = state.firstWaiter
+                state.firstWaiter = nil
+            } else {
+                continuation = state.otherWaiters.removeValue(forKey: id)
+            }
             if continuation == nil { state.cancelledEarly.insert(id) }
             state.activeWaiters -= 1
             guard state.activeWaiters == 0 else { return (continuation, nil) }

@@ -1,0 +1,166 @@
+import Foundation
+import Testing
+import Retry
+import ResilienceTesting
+@testable import RequestEngine
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// A transport whose first call ignores cancellation: it answers only when the test releases it.
+/// Later calls answer at once with "second". It stands for a URLSession that is slow to
+/// acknowledge a cancel under load.
+final class StubbornSession: NetworkSession {
+    private struct State {
+        var calls = 0
+        var blocked: CheckedContinuation<Void, Never>?
+        var released = false
+        var callWatchers: [(Int, CheckedContinuation<Void, Never>)] = []
+    }
+    private let state = Locked(State())
+
+    var callCount: Int { state.withLock { $0.calls } }
+
+    func data(for request: URLRequest) async throws -> (Data, URLResponse) {
+        let (call, ready) = state.withLock { state -> (Int, [CheckedContinuation<Void, Never>]) in
+            state.calls += 1
+            let count = state.calls
+            let ready = state.callWatchers.filter { $0.0 <= count }.map(\.1)
+            state.callWatchers.removeAll { $0.0 <= count }
+            return (count, ready)
+        }
+        for watcher in ready { watcher.resume() }
+        let url = request.url!
+        if call == 1 {
+            // No cancellation handler on purpose.
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let releasedAlready = state.withLock { state -> Bool in
+                    if state.released { return true }
+                    state.blocked = continuation
+                    return false
+                }
+                if releasedAlready { continuation.resume() }
+            }
+            return (Data("late".utf8), HTTPURLResponse(url: url, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: nil)!)
+        }
+        return (Data("second".utf8), HTTPURLResponse(url: url, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: nil)!)
+    }
+
+    /// Lets the first call answer (with "late").
+    func release() {
+        let blocked = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            state.released = true
+            defer { state.blocked = nil }
+            return state.blocked
+        }
+        blocked?.resume()
+    }
+
+    /// Suspends until at least `count` calls have started.
+    func waitForCalls(_ count: Int) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let ready = state.withLock { state -> Bool in
+                if state.calls >= count { return true }
+                state.callWatchers.append((count, continuation))
+                return false
+            }
+            if ready { continuation.resume() }
+        }
+    }
+}
+
+@Suite("AsyncRequestEngine: a timed-out attempt hands the request to a new task", .timeLimit(.minutes(1)))
+struct AsyncRequestEngineTimeoutHandOffTests {
+    private static let oneRetry = FixedIntervalRetryPolicy(maxRetries: 1, interval: 0)
+
+    @Test func theRetryAfterATimeoutDoesNotWaitForATransportThatIgnoresCancellation() async throws {
+        let clock = ManualClock()
+        let session = StubbornSession()
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, retryPolicy: Self.oneRetry, eventSink: recorder, clock: clock)
+        let task = Task { try await engine.send(TestRequest(timeout: 5)) }
+        await session.waitForCalls(1)
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(5))
+        // The first call is still blocked (never released before this line), yet the retry ran.
+        let (data, _) = try await task.value
+        #expect(String(decoding: data, as: UTF8.self) == "second")
+        #expect(session.callCount == 2)
+        #expect(recorder.timeline == ["started", "retry(0,0.0)", "succeeded(200,1)"])
+        #expect(engine.inFlightCount == 0)
+        session.release()  // the superseded attempt's late answer goes nowhere
+    }
+
+    @Test func withoutRetriesATimeoutAnswersAtOnceWhileTheTransportIgnoresTheCancel() async {
+        let clock = ManualClock()
+        let session = StubbornSession()
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, eventSink: recorder, clock: clock)
+        let task = Task { await networkError { try await engine.send(TestRequest(method: .post, timeout: 5)) } }
+        await session.waitForCalls(1)
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(5))
+        #expect(await task.value?.caseName == "timedOut")
+        #expect(recorder.timeline == ["started", "failed(timed out,0)"])
+        session.release()
+    }
+
+    @Test func everyWaiterOfASharedCallGetsTheRetryAfterATimeout() async throws {
+        let clock = ManualClock()
+        let session = StubbornSession()
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, retryPolicy: Self.oneRetry, eventSink: recorder, clock: clock)
+        let first = Task { try await engine.send(TestRequest(timeout: 5)) }
+        await session.waitForCalls(1)
+        let second = Task { try await engine.send(TestRequest(timeout: 5)) }
+        await recorder.waitForDeduplicated(1)
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(5))
+        #expect(String(decoding: try await first.value.0, as: UTF8.self) == "second")
+        #expect(String(decoding: try await second.value.0, as: UTF8.self) == "second")
+        #expect(session.callCount == 2)
+        session.release()
+    }
+
+    @Test func aCallAbandonedBeforeItsTimeoutFiresEndsCancelledWithoutAnotherAttempt() async {
+        let clock = ManualClock()
+        let session = StubbornSession()
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, retryPolicy: Self.oneRetry, eventSink: recorder, clock: clock)
+        let task = Task { await networkError { try await engine.send(TestRequest(timeout: 5)) } }
+        await session.waitForCalls(1)
+        await clock.waitForSleepers(1)
+        task.cancel()
+        #expect(await task.value?.caseName == "cancelled")  // answered while the transport still hangs
+        clock.advance(by: .seconds(5))  // the timeout fires for a call nobody waits for
+        await recorder.wait { $0.contains { if case .failed = $0 { return true } else { return false } } }
+        #expect(recorder.timeline == ["started", "failed(cancelled,0)"])
+        #expect(session.callCount == 1)
+        session.release()
+    }
+
+    @Test func exactlyOneSideClaimsAnAttempt() async {
+        // The response first: the timeout that fires afterwards finds nothing to claim.
+        let call = SharedCall()
+        call.open(attempt: 0)
+        #expect(call.claim(attempt: 0))
+        let successorRan = Locked(false)
+        call.timeOut(attempt: 0, priority: nil) { successorRan.withLock { $0 = true } }
+        // The timeout first: the late response's claim fails, also for an older attempt number.
+        let other = SharedCall()
+        let (handedOff, continuation) = AsyncStream.makeStream(of: Void.self)
+        other.open(attempt: 3)
+        other.timeOut(attempt: 3, priority: nil) { continuation.yield(); continuation.finish() }
+        #expect(!other.claim(attempt: 3))
+        for await _ in handedOff {}
+        other.open(attempt: 4)
+        #expect(!other.claim(attempt: 3))
+        #expect(other.claim(attempt: 4))
+        // After completion no successor starts.
+        let done = SharedCall()
+        done.open(attempt: 0)
+        done.complete(.failure(.cancelled))
+        done.timeOut(attempt: 0, priority: nil) { successorRan.withLock { $0 = true } }
+        #expect(!successorRan.withLock { $0 })
+    }
+}
