@@ -208,6 +208,8 @@ public actor AsyncRequestEngine: RequestSending {
     private struct TimedOutAttempt: Sendable {
         /// The attempt's circuit-breaker permit, if a breaker is configured.
         let permit: CircuitBreaker.Permit?
+        /// Every waiter had left before the timeout fired: the request ends as cancelled.
+        let abandoned: Bool
     }
 
     /// Runs attempts from `first` until the request succeeds, fails for good, or a timeout hands the
@@ -227,8 +229,8 @@ public actor AsyncRequestEngine: RequestSending {
             if let expired = timedOut {
                 timedOut = nil
                 // A call whose waiters all left before the timeout fired ends as cancelled, as it
-                // would have without the timeout (its successor task starts cancelled).
-                result = .failure(Task.isCancelled ? .cancelled : .timedOut)
+                // would have without the timeout: no retry, ignored by the breaker.
+                result = .failure(expired.abandoned || Task.isCancelled ? .cancelled : .timedOut)
                 if let permit = expired.permit { circuitBreaker?.record(Self.breakerOutcome(of: result), for: permit) }
             } else {
                 if Task.isCancelled { return finish(call, execution.identity, await fail(traceID, .cancelled, attempt: attempt)) }
@@ -304,8 +306,8 @@ public actor AsyncRequestEngine: RequestSending {
         }
         call.open(attempt: attempt)
         let registration = watchdog.schedule(after: timeout) {
-            call.timeOut(attempt: attempt, priority: execution.priority) {
-                await self.attempts(execution, on: call, from: attempt, afterTimeout: TimedOutAttempt(permit: permit))
+            call.timeOut(attempt: attempt, priority: execution.priority) { abandoned in
+                await self.attempts(execution, on: call, from: attempt, afterTimeout: TimedOutAttempt(permit: permit, abandoned: abandoned))
             }
         }
         let result = await Self.call(execution.urlRequest, on: session)

@@ -69,8 +69,9 @@ final class DeadlineWatchdog: Sendable {
 
     private func startSleeper(until first: Duration) -> Task<Void, Never> {
         // Detached: the sleeper outlives the request that armed it and must not keep (or pass
-        // on) that request's task-local values or priority.
-        Task.detached { [time = self.time, state = self.state] in
+        // on) that request's task-local values or priority. High priority: it does almost no work,
+        // and a deadline must not wait behind request work.
+        Task.detached(priority: .high) { [time = self.time, state = self.state] in
             var wake = first
             while true {
                 do {

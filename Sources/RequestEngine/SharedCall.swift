@@ -23,8 +23,8 @@ import Synchronization
 /// Races this guards against:
 /// - a waiter cancelled before its continuation is installed (cancellation handler runs first):
 ///   it is remembered in `cancelledEarly` and answered as soon as it installs;
-/// - the last waiter leaving before the work has started: `start` cancels the new task at once;
-/// - a timeout racing the last waiter's departure: the successor starts cancelled and winds down;
+/// - a timeout racing the last waiter's departure: the successor learns under the lock whether
+///   the call was abandoned, and then only winds it down (`cancelled`, no retry);
 /// - a superseded task's late response: its attempt number no longer matches, its claim fails;
 /// - a caller trying to join after the last waiter left or after completion: `join` refuses, and
 ///   the engine starts a fresh call instead of handing out a cancelled or stale result.
@@ -69,8 +69,9 @@ final class SharedCall: Sendable {
         }
     }
 
-    /// Starts the work in a new task, cancelled at once if everyone already left. The task is
-    /// recorded before its body can reach the lock, so a timeout always finds it.
+    /// Starts the work in a new task. The task is recorded before its body can reach the lock, so
+    /// a timeout always finds it. (Waiters start waiting only after this, so none can have left;
+    /// the check is a guard.)
     func start(_ work: @escaping @Sendable () async -> Void) {
         let (task, abandoned) = state.withLock { state in
             let task = Task(operation: work)
@@ -97,17 +98,19 @@ final class SharedCall: Sendable {
 
     /// The watchdog claims `attempt` for its timeout and moves the rest of the work to a new task
     /// running `successor`, cancelling the superseded one. Does nothing when the task claimed the
-    /// attempt first. A successor of an abandoned call starts cancelled.
-    func timeOut(attempt: Int, priority: TaskPriority?, successor: @escaping @Sendable () async -> Void) {
+    /// attempt first. `successor` is told whether every waiter had already left when the timeout
+    /// fired (decided under the lock, so it cannot race the departure); it is then also cancelled.
+    func timeOut(attempt: Int, priority: TaskPriority?, successor: @escaping @Sendable (_ abandoned: Bool) async -> Void) {
         let handed = state.withLock { state -> (old: Task<Void, Never>?, new: Task<Void, Never>, abandoned: Bool)? in
             guard state.openAttempt == attempt, state.outcome == nil else { return nil }
             state.openAttempt = nil
             let old = state.task
+            let abandoned = state.abandoned
             // Detached: created on the watchdog's task, a plain `Task` would inherit that task's
             // task-local values, which belong to no request.
-            let new = Task.detached(priority: priority, operation: successor)
+            let new = Task.detached(priority: priority) { await successor(abandoned) }
             state.task = new
-            return (old, new, state.abandoned)
+            return (old, new, abandoned)
         }
         guard let handed else { return }
         handed.old?.cancel()

@@ -285,6 +285,8 @@ struct AsyncRequestEngineRetryTests {
         await clock.waitForSleepers(1)
         task.cancel()
         #expect(await task.value?.caseName == "cancelled")
+        // The caller is answered at once; the request's own task emits `failed` as it winds down.
+        await recorder.wait { $0.contains { if case .failed = $0 { return true } else { return false } } }
         #expect(session.callCount == 1)
         #expect(recorder.timeline.last == "failed(cancelled,0)")
     }

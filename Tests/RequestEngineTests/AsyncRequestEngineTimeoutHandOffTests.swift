@@ -145,12 +145,12 @@ struct AsyncRequestEngineTimeoutHandOffTests {
         call.open(attempt: 0)
         #expect(call.claim(attempt: 0))
         let successorRan = Locked(false)
-        call.timeOut(attempt: 0, priority: nil) { successorRan.withLock { $0 = true } }
+        call.timeOut(attempt: 0, priority: nil) { _ in successorRan.withLock { $0 = true } }
         // The timeout first: the late response's claim fails, also for an older attempt number.
         let other = SharedCall()
         let (handedOff, continuation) = AsyncStream.makeStream(of: Void.self)
         other.open(attempt: 3)
-        other.timeOut(attempt: 3, priority: nil) { continuation.yield(); continuation.finish() }
+        other.timeOut(attempt: 3, priority: nil) { _ in continuation.yield(); continuation.finish() }
         #expect(!other.claim(attempt: 3))
         for await _ in handedOff {}
         other.open(attempt: 4)
@@ -160,7 +160,31 @@ struct AsyncRequestEngineTimeoutHandOffTests {
         let done = SharedCall()
         done.open(attempt: 0)
         done.complete(.failure(.cancelled))
-        done.timeOut(attempt: 0, priority: nil) { successorRan.withLock { $0 = true } }
+        done.timeOut(attempt: 0, priority: nil) { _ in successorRan.withLock { $0 = true } }
         #expect(!successorRan.withLock { $0 })
+    }
+
+    @Test func aTimeoutAfterTheLastWaiterLeftTellsTheSuccessorTheCallWasAbandoned() async {
+        let call = SharedCall()
+        call.open(attempt: 0)
+        let waiter = Task { await call.wait(SharedCall.firstWaiterID) }
+        waiter.cancel()
+        let answer = await waiter.value
+        #expect(answer.failure?.caseName == "cancelled")
+        let (told, continuation) = AsyncStream.makeStream(of: Bool.self)
+        call.timeOut(attempt: 0, priority: nil) { abandoned in
+            continuation.yield(abandoned)
+            continuation.finish()
+        }
+        var flags: [Bool] = []
+        for await flag in told { flags.append(flag) }
+        #expect(flags == [true])
+    }
+}
+
+extension Result {
+    var failure: Failure? {
+        if case .failure(let failure) = self { return failure }
+        return nil
     }
 }
