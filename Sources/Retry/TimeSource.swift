@@ -8,11 +8,30 @@ package struct TimeSource: Sendable {
     package let sleep: @Sendable (Duration) async throws -> Void
 
     package init<C: Clock>(_ clock: C) where C.Duration == Duration {
-        let origin = clock.now
-        now = { origin.duration(to: clock.now) }
-        sleep = { duration in
-            try await clock.sleep(until: clock.now.advanced(by: duration), tolerance: nil)
+        // The production clock without generic dispatch: the engine reads it for every attempt's
+        // deadline, and reading it through the type-erased generic path costs several times more.
+        if let continuous = clock as? ContinuousClock {
+            let origin = continuous.now
+            self.init(
+                now: { origin.duration(to: ContinuousClock.now) },
+                sleep: { duration in
+                    try await continuous.sleep(until: ContinuousClock.now.advanced(by: duration), tolerance: nil)
+                }
+            )
+            return
         }
+        let origin = clock.now
+        self.init(
+            now: { origin.duration(to: clock.now) },
+            sleep: { duration in
+                try await clock.sleep(until: clock.now.advanced(by: duration), tolerance: nil)
+            }
+        )
+    }
+
+    private init(now: @escaping @Sendable () -> Duration, sleep: @escaping @Sendable (Duration) async throws -> Void) {
+        self.now = now
+        self.sleep = sleep
     }
 
     package static let continuous = TimeSource(ContinuousClock())
