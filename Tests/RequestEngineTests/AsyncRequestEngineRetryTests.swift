@@ -286,7 +286,7 @@ struct AsyncRequestEngineRetryTests {
         task.cancel()
         #expect(await task.value?.caseName == "cancelled")
         // The caller is answered at once; the request's own task emits `failed` as it winds down.
-        await recorder.wait { $0.contains { if case .failed = $0 { return true } else { return false } } }
+        await recorder.waitForFailed()
         #expect(session.callCount == 1)
         #expect(recorder.timeline.last == "failed(cancelled,0)")
     }

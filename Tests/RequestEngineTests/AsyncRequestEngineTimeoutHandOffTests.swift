@@ -71,72 +71,81 @@ final class StubbornSession: NetworkSession {
 
 @Suite("AsyncRequestEngine: a timed-out attempt hands the request to a new task", .timeLimit(.minutes(1)))
 struct AsyncRequestEngineTimeoutHandOffTests {
-    private static let oneRetry = FixedIntervalRetryPolicy(maxRetries: 1, interval: 0)
-
-    @Test func theRetryAfterATimeoutDoesNotWaitForATransportThatIgnoresCancellation() async throws {
+    /// An engine on a manual clock over a `StubbornSession`, recording events; requests use a 5 s timeout.
+    private struct Harness {
         let clock = ManualClock()
         let session = StubbornSession()
         let recorder = EventRecorder()
-        let engine = AsyncRequestEngine(session: session, retryPolicy: Self.oneRetry, eventSink: recorder, clock: clock)
-        let task = Task { try await engine.send(TestRequest(timeout: 5)) }
-        await session.waitForCalls(1)
-        await clock.waitForSleepers(1)
-        clock.advance(by: .seconds(5))
+        let engine: AsyncRequestEngine
+
+        init(retries: Bool = true) {
+            engine = AsyncRequestEngine(
+                session: session,
+                retryPolicy: retries ? FixedIntervalRetryPolicy(maxRetries: 1, interval: 0) : nil,
+                eventSink: recorder,
+                clock: clock
+            )
+        }
+
+        /// Waits until the first call hangs in the transport with its deadline armed.
+        func firstCallHangs() async {
+            await session.waitForCalls(1)
+            await clock.waitForSleepers(1)
+        }
+
+        func fireTimeout() {
+            clock.advance(by: .seconds(5))
+        }
+    }
+
+    @Test func theRetryAfterATimeoutDoesNotWaitForATransportThatIgnoresCancellation() async throws {
+        let harness = Harness()
+        let task = Task { try await harness.engine.send(TestRequest(timeout: 5)) }
+        await harness.firstCallHangs()
+        harness.fireTimeout()
         // The first call is still blocked (never released before this line), yet the retry ran.
         let (data, _) = try await task.value
         #expect(String(decoding: data, as: UTF8.self) == "second")
-        #expect(session.callCount == 2)
-        #expect(recorder.timeline == ["started", "retry(0,0.0)", "succeeded(200,1)"])
-        #expect(engine.inFlightCount == 0)
-        session.release()  // the superseded attempt's late answer goes nowhere
+        #expect(harness.session.callCount == 2)
+        #expect(harness.recorder.timeline == ["started", "retry(0,0.0)", "succeeded(200,1)"])
+        #expect(harness.engine.inFlightCount == 0)
+        harness.session.release()  // the superseded attempt's late answer goes nowhere
     }
 
     @Test func withoutRetriesATimeoutAnswersAtOnceWhileTheTransportIgnoresTheCancel() async {
-        let clock = ManualClock()
-        let session = StubbornSession()
-        let recorder = EventRecorder()
-        let engine = AsyncRequestEngine(session: session, eventSink: recorder, clock: clock)
-        let task = Task { await networkError { try await engine.send(TestRequest(method: .post, timeout: 5)) } }
-        await session.waitForCalls(1)
-        await clock.waitForSleepers(1)
-        clock.advance(by: .seconds(5))
+        let harness = Harness(retries: false)
+        let task = Task { await networkError { try await harness.engine.send(TestRequest(method: .post, timeout: 5)) } }
+        await harness.firstCallHangs()
+        harness.fireTimeout()
         #expect(await task.value?.caseName == "timedOut")
-        #expect(recorder.timeline == ["started", "failed(timed out,0)"])
-        session.release()
+        #expect(harness.recorder.timeline == ["started", "failed(timed out,0)"])
+        harness.session.release()
     }
 
     @Test func everyWaiterOfASharedCallGetsTheRetryAfterATimeout() async throws {
-        let clock = ManualClock()
-        let session = StubbornSession()
-        let recorder = EventRecorder()
-        let engine = AsyncRequestEngine(session: session, retryPolicy: Self.oneRetry, eventSink: recorder, clock: clock)
-        let first = Task { try await engine.send(TestRequest(timeout: 5)) }
-        await session.waitForCalls(1)
-        let second = Task { try await engine.send(TestRequest(timeout: 5)) }
-        await recorder.waitForDeduplicated(1)
-        await clock.waitForSleepers(1)
-        clock.advance(by: .seconds(5))
+        let harness = Harness()
+        let first = Task { try await harness.engine.send(TestRequest(timeout: 5)) }
+        await harness.firstCallHangs()
+        let second = Task { try await harness.engine.send(TestRequest(timeout: 5)) }
+        await harness.recorder.waitForDeduplicated(1)
+        harness.fireTimeout()
         #expect(String(decoding: try await first.value.0, as: UTF8.self) == "second")
         #expect(String(decoding: try await second.value.0, as: UTF8.self) == "second")
-        #expect(session.callCount == 2)
-        session.release()
+        #expect(harness.session.callCount == 2)
+        harness.session.release()
     }
 
     @Test func aCallAbandonedBeforeItsTimeoutFiresEndsCancelledWithoutAnotherAttempt() async {
-        let clock = ManualClock()
-        let session = StubbornSession()
-        let recorder = EventRecorder()
-        let engine = AsyncRequestEngine(session: session, retryPolicy: Self.oneRetry, eventSink: recorder, clock: clock)
-        let task = Task { await networkError { try await engine.send(TestRequest(timeout: 5)) } }
-        await session.waitForCalls(1)
-        await clock.waitForSleepers(1)
+        let harness = Harness()
+        let task = Task { await networkError { try await harness.engine.send(TestRequest(timeout: 5)) } }
+        await harness.firstCallHangs()
         task.cancel()
         #expect(await task.value?.caseName == "cancelled")  // answered while the transport still hangs
-        clock.advance(by: .seconds(5))  // the timeout fires for a call nobody waits for
-        await recorder.wait { $0.contains { if case .failed = $0 { return true } else { return false } } }
-        #expect(recorder.timeline == ["started", "failed(cancelled,0)"])
-        #expect(session.callCount == 1)
-        session.release()
+        harness.fireTimeout()  // the timeout fires for a call nobody waits for
+        await harness.recorder.waitForFailed()
+        #expect(harness.recorder.timeline == ["started", "failed(cancelled,0)"])
+        #expect(harness.session.callCount == 1)
+        harness.session.release()
     }
 
     @Test func exactlyOneSideClaimsAnAttempt() async {

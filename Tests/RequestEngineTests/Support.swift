@@ -90,6 +90,11 @@ final class EventRecorder: RequestEventSink {
         await wait { events in events.filter(\.isDeduplicated).count >= count }
     }
 
+    /// Suspends until a `failed` event has been recorded.
+    func waitForFailed() async {
+        await wait { events in events.contains(where: \.isFailed) }
+    }
+
     /// A compact rendering for assertions: "started", "retry(0,1.0)", "succeeded(200,1)", "failed(HTTP 503…,2)", "dedup".
     var timeline: [String] {
         events.map { event in
@@ -107,6 +112,11 @@ final class EventRecorder: RequestEventSink {
 extension RequestEvent {
     var isDeduplicated: Bool {
         if case .deduplicated = self { return true }
+        return false
+    }
+
+    var isFailed: Bool {
+        if case .failed = self { return true }
         return false
     }
 }
