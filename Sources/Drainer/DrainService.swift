@@ -64,7 +64,7 @@ public actor DrainService {
     private let cycleGate = AdmissionGate(limit: 1)
     private var loopWaitsForTurn = false
     private var stopsRequested: UInt64 = 0
-    private var subscribers: [UUID: AsyncStream<DrainCycleReport>.Continuation] = [:]
+    private nonisolated let subscribers = StreamSubscribers<DrainCycleReport>()
 
     /// Consecutive failed cycles (0 after a success).
     public private(set) var consecutiveFailures = 0
@@ -144,8 +144,8 @@ public actor DrainService {
     public func stop(interruptingCycle: Bool = false) async {
         stopsRequested &+= 1
         // The streams to end are those that exist now, not ones a later start() subscribes.
-        let endingReports = Array(subscribers.keys)
-        defer { finishReports(endingReports) }
+        let endingReports = subscribers.current
+        defer { subscribers.finish(endingReports) }
         if let loop = loopTask {
             loopTask = nil
             stoppingLoop = loop
@@ -177,13 +177,7 @@ public actor DrainService {
     /// A new stream of cycle reports for each access. It ends at the next `stop()` (subscribe again
     /// after a restart), or when the service is deinitialised.
     public var reports: AsyncStream<DrainCycleReport> {
-        let (stream, continuation) = AsyncStream<DrainCycleReport>.makeStream(bufferingPolicy: .bufferingNewest(1000))
-        let id = UUID()
-        subscribers[id] = continuation
-        continuation.onTermination = { [weak self] _ in
-            Task { await self?.unsubscribe(id) }
-        }
-        return stream
+        subscribers.stream(bufferingPolicy: .bufferingNewest(1000))
     }
 
     /// The wait before the next timed cycle, before jitter: the interval, or after `n` failed
@@ -287,7 +281,7 @@ public actor DrainService {
         } else if !report.interrupted {
             consecutiveFailures = 0
         }
-        for continuation in subscribers.values { continuation.yield(report) }
+        subscribers.yield(report)
         return report
     }
 
@@ -299,16 +293,8 @@ public actor DrainService {
         return DrainCycleReport(trigger: trigger, startedAt: now, endedAt: now, flush: flush, budgetExhausted: false, interrupted: true)
     }
 
-    private func finishReports(_ ids: [UUID]) {
-        for id in ids { subscribers.removeValue(forKey: id)?.finish() }
-    }
-
-    private func unsubscribe(_ id: UUID) {
-        subscribers[id] = nil
-    }
-
     deinit {
-        for continuation in subscribers.values { continuation.finish() }
+        subscribers.finishAll()
         listenerTask?.cancel()
         loopTask?.cancel()
     }

@@ -136,19 +136,13 @@ public actor NetworkReachabilityMonitor: ReachabilityMonitoring {
     /// state and finishes at once.
     public var connectivity: AsyncStream<Bool> {
         startIfNeverStarted()
-        let (stream, continuation) = AsyncStream<Bool>.makeStream()
-        if let reported = machine.reported { continuation.yield(reported) }
         guard phase == .running else {
+            let (stream, continuation) = AsyncStream<Bool>.makeStream()
+            if let reported = machine.reported { continuation.yield(reported) }
             continuation.finish()
             return stream
         }
-        let id = nextSubscriber
-        nextSubscriber += 1
-        subscribers[id] = continuation
-        continuation.onTermination = { [weak self] _ in
-            Task { await self?.unsubscribe(id) }
-        }
-        return stream
+        return subscribers.stream(first: machine.reported)
     }
 
     /// Why the system's network state cannot be watched right now, or `nil` when it is being
@@ -187,9 +181,7 @@ public actor NetworkReachabilityMonitor: ReachabilityMonitoring {
         probeTask?.cancel()
         probeTask = nil
         machine.stopped()
-        let finishing = subscribers.values
-        subscribers.removeAll()
-        for continuation in finishing { continuation.finish() }
+        subscribers.finishAll()
         resumeStartWaiters()
     }
 
@@ -221,8 +213,7 @@ public actor NetworkReachabilityMonitor: ReachabilityMonitoring {
     private var linkLayerHandle: LinkLayerHandle?
     private var consumer: Task<Void, Never>?
     private var probeTask: Task<Void, Never>?
-    private var subscribers: [Int: AsyncStream<Bool>.Continuation] = [:]
-    private var nextSubscriber = 0
+    private nonisolated let subscribers = StreamSubscribers<Bool>()
     private var startWaiters: [UUID: CheckedContinuation<Void, Never>] = [:]
 
     init(
@@ -252,7 +243,7 @@ public actor NetworkReachabilityMonitor: ReachabilityMonitoring {
         linkLayerHandle?.stop()
         consumer?.cancel()
         probeTask?.cancel()
-        for continuation in subscribers.values { continuation.finish() }
+        subscribers.finishAll()
         for waiter in startWaiters.values { waiter.resume() }
     }
 
@@ -326,7 +317,7 @@ public actor NetworkReachabilityMonitor: ReachabilityMonitoring {
         for action in actions {
             switch action {
             case .publish(let connected):
-                for continuation in subscribers.values { continuation.yield(connected) }
+                subscribers.yield(connected)
             case .startProbe(let generation):
                 probeTask?.cancel()
                 guard let probe else { break }
@@ -369,10 +360,6 @@ public actor NetworkReachabilityMonitor: ReachabilityMonitoring {
 
     private func resumeStartWaiter(_ id: UUID) {
         startWaiters.removeValue(forKey: id)?.resume()
-    }
-
-    private func unsubscribe(_ id: Int) {
-        subscribers[id] = nil
     }
 }
 

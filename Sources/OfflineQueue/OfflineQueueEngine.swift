@@ -70,7 +70,7 @@ public actor OfflineQueueEngine {
     private var loopTask: Task<Void, Never>?
     private var timerTask: Task<Void, Never>?
     private var timerDeadline: Date?
-    private var subscribers: [UUID: AsyncStream<QueueEntryResult>.Continuation] = [:]
+    private nonisolated let subscribers = StreamSubscribers<QueueEntryResult>()
 
     /// - Parameters:
     ///   - requestEngine: sends the first attempt and every replay; any `RequestSending`
@@ -189,13 +189,7 @@ public actor OfflineQueueEngine {
 
     /// A new stream of per-entry results for each access; it ends when the engine is deinitialised.
     public var results: AsyncStream<QueueEntryResult> {
-        let (stream, continuation) = AsyncStream<QueueEntryResult>.makeStream(bufferingPolicy: .bufferingNewest(10_000))
-        let id = UUID()
-        subscribers[id] = continuation
-        continuation.onTermination = { [weak self] _ in
-            Task { await self?.unsubscribe(id) }
-        }
-        return stream
+        subscribers.stream(bufferingPolicy: .bufferingNewest(10_000))
     }
 
     // MARK: - Draining
@@ -454,7 +448,7 @@ public actor OfflineQueueEngine {
 
     private func record(_ result: QueueEntryResult, in report: inout FlushReport) {
         report.results.append(result)
-        for continuation in subscribers.values { continuation.yield(result) }
+        subscribers.yield(result)
     }
 
     private func connectivityChanged(_ connected: Bool) async {
@@ -499,12 +493,8 @@ public actor OfflineQueueEngine {
         now.addingTimeInterval(configuration.offlineRecheckInterval.seconds)
     }
 
-    private func unsubscribe(_ id: UUID) {
-        subscribers[id] = nil
-    }
-
     deinit {
-        for continuation in subscribers.values { continuation.finish() }
+        subscribers.finishAll()
         loopTask?.cancel()
         timerTask?.cancel()
     }

@@ -1,3 +1,5 @@
+import Retry
+
 /// Tells the offline queue whether the network is usable, and when that changes.
 public protocol ReachabilityMonitoring: Actor {
     /// The connectivity state now.
@@ -11,36 +13,23 @@ public protocol ReachabilityMonitoring: Actor {
 /// (a VPN that must be up, a server-side maintenance flag).
 public actor ManualReachabilityMonitor: ReachabilityMonitoring {
     public private(set) var isConnected: Bool
-    private var subscribers: [Int: AsyncStream<Bool>.Continuation] = [:]
-    private var nextSubscriber = 0
+    private nonisolated let subscribers = StreamSubscribers<Bool>()
 
     public init(isConnected: Bool = true) {
         self.isConnected = isConnected
     }
 
     public var connectivity: AsyncStream<Bool> {
-        let (stream, continuation) = AsyncStream<Bool>.makeStream(bufferingPolicy: .bufferingNewest(16))
-        let id = nextSubscriber
-        nextSubscriber += 1
-        subscribers[id] = continuation
-        continuation.yield(isConnected)
-        continuation.onTermination = { [weak self] _ in
-            Task { await self?.unsubscribe(id) }
-        }
-        return stream
+        subscribers.stream(bufferingPolicy: .bufferingNewest(16), first: isConnected)
     }
 
     /// Sets the state; subscribers hear about it only if it changed.
     public func setConnected(_ connected: Bool) {
         guard connected != isConnected else { return }
         isConnected = connected
-        for continuation in subscribers.values { continuation.yield(connected) }
+        subscribers.yield(connected)
     }
 
     /// Number of live `connectivity` streams (for tests).
     public var subscriberCount: Int { subscribers.count }
-
-    private func unsubscribe(_ id: Int) {
-        subscribers[id] = nil
-    }
 }
