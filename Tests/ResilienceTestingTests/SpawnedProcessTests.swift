@@ -119,23 +119,14 @@ struct SpawnedProcessTests {
     }
 
     @Test func pipesAreNotInheritedByLaterChildren() throws {
-        // If `sleeper` inherited cat's input or output pipe, cat would not see end-of-file (or we
+        // If the sleeper inherited cat's input or output pipe, cat would not see end-of-file (or we
         // would not see it on cat's output) until the sleeper exits, thirty seconds later.
         let cat = try SpawnedProcess.spawn("/bin/cat", [], standardInput: true)
-        let sleeper = try SpawnedProcess.spawn("/bin/sleep", ["30"], standardInput: true)
-        defer {
-            sleeper.send(SIGKILL)
-            _ = sleeper.wait()
-        }
-        let shared = Self.pipesSharedWithThisProcess(by: sleeper.pid)
-        #expect(shared == nil || shared == [], "the sleeper holds this process's pipes: \(shared ?? [])")
-        let start = ContinuousClock.now
-        cat.writeInput(Data("x".utf8))
-        cat.closeInput()
-        #expect(cat.readToEnd() == Data("x".utf8))
-        #expect(cat.wait() == .exited(0))
-        if shared == nil {  // no descriptor listing here: tell by the 30 s an inherited pipe would cost
-            #expect(ContinuousClock.now - start < .seconds(20))
+        try whileASleeperRuns(standardInput: true) {
+            cat.writeInput(Data("x".utf8))
+            cat.closeInput()
+            #expect(cat.readToEnd() == Data("x".utf8))
+            #expect(cat.wait() == .exited(0))
         }
     }
 
@@ -144,18 +135,28 @@ struct SpawnedProcessTests {
         var fds: [Int32] = [-1, -1]
         try #require(pipe(&fds) == 0)
         defer { close(fds[0]) }
-        let sleeper = try SpawnedProcess.spawn("/bin/sleep", ["30"])
+        try whileASleeperRuns {
+            // End-of-file at once, unless the sleeper holds a copy of the write end for thirty seconds.
+            close(fds[1])
+            var byte: UInt8 = 0
+            #expect(read(fds[0], &byte, 1) == 0)
+        }
+    }
+
+    /// Spawns `/bin/sleep 30`, checks that it holds none of this process's pipes or sockets, runs
+    /// `body` (which must see an end-of-file that an inherited descriptor would hold back) and kills
+    /// the sleeper. Where descriptors cannot be listed, the check is the 30 s such a descriptor
+    /// would cost `body`.
+    private func whileASleeperRuns(standardInput: Bool = false, _ body: () throws -> Void) throws {
+        let sleeper = try SpawnedProcess.spawn("/bin/sleep", ["30"], standardInput: standardInput)
         defer {
             sleeper.send(SIGKILL)
             _ = sleeper.wait()
         }
         let shared = Self.pipesSharedWithThisProcess(by: sleeper.pid)
         #expect(shared == nil || shared == [], "the sleeper holds this process's pipes: \(shared ?? [])")
-        // End-of-file at once, unless the sleeper holds a copy of the write end for thirty seconds.
         let start = ContinuousClock.now
-        close(fds[1])
-        var byte: UInt8 = 0
-        #expect(read(fds[0], &byte, 1) == 0)
+        try body()
         if shared == nil {  // no descriptor listing here: tell by the 30 s an inherited pipe would cost
             #expect(ContinuousClock.now - start < .seconds(20))
         }
