@@ -81,29 +81,20 @@ let benchmarks: @Sendable () -> Void = {
         let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store, maxQueueSize: 1_000_000)
         let payload = try await samplePayload()
         let count = 256
-        var sequentialTime = Duration.zero
-        var concurrentTime = Duration.zero
-        for round in 0..<2 {
-            for isConcurrent in round == 0 ? [false, true] : [true, false] {
-                let start = ContinuousClock.now
-                if isConcurrent {
-                    try await withThrowingTaskGroup(of: Void.self) { group in
-                        for worker in 0..<64 {
-                            group.addTask {
-                                for _ in 0..<(count / 64) where worker >= 0 {
-                                    _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), attemptFirst: false)
-                                }
-                            }
+        let (sequentialTime, concurrentTime) = try await timedInABBAOrder {
+            for _ in 0..<count {
+                _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), attemptFirst: false)
+            }
+        } and: {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for worker in 0..<64 {
+                    group.addTask {
+                        for _ in 0..<(count / 64) where worker >= 0 {
+                            _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), attemptFirst: false)
                         }
-                        try await group.waitForAll()
                     }
-                    concurrentTime += ContinuousClock.now - start
-                } else {
-                    for _ in 0..<count {
-                        _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), attemptFirst: false)
-                    }
-                    sequentialTime += ContinuousClock.now - start
                 }
+                try await group.waitForAll()
             }
         }
         concurrent.add(numerator: concurrentTime, denominator: sequentialTime)
@@ -111,19 +102,10 @@ let benchmarks: @Sendable () -> Void = {
 
         let rawFolder = Folder()
         defer { rawFolder.remove() }
-        var rawSequential = Duration.zero
-        var rawParallel = Duration.zero
-        for round in 0..<2 {
-            for parallel in round == 0 ? [false, true] : [true, false] {
-                let start = ContinuousClock.now
-                if parallel {
-                    rawParallelDurableWrites(payload, directory: rawFolder.url.path, count: count, threads: 64)
-                    rawParallel += ContinuousClock.now - start
-                } else {
-                    for _ in 0..<count { try rawDurableWrite(payload, directory: rawFolder.url.path) }
-                    rawSequential += ContinuousClock.now - start
-                }
-            }
+        let (rawSequential, rawParallel) = try await timedInABBAOrder {
+            for _ in 0..<count { try rawDurableWrite(payload, directory: rawFolder.url.path) }
+        } and: {
+            rawParallelDurableWrites(payload, directory: rawFolder.url.path, count: count, threads: 64)
         }
         rawCeiling.add(numerator: rawParallel, denominator: rawSequential)
     } teardown: {
@@ -214,6 +196,27 @@ let benchmarks: @Sendable () -> Void = {
 }
 
 // MARK: - Support
+
+/// Runs `a` and `b` twice each in the order a, b, b, a — so neither side always runs first, on a
+/// warmer or a busier disk — and returns the total time each took.
+func timedInABBAOrder(
+    _ a: () async throws -> Void,
+    and b: () async throws -> Void
+) async rethrows -> (a: Duration, b: Duration) {
+    var timeA = Duration.zero
+    var timeB = Duration.zero
+    for runB in [false, true, true, false] {
+        let start = ContinuousClock.now
+        if runB {
+            try await b()
+            timeB += ContinuousClock.now - start
+        } else {
+            try await a()
+            timeA += ContinuousClock.now - start
+        }
+    }
+    return (timeA, timeB)
+}
 
 let sampleURL = URL(string: "https://api.example.test/comments")!
 
