@@ -377,7 +377,7 @@ struct NetlinkReachabilityTests {
 
     @Test func monitorOfThisHostStartsReportsAndStops() async {
         let monitor = NetworkReachabilityMonitor()
-        let values = StreamRecorder(await monitor.connectivity)  // starts it
+        let values = StreamRecorder(await monitor.connectivity, waitingAtMost: .seconds(10))  // starts it
         let first = await values.next()
         #expect(first != nil)
         if let error = await monitor.monitoringError {
@@ -407,7 +407,7 @@ struct NetlinkReachabilityTests {
         await monitor.start()
         #expect(await monitor.monitoringError == nil)
         #expect(await monitor.isConnected == false, "loopback alone is not connected")
-        let values = StreamRecorder(await monitor.connectivity)
+        let values = StreamRecorder(await monitor.connectivity, waitingAtMost: .seconds(10))
         #expect(await values.next() == false)
 
         try lab.connect()
@@ -646,16 +646,20 @@ private func closeDescriptor(_ fd: Int32) -> Int32 {
     #endif
 }
 
-/// Collects a stream's values so a test can wait for the next one. Waiting is bounded (10 s by
-/// default) only as a safety net: a timeout is recorded as a failure and yields `nil`.
+/// Collects a stream's values so a test can wait for the next one. Unit tests wait without a
+/// timer (their suite's time limit is the safety net). Tests of real kernel events pass
+/// `waitingAtMost:`, a wall-clock bound used only as a safety net: a timeout is recorded as a
+/// failure and yields `nil`.
 actor StreamRecorder {
     private(set) var received: [Bool] = []
     private var finished = false
     private var consumed = 0
     private var waiter: (id: Int, continuation: CheckedContinuation<Void, Never>)?
     private var nextWaiter = 0
+    private let bound: Duration?
 
-    init(_ stream: AsyncStream<Bool>) {
+    init(_ stream: AsyncStream<Bool>, waitingAtMost bound: Duration? = nil) {
+        self.bound = bound
         Task { await self.consume(stream) }
     }
 
@@ -668,22 +672,24 @@ actor StreamRecorder {
         wake()
     }
 
-    /// The next value not returned yet, or `nil` once the stream has finished (or after `timeout`).
-    func next(timeout: Duration = .seconds(10), sourceLocation: SourceLocation = #_sourceLocation) async -> Bool? {
-        let deadline = ContinuousClock.now.advanced(by: timeout)
+    /// The next value not returned yet, or `nil` once the stream has finished (or after the bound).
+    func next(sourceLocation: SourceLocation = #_sourceLocation) async -> Bool? {
+        let deadline = bound.map { ContinuousClock.now.advanced(by: $0) }
         while consumed >= received.count, !finished {
-            guard ContinuousClock.now < deadline else {
-                Issue.record("no connectivity value within \(timeout) (received so far: \(received))", sourceLocation: sourceLocation)
+            if let deadline, ContinuousClock.now >= deadline {
+                Issue.record("no connectivity value within \(bound!) (received so far: \(received))", sourceLocation: sourceLocation)
                 return nil
             }
             nextWaiter += 1
             let id = nextWaiter
-            let timer = Task {
-                try? await Task.sleep(until: deadline, clock: .continuous)
-                self.timeOut(id)
+            let timer = deadline.map { deadline in
+                Task {
+                    try? await Task.sleep(until: deadline, clock: .continuous)
+                    self.timeOut(id)
+                }
             }
             await withCheckedContinuation { waiter = (id, $0) }
-            timer.cancel()
+            timer?.cancel()
         }
         guard consumed < received.count else { return nil }
         consumed += 1
