@@ -60,10 +60,16 @@ public actor AsyncRequestEngine: RequestSending {
     private nonisolated let time: TimeSource
     private nonisolated let watchdog: DeadlineWatchdog
 
-    /// Shared calls in flight, by identity (deduplicated methods only). A lock, not actor state:
+    /// Shared calls in flight, by identity (deduplicated methods only). Locks, not actor state:
     /// every deduplicated send joins or starts a call here, and an actor hop each way measurably
     /// slowed the request path (Benchmarks/README.md).
-    private nonisolated let inFlight = Locked<[RequestIdentity: SharedCall]>([:])
+    private nonisolated let inFlight = SingleFlightTable()
+    /// `options.deduplicatedMethods` as a bit set, read by every send.
+    private nonisolated let deduplicated: HTTPMethod.Set
+    /// Whether an event sink is set and whether a retry policy is, read by every send (testing an
+    /// optional existential copies it).
+    private nonisolated let observed: Bool
+    private nonisolated let retries: Bool
 
     /// - Parameters:
     ///   - session: the transport; `URLSession.shared` by default.
@@ -88,6 +94,9 @@ public actor AsyncRequestEngine: RequestSending {
         self.retryBudget = retryBudget
         self.circuitBreaker = circuitBreaker
         self.options = options
+        self.deduplicated = HTTPMethod.Set(options.deduplicatedMethods)
+        self.observed = eventSink != nil
+        self.retries = retryPolicy != nil
         self.time = TimeSource(clock)
         self.watchdog = DeadlineWatchdog(time: time)
     }
@@ -114,179 +123,154 @@ public actor AsyncRequestEngine: RequestSending {
     /// 503. Throws `NetworkError` only when no HTTP response was obtained (offline, transport
     /// failure, timeout, invalid reply, cancellation, open circuit, invalid request).
     public nonisolated func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-        guard options.deduplicatedMethods.contains(request.method) else {
-            let call = SharedCall()
-            call.start { await self.run(request, on: call, registeredAs: nil) }
-            return try await call.wait(SharedCall.firstWaiterID).get()
+        let entry = enter(request)
+        if entry.joined, observed {
+            await emitDeduplicated(entry.traceID, entry.call)
         }
-        let identity = RequestIdentity(request)
-        let (call, waiter, joined) = joinOrStart(identity)
-        if joined {
-            await emit(.deduplicated(traceID: makeTraceID(), url: request.url, method: request.method))
-        } else {
-            call.start { await self.run(request, on: call, registeredAs: identity) }
-        }
-        return try await call.wait(waiter).get()
+        return try await entry.call.wait(entry.waiter).get()
     }
 
     /// The number of distinct shared calls in flight now (deduplicated methods only).
-    public nonisolated var inFlightCount: Int { inFlight.withLock { $0.count } }
+    public nonisolated var inFlightCount: Int { inFlight.count }
+
+    // MARK: - Entering a request
+
+    /// Reads the request's properties (once: from here on nothing is generic), then joins the
+    /// identical call in flight or starts a new one. Synchronous, so the caller's async frame
+    /// stays small.
+    private nonisolated func enter(
+        _ request: some NetworkRequest
+    ) -> (call: SharedCall, waiter: Int, joined: Bool, traceID: UUID) {
+        let url = request.url
+        let method = request.method
+        let headers = request.headers
+        let body = request.body
+        let timeout = request.timeout
+        let traceID = makeTraceID()
+        guard deduplicated.contains(method) else {
+            let call = SharedCall(engine: self, execution: plan(url, method, headers, body, timeout, traceID, key: nil))
+            call.start()
+            return (call, SharedCall.firstWaiterID, false, traceID)
+        }
+        let key = SingleFlightTable.Key(RequestIdentity(method: method, url: url, headers: headers, body: body))
+        let (call, waiter, joined) = inFlight.joinOrStart(key) {
+            SharedCall(engine: self, execution: plan(url, method, headers, body, timeout, traceID, key: key))
+        }
+        if !joined { call.start() }
+        return (call, waiter, joined, traceID)
+    }
 
     /// A fresh trace id when events are observed; without a sink none is needed (`UUID()` reads
     /// /dev/urandom on Linux: three system calls per request for nothing).
     private nonisolated func makeTraceID() -> UUID {
-        eventSink == nil ? Self.unobservedTraceID : UUID()
+        observed ? UUID() : Self.unobservedTraceID
     }
 
     private static let unobservedTraceID = UUID(uuid: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
 
-    // MARK: - Single flight
-
-    /// Joins the call in flight for `identity`, or registers a new one (lock order: the table,
-    /// then the call's own lock; nothing takes them the other way round).
-    private nonisolated func joinOrStart(_ identity: RequestIdentity) -> (SharedCall, Int, joined: Bool) {
-        inFlight.withLock { calls in
-            if let existing = calls[identity], let waiter = existing.join() {
-                return (existing, waiter, true)
-            }
-            let call = SharedCall()
-            calls[identity] = call
-            return (call, SharedCall.firstWaiterID, false)
+    /// What the call's attempts will need. A request that cannot be sent gets a plan that reports
+    /// why (after `started`), so every send has the same event sequence.
+    private nonisolated func plan(
+        _ url: URL,
+        _ method: HTTPMethod,
+        _ headers: [String: String],
+        _ body: Data?,
+        _ timeout: TimeInterval,
+        _ traceID: UUID,
+        key: SingleFlightTable.Key?
+    ) -> Execution {
+        let urlRequest: URLRequest
+        var invalid: NetworkError?
+        do {
+            urlRequest = try URLRequestBuilder.make(url: url, method: method, headers: headers, body: body, timeout: timeout)
+        } catch {
+            urlRequest = URLRequest(url: url)
+            invalid = error
         }
+        return Execution(
+            url: url,
+            method: method,
+            urlRequest: urlRequest,
+            invalid: invalid,
+            timeout: timeout.isFinite ? .clamped(seconds: timeout, upperBound: .seconds(Int64.max / 2)) : nil,
+            mayRetry: retries && (method.isIdempotent || HeaderValidation.containsIdempotencyKey(headers)),
+            traceID: traceID,
+            started: observed ? time.now() : .zero,  // read only for `succeeded`'s duration
+            priority: Task.currentPriority,
+            key: key
+        )
     }
 
     // MARK: - One logical request: attempts, retries, events
 
-    /// What the attempts of one logical request share; a task that takes over after a timeout
-    /// carries on from it.
-    private struct Execution: Sendable {
-        let urlRequest: URLRequest
-        let traceID: UUID
-        let started: Duration
-        let timeout: Duration?
-        let mayRetry: Bool
-        let priority: TaskPriority
-        /// The single-flight table key this call is registered under, if any.
-        let identity: RequestIdentity?
-    }
-
-    /// The whole logical request, in the call's task: prepare, then attempts and retries.
-    private nonisolated func run(
-        _ request: some NetworkRequest,
-        on call: SharedCall,
-        registeredAs identity: RequestIdentity?
-    ) async {
-        let traceID = makeTraceID()
-        let started = eventSink == nil ? .zero : time.now()  // read only for `succeeded`'s duration
-        await emit(.started(traceID: traceID, url: request.url, method: request.method))
-
-        let urlRequest: URLRequest
-        do {
-            urlRequest = try request.makeURLRequest()
-        } catch {
-            finish(call, identity, await fail(traceID, error, attempt: 0))
-            return
+    /// The whole logical request, in the call's task: attempts and retries.
+    nonisolated func run(_ call: SharedCall) async {
+        if observed { await emitStarted(call) }
+        if let invalid = call.execution.invalid {
+            return await end(call, invalid, attempt: 0)
         }
-        let timeout: Duration? = request.timeout.isFinite
-            ? .clamped(seconds: request.timeout, upperBound: .seconds(Int64.max / 2))
-            : nil
-        let mayRetry = retryPolicy != nil && (request.method.isIdempotent || request.hasIdempotencyKey)
         retryBudget?.recordRequest()
-        let execution = Execution(
-            urlRequest: urlRequest,
-            traceID: traceID,
-            started: started,
-            timeout: timeout,
-            mayRetry: mayRetry,
-            priority: Task.currentPriority,
-            identity: identity
-        )
-        await attempts(execution, on: call, from: 0, afterTimeout: nil)
+        await attempts(call, from: 0, afterTimeout: nil)
     }
 
-    /// An attempt whose timeout fired: the task the watchdog starts carries on from it.
-    private struct TimedOutAttempt: Sendable {
-        /// The attempt's circuit-breaker permit, if a breaker is configured.
-        let permit: CircuitBreaker.Permit?
-        /// Every waiter had left before the timeout fired: the request ends as cancelled.
-        let abandoned: Bool
+    /// Attempt `attempt` of `call` timed out (the watchdog's deadline passed): unless its response
+    /// came first, the rest of the request moves to a new task at the caller's priority.
+    nonisolated func attemptTimedOut(_ call: SharedCall, attempt: Int) {
+        call.timeOut(attempt: attempt, priority: call.execution.priority) { expired in
+            await self.attempts(call, from: attempt, afterTimeout: expired)
+        }
     }
 
     /// Runs attempts from `first` until the request succeeds, fails for good, or a timeout hands the
     /// rest to a new task. With `afterTimeout`, attempt `first` has already timed out and this is
     /// the task the watchdog started to carry on.
+    ///
+    /// Every decision is made by synchronous helpers and every event is built in an out-of-line
+    /// one: what lives across this loop's suspension points is small, so the task's frames fit its
+    /// allocator's first slab (an async frame holds every value kept across an `await`).
     private nonisolated func attempts(
-        _ execution: Execution,
-        on call: SharedCall,
+        _ call: SharedCall,
         from first: Int,
         afterTimeout: TimedOutAttempt?
     ) async {
-        let traceID = execution.traceID
         var attempt = first
-        var timedOut = afterTimeout
+        var expired = afterTimeout
         while true {
             let result: Result<(Data, HTTPURLResponse), NetworkError>
-            if let expired = timedOut {
-                timedOut = nil
-                // A call whose waiters all left before the timeout fired ends as cancelled, as it
-                // would have without the timeout: no retry, ignored by the breaker.
-                result = .failure(expired.abandoned || Task.isCancelled ? .cancelled : .timedOut)
-                if let permit = expired.permit { circuitBreaker?.record(Self.breakerOutcome(of: result), for: permit) }
+            if let timedOut = expired {
+                expired = nil
+                result = outcome(of: timedOut)
             } else {
-                if Task.isCancelled { return finish(call, execution.identity, await fail(traceID, .cancelled, attempt: attempt)) }
+                if Task.isCancelled { return await end(call, .cancelled, attempt: attempt) }
                 var permit: CircuitBreaker.Permit?
                 if let circuitBreaker {
                     guard let granted = circuitBreaker.acquire() else {
-                        return finish(call, execution.identity, await fail(traceID, .circuitOpen, attempt: attempt))
+                        return await end(call, .circuitOpen, attempt: attempt)
                     }
                     permit = granted
                 }
-                guard let outcome = await perform(execution, on: call, attempt: attempt, permit: permit) else {
+                guard let outcome = await perform(call, attempt: attempt, permit: permit) else {
                     return  // timed out: the watchdog's task carries on
                 }
                 result = outcome
                 if let permit { circuitBreaker?.record(Self.breakerOutcome(of: result), for: permit) }
             }
 
-            let error: NetworkError
-            var retryAfter: Duration?
-            var finalResponse: (Data, HTTPURLResponse)?
-            switch result {
-            case .success(let (data, response)):
-                if (200...299).contains(response.statusCode) {
-                    await emit(.succeeded(
-                        traceID: traceID,
-                        statusCode: response.statusCode,
-                        duration: (time.now() - execution.started).seconds,
-                        attempt: attempt
-                    ))
-                    return finish(call, execution.identity, .success((data, response)))
+            switch next(after: result, attempt: attempt, mayRetry: call.execution.mayRetry) {
+            case .succeed(let response):
+                if observed { await emitSucceeded(call, status: response.1.statusCode, attempt: attempt) }
+                return finish(call, .success(response))
+            case .fail(let error, let response):
+                return await end(call, error, attempt: attempt, response: response)
+            case .retry(let delay):
+                if observed { await emitRetryScheduled(call, attempt: attempt, delay: delay) }
+                do {
+                    if delay > .zero { try await time.sleep(delay) }
+                } catch {
+                    return await end(call, .cancelled, attempt: attempt)
                 }
-                error = .httpError(statusCode: response.statusCode, data: data)
-                finalResponse = (data, response)
-                if options.honorsRetryAfter, response.statusCode == 429 || response.statusCode == 503 {
-                    retryAfter = RetryAfter.delay(headerValue: response.value(forHTTPHeaderField: HTTPHeader.retryAfter))
-                }
-            case .failure(let failure):
-                error = failure
+                attempt += 1
             }
-
-            guard execution.mayRetry, error.isRetryable, !Task.isCancelled,
-                  let seconds = retryPolicy?.delay(forAttempt: attempt)
-            else { return finish(call, execution.identity, await fail(traceID, error, attempt: attempt, response: finalResponse)) }
-            var delay = RetryPolicyDelay.sanitized(seconds, maximum: options.maximumRetryDelay)
-            if let retryAfter { delay = min(retryAfter, options.maximumRetryAfter) }
-            if let retryBudget, !retryBudget.tryWithdraw() {
-                return finish(call, execution.identity, await fail(traceID, error, attempt: attempt, response: finalResponse))
-            }
-
-            await emit(.retryScheduled(traceID: traceID, attempt: attempt, delay: delay.seconds))
-            do {
-                if delay > .zero { try await time.sleep(delay) }
-            } catch {
-                return finish(call, execution.identity, await fail(traceID, .cancelled, attempt: attempt))
-            }
-            attempt += 1
         }
     }
 
@@ -296,39 +280,18 @@ public actor AsyncRequestEngine: RequestSending {
     /// retry nor the waiters wait for the transport to wind down (libcurl-based URLSession can take
     /// seconds to acknowledge a cancel under load). Non-HTTP responses become `invalidResponse`.
     private nonisolated func perform(
-        _ execution: Execution,
-        on call: SharedCall,
+        _ call: SharedCall,
         attempt: Int,
         permit: CircuitBreaker.Permit?
     ) async -> Result<(Data, HTTPURLResponse), NetworkError>? {
-        guard let timeout = execution.timeout else {
-            return await Self.call(execution.urlRequest, on: session)
+        guard let timeout = call.execution.timeout else {
+            return await Self.call(call.execution.urlRequest, on: session)
         }
-        call.open(attempt: attempt)
-        let registration = watchdog.schedule(after: timeout) {
-            call.timeOut(attempt: attempt, priority: execution.priority) { abandoned in
-                await self.attempts(execution, on: call, from: attempt, afterTimeout: TimedOutAttempt(permit: permit, abandoned: abandoned))
-            }
-        }
-        let result = await Self.call(execution.urlRequest, on: session)
-        watchdog.cancel(registration)
+        call.open(attempt: attempt, permit: permit)
+        watchdog.schedule(call, attempt: attempt, after: timeout)
+        let result = await Self.call(call.execution.urlRequest, on: session)
+        watchdog.cancel(call, attempt: attempt)
         return call.claim(attempt: attempt) ? result : nil
-    }
-
-    /// Unregisters a finished call from the single-flight table and answers its waiters.
-    private nonisolated func finish(
-        _ call: SharedCall,
-        _ identity: RequestIdentity?,
-        _ outcome: Result<(Data, HTTPURLResponse), NetworkError>
-    ) {
-        // Unregister before answering, so a send after completion starts a fresh call.
-        // A newer call may have replaced this one after it was abandoned: leave that one.
-        if let identity {
-            inFlight.withLock { calls in
-                if calls[identity] === call { calls[identity] = nil }
-            }
-        }
-        call.complete(outcome)
     }
 
     private static func call(
@@ -344,6 +307,56 @@ public actor AsyncRequestEngine: RequestSending {
             if Task.isCancelled { return .failure(.cancelled) }
             return .failure(NetworkError(mapping: error))
         }
+    }
+
+    /// What follows an attempt's result.
+    private enum Step {
+        case succeed((Data, HTTPURLResponse))
+        /// Stop: fail with the error; a final non-2xx response is handed back with it.
+        case fail(NetworkError, (Data, HTTPURLResponse)?)
+        case retry(after: Duration)
+    }
+
+    /// Decides what follows an attempt: a 2xx succeeds; a retryable failure is retried while the
+    /// request may be retried, the task is not cancelled, the policy gives a delay and the budget
+    /// grants a token (`Retry-After` on 429/503 replaces the policy's delay, capped); anything else
+    /// fails.
+    private nonisolated func next(
+        after result: Result<(Data, HTTPURLResponse), NetworkError>,
+        attempt: Int,
+        mayRetry: Bool
+    ) -> Step {
+        let error: NetworkError
+        var retryAfter: Duration?
+        var finalResponse: (Data, HTTPURLResponse)?
+        switch result {
+        case .success(let (data, response)):
+            if (200...299).contains(response.statusCode) { return .succeed((data, response)) }
+            error = .httpError(statusCode: response.statusCode, data: data)
+            finalResponse = (data, response)
+            if options.honorsRetryAfter, response.statusCode == 429 || response.statusCode == 503 {
+                retryAfter = RetryAfter.delay(headerValue: response.value(forHTTPHeaderField: HTTPHeader.retryAfter))
+            }
+        case .failure(let failure):
+            error = failure
+        }
+        guard mayRetry, error.isRetryable, !Task.isCancelled,
+              let seconds = retryPolicy?.delay(forAttempt: attempt)
+        else { return .fail(error, finalResponse) }
+        var delay = RetryPolicyDelay.sanitized(seconds, maximum: options.maximumRetryDelay)
+        if let retryAfter { delay = min(retryAfter, options.maximumRetryAfter) }
+        if let retryBudget, !retryBudget.tryWithdraw() { return .fail(error, finalResponse) }
+        return .retry(after: delay)
+    }
+
+    /// The result of an attempt whose timeout fired, counted by the circuit breaker. A call whose
+    /// waiters all left before the timeout fired ends as cancelled, as it would have without the
+    /// timeout: no retry, ignored by the breaker.
+    private nonisolated func outcome(of expired: TimedOutAttempt) -> Result<(Data, HTTPURLResponse), NetworkError> {
+        let result: Result<(Data, HTTPURLResponse), NetworkError> =
+            .failure(expired.abandoned || Task.isCancelled ? .cancelled : .timedOut)
+        if let permit = expired.permit { circuitBreaker?.record(Self.breakerOutcome(of: result), for: permit) }
+        return result
     }
 
     /// How an attempt's result counts for the circuit breaker: only failures that say the
@@ -363,22 +376,53 @@ public actor AsyncRequestEngine: RequestSending {
         }
     }
 
-    /// Ends a request without success: emits `failed`, and hands back the final non-2xx response
-    /// when there is one (`send` turns it into `httpError`).
-    private nonisolated func fail(
-        _ traceID: UUID,
+    // MARK: - Ending a request
+
+    /// Unregisters a finished call from the single-flight table and answers its waiters.
+    private nonisolated func finish(
+        _ call: SharedCall,
+        _ outcome: Result<(Data, HTTPURLResponse), NetworkError>
+    ) {
+        // Unregister before answering, so a send after completion starts a fresh call.
+        if let key = call.execution.key { inFlight.remove(call, for: key) }
+        call.complete(outcome)
+    }
+
+    /// Ends a request without success: emits `failed`, then answers the waiters with the final
+    /// non-2xx response when there is one (`send` turns it into `httpError`), else with `error`.
+    @inline(never)
+    private nonisolated func end(
+        _ call: SharedCall,
         _ error: NetworkError,
         attempt: Int,
         response: (Data, HTTPURLResponse)? = nil
-    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        await emit(.failed(traceID: traceID, error: error, attempt: attempt))
-        if let response { return .success(response) }
-        return .failure(error)
+    ) async {
+        if let eventSink {
+            await eventSink.record(.failed(traceID: call.execution.traceID, error: error, attempt: attempt))
+        }
+        finish(call, response.map { .success($0) } ?? .failure(error))
     }
 
-    @inline(__always)
-    private nonisolated func emit(_ event: @autoclosure () -> RequestEvent) async {
-        guard let eventSink else { return }
-        await eventSink.record(event())
+    // MARK: - Events (out of line: only an observed engine pays for building them)
+
+    @inline(never)
+    private nonisolated func emitStarted(_ call: SharedCall) async {
+        await eventSink?.record(.started(traceID: call.execution.traceID, url: call.execution.url, method: call.execution.method))
+    }
+
+    @inline(never)
+    private nonisolated func emitDeduplicated(_ traceID: UUID, _ call: SharedCall) async {
+        await eventSink?.record(.deduplicated(traceID: traceID, url: call.execution.url, method: call.execution.method))
+    }
+
+    @inline(never)
+    private nonisolated func emitSucceeded(_ call: SharedCall, status: Int, attempt: Int) async {
+        let duration = (time.now() - call.execution.started).seconds
+        await eventSink?.record(.succeeded(traceID: call.execution.traceID, statusCode: status, duration: duration, attempt: attempt))
+    }
+
+    @inline(never)
+    private nonisolated func emitRetryScheduled(_ call: SharedCall, attempt: Int, delay: Duration) async {
+        await eventSink?.record(.retryScheduled(traceID: call.execution.traceID, attempt: attempt, delay: delay.seconds))
     }
 }

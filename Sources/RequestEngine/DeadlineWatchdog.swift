@@ -1,24 +1,24 @@
 import Retry
 
-/// Fires actions at deadlines on an injected clock, with **one** sleeping task per engine instead
-/// of a timer per request.
+/// Times out attempts at deadlines on an injected clock, with **one** sleeping task per engine
+/// instead of a timer per request.
 ///
-/// Each attempt with a timeout registers "cancel me at deadline D" and unregisters when it ends.
-/// A single sleeper waits for the earliest live deadline. Requests with the same timeout register
-/// deadlines in increasing order, so the sleeper is almost never re-armed: a stream of fast
-/// requests costs a heap insert and remove each, no task, no timer. Registrations live in an
-/// indexed binary heap and are removed eagerly, so memory stays proportional to attempts in flight.
+/// Each attempt with a timeout registers its call ("attempt N of this call expires at D") and
+/// unregisters when it ends. A single sleeper waits for the earliest live deadline. Requests with
+/// the same timeout register deadlines in increasing order, so the sleeper is almost never
+/// re-armed: a stream of fast requests costs a heap insert and remove each, no task, no timer, no
+/// allocation. Registrations live in a binary heap indexed by the calls themselves (each call
+/// stores its slot, `SharedCall.deadlineSlot`) and are removed eagerly, so memory stays
+/// proportional to attempts in flight.
 final class DeadlineWatchdog: Sendable {
-    private struct Item: Sendable {
+    private struct Entry: Sendable {
         let deadline: Duration
-        let id: UInt64
-        let action: @Sendable () -> Void
+        let call: SharedCall
+        let attempt: Int
     }
 
     private struct State: Sendable {
-        var heap: [Item] = []
-        var positions: [UInt64: Int] = [:]
-        var nextID: UInt64 = 0
+        var heap: [Entry] = []
         var sleeper: Task<Void, Never>?
         var sleeperDeadline: Duration?
         var isShutDown = false
@@ -31,36 +31,36 @@ final class DeadlineWatchdog: Sendable {
         self.time = time
     }
 
-    /// Runs `action` (on some task, once) when `delay` has passed, unless `cancel` comes first.
-    func schedule(after delay: Duration, _ action: @escaping @Sendable () -> Void) -> UInt64 {
+    /// Calls `call.deadlinePassed(attempt:)` (on some task, once) when `delay` has passed, unless
+    /// `cancel(_:attempt:)` comes first. A call registers one attempt at a time.
+    func schedule(_ call: SharedCall, attempt: Int, after delay: Duration) {
         let deadline = time.now() + delay
-        return state.withLock { state in
-            state.nextID += 1
-            let id = state.nextID
-            Self.push(Item(deadline: deadline, id: id, action: action), into: &state)
+        state.withLock { state in
+            Self.push(Entry(deadline: deadline, call: call, attempt: attempt), into: &state)
             if !state.isShutDown, state.sleeperDeadline.map({ deadline < $0 }) ?? true {
                 state.sleeper?.cancel()
                 state.sleeperDeadline = deadline
                 state.sleeper = startSleeper(until: deadline)
             }
-            return id
         }
     }
 
-    /// Forgets a registration; its action will not run.
-    func cancel(_ id: UInt64) {
+    /// Forgets `attempt`'s registration; nothing happens if it has fired already (a superseded
+    /// task's late cancellation may then meet its successor's registration, which it leaves alone).
+    func cancel(_ call: SharedCall, attempt: Int) {
         state.withLock { state in
-            guard let position = state.positions[id] else { return }
-            Self.remove(at: position, from: &state)
+            let slot = call.deadlineSlot
+            guard slot >= 0, state.heap[slot].call === call, state.heap[slot].attempt == attempt else { return }
+            Self.remove(at: slot, from: &state)
         }
     }
 
-    /// Stops the sleeper; pending actions never run.
+    /// Stops the sleeper; pending deadlines never fire.
     func shutdown() {
         let sleeper = state.withLock { state -> Task<Void, Never>? in
             state.isShutDown = true
+            for entry in state.heap { entry.call.deadlineSlot = -1 }
             state.heap = []
-            state.positions = [:]
             defer { state.sleeper = nil; state.sleeperDeadline = nil }
             return state.sleeper
         }
@@ -80,10 +80,10 @@ final class DeadlineWatchdog: Sendable {
                     return  // re-armed for an earlier deadline, or shut down
                 }
                 let now = time.now()
-                let (due, next) = state.withLock { state -> ([@Sendable () -> Void], Duration?) in
-                    var due: [@Sendable () -> Void] = []
+                let (due, next) = state.withLock { state -> ([Entry], Duration?) in
+                    var due: [Entry] = []
                     while let top = state.heap.first, top.deadline <= now {
-                        due.append(top.action)
+                        due.append(top)
                         Self.remove(at: 0, from: &state)
                     }
                     let next = state.heap.first?.deadline
@@ -91,27 +91,27 @@ final class DeadlineWatchdog: Sendable {
                     if next == nil { state.sleeper = nil }
                     return (due, next)
                 }
-                for action in due { action() }
+                for entry in due { entry.call.deadlinePassed(attempt: entry.attempt) }
                 guard let next else { return }
                 wake = next
             }
         }
     }
 
-    // MARK: - Indexed binary min-heap on deadline
+    // MARK: - Binary min-heap on deadline, each entry's index kept in its call
 
-    private static func push(_ item: Item, into state: inout State) {
-        state.heap.append(item)
-        state.positions[item.id] = state.heap.count - 1
+    private static func push(_ entry: Entry, into state: inout State) {
+        state.heap.append(entry)
+        entry.call.deadlineSlot = state.heap.count - 1
         siftUp(state.heap.count - 1, &state)
     }
 
     private static func remove(at position: Int, from state: inout State) {
         let last = state.heap.count - 1
-        state.positions[state.heap[position].id] = nil
+        state.heap[position].call.deadlineSlot = -1
         if position != last {
             state.heap[position] = state.heap[last]
-            state.positions[state.heap[position].id] = position
+            state.heap[position].call.deadlineSlot = position
         }
         state.heap.removeLast()
         if position < state.heap.count {
@@ -147,7 +147,7 @@ final class DeadlineWatchdog: Sendable {
 
     private static func swapAt(_ a: Int, _ b: Int, _ state: inout State) {
         state.heap.swapAt(a, b)
-        state.positions[state.heap[a].id] = a
-        state.positions[state.heap[b].id] = b
+        state.heap[a].call.deadlineSlot = a
+        state.heap[b].call.deadlineSlot = b
     }
 }

@@ -17,4 +17,29 @@ public enum HTTPMethod: String, Sendable, Hashable, Codable, CaseIterable {
         case .post, .patch: return false
         }
     }
+
+    /// A set of methods as bits, for checks on the request path (a `Set` hashes on every lookup).
+    struct Set: Sendable {
+        private let bits: UInt8
+
+        init(_ methods: Swift.Set<HTTPMethod>) {
+            bits = methods.reduce(0) { $0 | $1.bit }
+        }
+
+        func contains(_ method: HTTPMethod) -> Bool {
+            bits & method.bit != 0
+        }
+    }
+
+    private var bit: UInt8 {
+        switch self {
+        case .get: return 1 << 0
+        case .post: return 1 << 1
+        case .put: return 1 << 2
+        case .patch: return 1 << 3
+        case .delete: return 1 << 4
+        case .head: return 1 << 5
+        case .options: return 1 << 6
+        }
+    }
 }

@@ -41,16 +41,27 @@ public enum HTTPHeader {
 extension NetworkRequest {
     /// Whether `headers` holds a non-empty `Idempotency-Key` (name compared case-insensitively).
     public var hasIdempotencyKey: Bool {
-        headers.contains { name, value in
-            name.caseInsensitiveCompare(HTTPHeader.idempotencyKey) == .orderedSame
-                && !value.trimmingCharacters(in: .whitespaces).isEmpty
-        }
+        HeaderValidation.containsIdempotencyKey(headers)
     }
 
     /// Builds the `URLRequest` the session sends, or throws `NetworkError.invalidRequest` for a URL
     /// that is not absolute `http`/`https` with a host, a header name or value that could split the
     /// header block (CR, LF, NUL, or a name with separators), or a non-positive timeout.
     public func makeURLRequest() throws(NetworkError) -> URLRequest {
+        try URLRequestBuilder.make(url: url, method: method, headers: headers, body: body, timeout: timeout)
+    }
+}
+
+/// Builds and checks the `URLRequest` for a request's parts (the engine reads a request's
+/// properties once and passes them here).
+enum URLRequestBuilder {
+    static func make(
+        url: URL,
+        method: HTTPMethod,
+        headers: [String: String],
+        body: Data?,
+        timeout: TimeInterval
+    ) throws(NetworkError) -> URLRequest {
         guard let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https" else {
             throw .invalidRequest(reason: "URL scheme must be http or https")
         }
@@ -60,9 +71,13 @@ extension NetworkRequest {
         guard !timeout.isNaN, timeout > 0 else {
             throw .invalidRequest(reason: "timeout must be positive")
         }
-        var urlRequest = URLRequest(url: url)
-        // URLSession's own timeout is a backstop; the engine enforces `timeout` itself.
-        urlRequest.timeoutInterval = timeout.isFinite ? timeout + 1 : 7 * 24 * 3600
+        // URLSession's own timeout is a backstop; the engine enforces `timeout` itself. Given to the
+        // initialiser: setting it afterwards copies the request's storage.
+        var urlRequest = URLRequest(
+            url: url,
+            cachePolicy: .useProtocolCachePolicy,
+            timeoutInterval: timeout.isFinite ? timeout + 1 : 7 * 24 * 3600
+        )
         // GET is URLRequest's default; setting it anyway costs allocations (Foundation normalises it).
         if method != .get { urlRequest.httpMethod = method.rawValue }
         if let body { urlRequest.httpBody = body }
@@ -80,6 +95,14 @@ extension NetworkRequest {
 }
 
 enum HeaderValidation {
+    /// Whether `headers` holds a non-empty `Idempotency-Key` (name compared case-insensitively).
+    static func containsIdempotencyKey(_ headers: [String: String]) -> Bool {
+        headers.contains { name, value in
+            name.caseInsensitiveCompare(HTTPHeader.idempotencyKey) == .orderedSame
+                && !value.trimmingCharacters(in: .whitespaces).isEmpty
+        }
+    }
+
     /// RFC 9110 token characters.
     static func isValidName(_ name: String) -> Bool {
         !name.isEmpty && name.utf8.allSatisfy { byte in

@@ -13,9 +13,13 @@ public struct RequestIdentity: Hashable, Sendable {
     public let body: Data?
 
     public init(_ request: some NetworkRequest) {
-        method = request.method
-        url = request.url.absoluteString
-        let given = request.headers
+        self.init(method: request.method, url: request.url, headers: request.headers, body: request.body)
+    }
+
+    /// The identity of a request with these parts (the engine reads a request's properties once).
+    init(method: HTTPMethod, url: URL, headers given: [String: String], body: Data?) {
+        self.method = method
+        self.url = url.absoluteString
         if given.isEmpty {
             headers = [:]
         } else {
@@ -24,6 +28,6 @@ public struct RequestIdentity: Hashable, Sendable {
             for (name, value) in given { normalized[name.lowercased()] = value }
             headers = normalized
         }
-        body = request.body
+        self.body = body
     }
 }

@@ -7,16 +7,16 @@ import FoundationNetworking
 import Synchronization
 #endif
 
-/// One logical request's work, run in one task and awaited by one or more callers. With single
-/// flight, identical concurrent reads share one; every other send has one of its own.
+/// One logical request: what its attempts need, its task, and the callers waiting for it. With
+/// single flight, identical concurrent reads share one; every other send has one of its own.
 ///
 /// Each caller waits on a continuation, so a caller whose task is cancelled is answered
 /// `.cancelled` at once, without waiting for the network, while the others keep waiting. When the
 /// last waiter leaves, the running task is cancelled.
 ///
 /// The work normally runs in one task from start to finish, attempts included. Each attempt is
-/// opened with `open(attempt:)` and then claimed by exactly one side: the task, when the response
-/// comes first (`claim(attempt:)`), or the engine's watchdog, when the timeout comes first
+/// opened with `open(attempt:permit:)` and then claimed by exactly one side: the task, when the
+/// response comes first (`claim(attempt:)`), or the engine's watchdog, when the timeout comes first
 /// (`timeOut(attempt:…)`). The watchdog hands the rest of the work to a new task and cancels the old
 /// one, so neither a retry nor the waiters wait for a transport slow to acknowledge the cancel.
 ///
@@ -25,13 +25,17 @@ import Synchronization
 ///   it is remembered in `cancelledEarly` and answered as soon as it installs;
 /// - a timeout racing the last waiter's departure: the successor learns under the lock whether
 ///   the call was abandoned, and then only winds it down (`cancelled`, no retry);
-/// - a superseded task's late response: its attempt number no longer matches, its claim fails;
+/// - a superseded task's late response: its attempt number no longer matches, its claim fails
+///   (and its watchdog cancellation names an attempt that is no longer registered);
 /// - a caller trying to join after the last waiter left or after completion: `join` refuses, and
 ///   the engine starts a fresh call instead of handing out a cancelled or stale result.
 ///
-/// Performance notes (this is the path every request takes): one allocation for the call and its
-/// lock on Linux, the first waiter's continuation outside the dictionary, unsafe continuations
-/// (each is resumed exactly once: only after being removed from the state under the lock).
+/// Performance notes (this is the path every request takes): the call is the request's only
+/// allocation besides its task and its `URLRequest` — it carries the execution plan, is the
+/// watchdog's registration (its heap slot is stored here, so no table of registrations), and
+/// holds its lock inline on Linux; the first waiter's continuation is kept outside the
+/// dictionary; continuations are unsafe (each is resumed exactly once: only after being removed
+/// from the state under the lock).
 final class SharedCall: Sendable {
     typealias Outcome = Result<(Data, HTTPURLResponse), NetworkError>
     typealias Waiter = UnsafeContinuation<Outcome, Never>
@@ -48,7 +52,19 @@ final class SharedCall: Sendable {
         var abandoned = false
         /// The attempt in flight that neither its task nor the watchdog has claimed yet.
         var openAttempt: Int?
+        /// That attempt's circuit-breaker permit, handed to the successor if the timeout claims it.
+        var openPermit: CircuitBreaker.Permit?
     }
+
+    /// The engine whose task runs the call (and carries it on after a timeout).
+    let engine: AsyncRequestEngine
+    /// What every attempt needs, fixed before the task starts.
+    let execution: Execution
+
+    /// This call's position in the engine's deadline heap while an attempt's deadline is
+    /// registered, otherwise -1. `nonisolated(unsafe)`: read and written only under the
+    /// `DeadlineWatchdog`'s lock, which orders every access.
+    nonisolated(unsafe) var deadlineSlot = -1
 
     #if canImport(os)
     private let state = Locked(State())
@@ -58,6 +74,11 @@ final class SharedCall: Sendable {
 
     /// The id of the waiter registered with the call (the caller that starts it).
     static let firstWaiterID = 1
+
+    init(engine: AsyncRequestEngine, execution: Execution) {
+        self.engine = engine
+        self.execution = execution
+    }
 
     /// Registers a waiter; `nil` when the call has completed or been abandoned.
     func join() -> Int? {
@@ -69,12 +90,12 @@ final class SharedCall: Sendable {
         }
     }
 
-    /// Starts the work in a new task. The task is recorded before its body can reach the lock, so
-    /// a timeout always finds it. (Waiters start waiting only after this, so none can have left;
-    /// the check is a guard.)
-    func start(_ work: @escaping @Sendable () async -> Void) {
+    /// Starts the engine's work in a new task (inheriting the caller's priority and task-local
+    /// values). The task is recorded before its body can reach the lock, so a timeout always finds
+    /// it. (Waiters start waiting only after this, so none can have left; the check is a guard.)
+    func start() {
         let (task, abandoned) = state.withLock { state in
-            let task = Task(operation: work)
+            let task = Task { await self.engine.run(self) }
             state.task = task
             return (task, state.abandoned)
         }
@@ -82,8 +103,11 @@ final class SharedCall: Sendable {
     }
 
     /// Marks `attempt` as in flight, to be claimed by its task or by its timeout.
-    func open(attempt: Int) {
-        state.withLock { $0.openAttempt = attempt }
+    func open(attempt: Int, permit: CircuitBreaker.Permit? = nil) {
+        state.withLock { state in
+            state.openAttempt = attempt
+            state.openPermit = permit
+        }
     }
 
     /// The attempt's task claims its response; false when the timeout claimed it first (this
@@ -96,21 +120,32 @@ final class SharedCall: Sendable {
         }
     }
 
+    /// Called by the watchdog when `attempt`'s deadline passes: the engine carries the request on
+    /// in a new task, unless the response came first.
+    func deadlinePassed(attempt: Int) {
+        engine.attemptTimedOut(self, attempt: attempt)
+    }
+
     /// The watchdog claims `attempt` for its timeout and moves the rest of the work to a new task
     /// running `successor`, cancelling the superseded one. Does nothing when the task claimed the
-    /// attempt first. `successor` is told whether every waiter had already left when the timeout
-    /// fired (decided under the lock, so it cannot race the departure); it is then also cancelled.
-    func timeOut(attempt: Int, priority: TaskPriority?, successor: @escaping @Sendable (_ abandoned: Bool) async -> Void) {
+    /// attempt first. `successor` is given the attempt's permit and told whether every waiter had
+    /// already left when the timeout fired (decided under the lock, so it cannot race the
+    /// departure); it is then also cancelled.
+    func timeOut(
+        attempt: Int,
+        priority: TaskPriority?,
+        successor: @escaping @Sendable (TimedOutAttempt) async -> Void
+    ) {
         let handed = state.withLock { state -> (old: Task<Void, Never>?, new: Task<Void, Never>, abandoned: Bool)? in
             guard state.openAttempt == attempt, state.outcome == nil else { return nil }
             state.openAttempt = nil
             let old = state.task
-            let abandoned = state.abandoned
+            let expired = TimedOutAttempt(permit: state.openPermit, abandoned: state.abandoned)
             // Detached: created on the watchdog's task, a plain `Task` would inherit that task's
             // task-local values, which belong to no request.
-            let new = Task.detached(priority: priority) { await successor(abandoned) }
+            let new = Task.detached(priority: priority) { await successor(expired) }
             state.task = new
-            return (old, new, abandoned)
+            return (old, new, expired.abandoned)
         }
         guard let handed else { return }
         handed.old?.cancel()
@@ -174,4 +209,35 @@ final class SharedCall: Sendable {
         continuation?.resume(returning: .failure(.cancelled))
         taskToCancel?.cancel()
     }
+}
+
+/// What every attempt of one logical request needs, fixed when its call is made (before its task
+/// starts), so the task and a successor after a timeout read the same plan.
+struct Execution: Sendable {
+    /// For events.
+    let url: URL
+    let method: HTTPMethod
+    /// The request to send; meaningful only when `invalid` is nil.
+    let urlRequest: URLRequest
+    /// Why the request cannot be sent (reported as `failed` after `started`, nothing sent).
+    let invalid: NetworkError?
+    /// Each attempt's limit on the engine's clock; nil for no limit.
+    let timeout: Duration?
+    /// A retry policy exists and the method is idempotent or carries an `Idempotency-Key`.
+    let mayRetry: Bool
+    let traceID: UUID
+    /// When the request began on the engine's clock (read only when events are observed).
+    let started: Duration
+    /// The caller's priority, for the task that carries on after a timeout.
+    let priority: TaskPriority
+    /// The single-flight table key this call is registered under, if any.
+    let key: SingleFlightTable.Key?
+}
+
+/// An attempt whose timeout fired: the task the watchdog starts carries on from it.
+struct TimedOutAttempt: Sendable {
+    /// The attempt's circuit-breaker permit, if a breaker is configured.
+    let permit: CircuitBreaker.Permit?
+    /// Every waiter had left before the timeout fired: the request ends as cancelled.
+    let abandoned: Bool
 }

@@ -150,13 +150,13 @@ struct AsyncRequestEngineTimeoutHandOffTests {
 
     @Test func exactlyOneSideClaimsAnAttempt() async {
         // The response first: the timeout that fires afterwards finds nothing to claim.
-        let call = SharedCall()
+        let call = SharedCall.unstarted()
         call.open(attempt: 0)
         #expect(call.claim(attempt: 0))
         let successorRan = Locked(false)
         call.timeOut(attempt: 0, priority: nil) { _ in successorRan.withLock { $0 = true } }
         // The timeout first: the late response's claim fails, also for an older attempt number.
-        let other = SharedCall()
+        let other = SharedCall.unstarted()
         let (handedOff, continuation) = AsyncStream.makeStream(of: Void.self)
         other.open(attempt: 3)
         other.timeOut(attempt: 3, priority: nil) { _ in continuation.yield(); continuation.finish() }
@@ -166,7 +166,7 @@ struct AsyncRequestEngineTimeoutHandOffTests {
         #expect(!other.claim(attempt: 3))
         #expect(other.claim(attempt: 4))
         // After completion no successor starts.
-        let done = SharedCall()
+        let done = SharedCall.unstarted()
         done.open(attempt: 0)
         done.complete(.failure(.cancelled))
         done.timeOut(attempt: 0, priority: nil) { _ in successorRan.withLock { $0 = true } }
@@ -174,20 +174,32 @@ struct AsyncRequestEngineTimeoutHandOffTests {
     }
 
     @Test func aTimeoutAfterTheLastWaiterLeftTellsTheSuccessorTheCallWasAbandoned() async {
-        let call = SharedCall()
+        let call = SharedCall.unstarted()
         call.open(attempt: 0)
         let waiter = Task { await call.wait(SharedCall.firstWaiterID) }
         waiter.cancel()
         let answer = await waiter.value
         #expect(answer.failure?.caseName == "cancelled")
         let (told, continuation) = AsyncStream.makeStream(of: Bool.self)
-        call.timeOut(attempt: 0, priority: nil) { abandoned in
-            continuation.yield(abandoned)
+        call.timeOut(attempt: 0, priority: nil) { expired in
+            continuation.yield(expired.abandoned)
             continuation.finish()
         }
         var flags: [Bool] = []
         for await flag in told { flags.append(flag) }
         #expect(flags == [true])
+    }
+}
+
+extension SharedCall {
+    /// A call that no task runs, for tests of its claim and hand-off rules on their own.
+    static func unstarted() -> SharedCall {
+        let url = URL(string: "https://api.example.test/resource")!
+        let execution = Execution(
+            url: url, method: .get, urlRequest: URLRequest(url: url), invalid: nil, timeout: .seconds(5),
+            mayRetry: false, traceID: UUID(), started: .zero, priority: .medium, key: nil
+        )
+        return SharedCall(engine: AsyncRequestEngine(session: ScriptedNetworkSession([]), clock: ManualClock()), execution: execution)
     }
 }
 
