@@ -65,7 +65,7 @@ public actor AsyncRequestEngine: RequestSending {
     /// slowed the request path (Benchmarks/README.md).
     private nonisolated let inFlight = SingleFlightTable()
     /// `options.deduplicatedMethods` as a bit set, read by every send.
-    private nonisolated let deduplicated: HTTPMethod.Set
+    private nonisolated let deduplicated: HTTPMethodSet
     /// Whether an event sink is set and whether a retry policy is, read by every send (testing an
     /// optional existential copies it).
     private nonisolated let observed: Bool
@@ -94,7 +94,7 @@ public actor AsyncRequestEngine: RequestSending {
         self.retryBudget = retryBudget
         self.circuitBreaker = circuitBreaker
         self.options = options
-        self.deduplicated = HTTPMethod.Set(options.deduplicatedMethods)
+        self.deduplicated = HTTPMethodSet(options.deduplicatedMethods)
         self.observed = eventSink != nil
         self.retries = retryPolicy != nil
         self.time = TimeSource(clock)

@@ -67,6 +67,20 @@ final class DeadlineWatchdog: Sendable {
         sleeper?.cancel()
     }
 
+    /// The number of registered deadlines (for tests).
+    var pendingCount: Int { state.withLock { $0.heap.count } }
+
+    /// Whether the heap is ordered and every entry's call knows its slot (for tests).
+    var isConsistent: Bool {
+        state.withLock { state in
+            state.heap.indices.allSatisfy { index in
+                let entry = state.heap[index]
+                return entry.call.deadlineSlot == index
+                    && (index == 0 || state.heap[(index - 1) / 2].deadline <= entry.deadline)
+            }
+        }
+    }
+
     private func startSleeper(until first: Duration) -> Task<Void, Never> {
         // Detached: the sleeper outlives the request that armed it and must not keep (or pass
         // on) that request's task-local values or priority. High priority: it does almost no work,

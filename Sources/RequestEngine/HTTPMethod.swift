@@ -17,22 +17,22 @@ public enum HTTPMethod: String, Sendable, Hashable, Codable, CaseIterable {
         case .post, .patch: return false
         }
     }
+}
 
-    /// A set of methods as bits, for checks on the request path (a `Set` hashes on every lookup).
-    struct Set: Sendable {
-        private let bits: UInt8
+/// A set of methods as bits, for checks on the request path (a `Set` hashes on every lookup).
+struct HTTPMethodSet: Sendable {
+    private let bits: UInt8
 
-        init(_ methods: Swift.Set<HTTPMethod>) {
-            bits = methods.reduce(0) { $0 | $1.bit }
-        }
-
-        func contains(_ method: HTTPMethod) -> Bool {
-            bits & method.bit != 0
-        }
+    init(_ methods: Set<HTTPMethod>) {
+        bits = methods.reduce(0) { $0 | Self.bit(for: $1) }
     }
 
-    private var bit: UInt8 {
-        switch self {
+    func contains(_ method: HTTPMethod) -> Bool {
+        bits & Self.bit(for: method) != 0
+    }
+
+    private static func bit(for method: HTTPMethod) -> UInt8 {
+        switch method {
         case .get: return 1 << 0
         case .post: return 1 << 1
         case .put: return 1 << 2

@@ -1,0 +1,86 @@
+import Foundation
+import Testing
+import Retry
+import ResilienceTesting
+@testable import RequestEngine
+
+/// The watchdog's registrations on their own: each call is its own registration and knows its
+/// heap slot, so these pin the slot bookkeeping and the rule that a late cancellation of an
+/// earlier attempt leaves the current one alone.
+@Suite("DeadlineWatchdog: one heap of calls, slots kept in the calls", .timeLimit(.minutes(1)))
+struct DeadlineWatchdogTests {
+    @Test func aLateCancellationOfAnEarlierAttemptLeavesTheCurrentRegistration() {
+        let watchdog = DeadlineWatchdog(time: TimeSource(ManualClock()))
+        defer { watchdog.shutdown() }
+        let call = SharedCall.unstarted()
+        // Attempt 0 timed out (its entry is gone); the successor registered attempt 1. The
+        // superseded task's transport then answers and cancels attempt 0.
+        watchdog.schedule(call, attempt: 1, after: .seconds(5))
+        watchdog.cancel(call, attempt: 0)
+        #expect(watchdog.pendingCount == 1)
+        #expect(call.deadlineSlot == 0)
+        watchdog.cancel(call, attempt: 1)
+        #expect(watchdog.pendingCount == 0)
+        #expect(call.deadlineSlot == -1)
+    }
+
+    @Test func cancellingFromAnywhereKeepsTheHeapOrderedAndEverySlotTrue() {
+        let watchdog = DeadlineWatchdog(time: TimeSource(ManualClock()))
+        defer { watchdog.shutdown() }
+        var generator = SplitMix64(seed: 42)
+        var live: [(call: SharedCall, attempt: Int)] = []
+        for round in 0..<2_000 {
+            if live.isEmpty || generator.next() % 3 != 0 {
+                let call = SharedCall.unstarted()
+                watchdog.schedule(call, attempt: round, after: .milliseconds(Int64(generator.next() % 10_000)))
+                live.append((call, round))
+            } else {
+                let (call, attempt) = live.remove(at: Int(generator.next() % UInt64(live.count)))
+                watchdog.cancel(call, attempt: attempt)
+                #expect(call.deadlineSlot == -1)
+            }
+            if round % 50 == 0 { #expect(watchdog.isConsistent) }
+        }
+        #expect(watchdog.pendingCount == live.count)
+        #expect(watchdog.isConsistent)
+    }
+
+    @Test func deadlinesFireInDeadlineOrderWhateverTheRegistrationOrder() async {
+        let clock = ManualClock()
+        let watchdog = DeadlineWatchdog(time: TimeSource(clock))
+        defer { watchdog.shutdown() }
+        let delays: [Int64] = [30, 5, 60, 5, 10, 45, 1]
+        for (attempt, seconds) in delays.enumerated() {
+            watchdog.schedule(SharedCall.unstarted(), attempt: attempt, after: .seconds(seconds))
+        }
+        // A far deadline keeps the sleeper re-arming, so each step can wait for it.
+        watchdog.schedule(SharedCall.unstarted(), attempt: 0, after: .seconds(1_000))
+        // One sleeper, always waiting for the earliest live deadline; at each distinct deadline
+        // exactly the registrations due by then have left the heap.
+        var remaining = delays.count
+        for deadline in Set(delays).sorted() {
+            await clock.waitForSleepers(1)
+            #expect(clock.sleeperCount == 1)
+            #expect(clock.nextDeadline == .init(offset: .seconds(deadline)))
+            clock.advance(to: .init(offset: .seconds(deadline)))
+            await clock.waitForSleepers(1)  // the sleeper has handled the due ones and re-armed
+            remaining -= delays.filter { $0 == deadline }.count
+            #expect(watchdog.pendingCount == remaining + 1)
+            #expect(watchdog.isConsistent)
+        }
+        #expect(clock.nextDeadline == .init(offset: .seconds(1_000)))
+    }
+}
+
+/// A small deterministic generator, so the heap test is the same on every run.
+struct SplitMix64 {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
