@@ -64,6 +64,9 @@ public actor AsyncRequestEngine: RequestSending {
     /// every deduplicated send joins or starts a call here, and an actor hop each way measurably
     /// slowed the request path (Benchmarks/README.md).
     private nonisolated let inFlight = SingleFlightTable()
+    /// For tests: called after a superseded attempt's late answer has been dropped (its timeout
+    /// had handed the request to a new task). Read only on that path.
+    nonisolated let droppedLateAnswer = Locked<(@Sendable () -> Void)?>(nil)
     /// `options.deduplicatedMethods` as a bit set, read by every send.
     private nonisolated let deduplicated: HTTPMethodSet
     /// Whether an event sink is set and whether a retry policy is, read by every send (testing an
@@ -124,40 +127,49 @@ public actor AsyncRequestEngine: RequestSending {
     /// failure, timeout, invalid reply, cancellation, open circuit, invalid request).
     public nonisolated func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         let entry = enter(request)
-        if entry.joined, observed {
-            await emitDeduplicated(entry.traceID, entry.call)
+        if let joinedAs = entry.joinedAs {
+            await emitDeduplicated(joinedAs.traceID, url: joinedAs.url, method: entry.call.execution.method)
         }
         return try await entry.call.wait(entry.waiter).get()
     }
 
-    /// The number of distinct shared calls in flight now (deduplicated methods only).
+    /// The number of distinct shared calls in flight now (deduplicated methods only); approximate
+    /// while sends run concurrently.
     public nonisolated var inFlightCount: Int { inFlight.count }
 
     // MARK: - Entering a request
 
     /// Reads the request's properties (once: from here on nothing is generic), then joins the
     /// identical call in flight or starts a new one. Synchronous, so the caller's async frame
-    /// stays small.
+    /// stays small. A caller that joined gets its own trace id and URL back for its
+    /// `deduplicated` event (only when events are observed).
     private nonisolated func enter(
         _ request: some NetworkRequest
-    ) -> (call: SharedCall, waiter: Int, joined: Bool, traceID: UUID) {
+    ) -> (call: SharedCall, waiter: Int, joinedAs: (traceID: UUID, url: URL)?) {
         let url = request.url
         let method = request.method
         let headers = request.headers
         let body = request.body
         let timeout = request.timeout
+        // Read before any lock: the clock is the caller's (a test clock takes a lock of its own).
         let traceID = makeTraceID()
+        let started = observed ? time.now() : .zero  // read only for `succeeded`'s duration
+        let priority = Task.currentPriority
         guard deduplicated.contains(method) else {
-            let call = SharedCall(engine: self, execution: plan(url, method, headers, body, timeout, traceID, key: nil))
+            let execution = plan(url, method, headers, body, timeout, traceID, started, priority, key: nil)
+            let call = SharedCall(engine: self, execution: execution)
             call.start()
-            return (call, SharedCall.firstWaiterID, false, traceID)
+            return (call, SharedCall.firstWaiterID, nil)
         }
         let key = SingleFlightTable.Key(RequestIdentity(method: method, url: url, headers: headers, body: body))
         let (call, waiter, joined) = inFlight.joinOrStart(key) {
-            SharedCall(engine: self, execution: plan(url, method, headers, body, timeout, traceID, key: key))
+            SharedCall(engine: self, execution: plan(url, method, headers, body, timeout, traceID, started, priority, key: key))
         }
-        if !joined { call.start() }
-        return (call, waiter, joined, traceID)
+        guard joined else {
+            call.start()
+            return (call, waiter, nil)
+        }
+        return (call, waiter, observed ? (traceID, url) : nil)
     }
 
     /// A fresh trace id when events are observed; without a sink none is needed (`UUID()` reads
@@ -177,6 +189,8 @@ public actor AsyncRequestEngine: RequestSending {
         _ body: Data?,
         _ timeout: TimeInterval,
         _ traceID: UUID,
+        _ started: Duration,
+        _ priority: TaskPriority,
         key: SingleFlightTable.Key?
     ) -> Execution {
         let urlRequest: URLRequest
@@ -195,8 +209,8 @@ public actor AsyncRequestEngine: RequestSending {
             timeout: timeout.isFinite ? .clamped(seconds: timeout, upperBound: .seconds(Int64.max / 2)) : nil,
             mayRetry: retries && (method.isIdempotent || HeaderValidation.containsIdempotencyKey(headers)),
             traceID: traceID,
-            started: observed ? time.now() : .zero,  // read only for `succeeded`'s duration
-            priority: Task.currentPriority,
+            started: started,
+            priority: priority,
             key: key
         )
     }
@@ -291,7 +305,11 @@ public actor AsyncRequestEngine: RequestSending {
         watchdog.schedule(call, attempt: attempt, after: timeout)
         let result = await Self.call(call.execution.urlRequest, on: session)
         watchdog.cancel(call, attempt: attempt)
-        return call.claim(attempt: attempt) ? result : nil
+        guard call.claim(attempt: attempt) else {
+            droppedLateAnswer.withLock { $0 }?()
+            return nil
+        }
+        return result
     }
 
     private static func call(
@@ -411,8 +429,8 @@ public actor AsyncRequestEngine: RequestSending {
     }
 
     @inline(never)
-    private nonisolated func emitDeduplicated(_ traceID: UUID, _ call: SharedCall) async {
-        await eventSink?.record(.deduplicated(traceID: traceID, url: call.execution.url, method: call.execution.method))
+    private nonisolated func emitDeduplicated(_ traceID: UUID, url: URL, method: HTTPMethod) async {
+        await eventSink?.record(.deduplicated(traceID: traceID, url: url, method: method))
     }
 
     @inline(never)

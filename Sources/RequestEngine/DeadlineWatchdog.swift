@@ -6,10 +6,10 @@ import Retry
 /// Each attempt with a timeout registers its call ("attempt N of this call expires at D") and
 /// unregisters when it ends. A single sleeper waits for the earliest live deadline. Requests with
 /// the same timeout register deadlines in increasing order, so the sleeper is almost never
-/// re-armed: a stream of fast requests costs a heap insert and remove each, no task, no timer, no
-/// allocation. Registrations live in a binary heap indexed by the calls themselves (each call
-/// stores its slot, `SharedCall.deadlineSlot`) and are removed eagerly, so memory stays
-/// proportional to attempts in flight.
+/// re-armed: a stream of fast requests costs a heap insert and remove each — no task, no timer,
+/// and in steady state no allocation. Registrations live in a binary heap indexed by the calls
+/// themselves (each call stores its slot, `SharedCall.deadlineSlot`) and are removed eagerly, so
+/// memory stays proportional to attempts in flight.
 final class DeadlineWatchdog: Sendable {
     private struct Entry: Sendable {
         let deadline: Duration
@@ -69,6 +69,9 @@ final class DeadlineWatchdog: Sendable {
 
     /// The number of registered deadlines (for tests).
     var pendingCount: Int { state.withLock { $0.heap.count } }
+
+    /// `call`'s heap slot, read under the lock (for tests).
+    func slot(of call: SharedCall) -> Int { state.withLock { _ in call.deadlineSlot } }
 
     /// Whether the heap is ordered and every entry's call knows its slot (for tests).
     var isConsistent: Bool {

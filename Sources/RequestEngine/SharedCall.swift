@@ -30,12 +30,13 @@ import Synchronization
 /// - a caller trying to join after the last waiter left or after completion: `join` refuses, and
 ///   the engine starts a fresh call instead of handing out a cancelled or stale result.
 ///
-/// Performance notes (this is the path every request takes): besides its task (and that task's
-/// closure) and its `URLRequest`, the call is the request's only allocation — it carries the
-/// execution plan, is the watchdog's registration (its heap slot is stored here, so no table of
-/// registrations), and holds its lock inline on Linux; the first waiter's continuation is kept
-/// outside the dictionary; continuations are unsafe (each is resumed exactly once: only after
-/// being removed from the state under the lock).
+/// Performance notes (this is the path every request takes): the call is the only object the
+/// engine itself adds per request, besides its task (and that task's closure), its `URLRequest`
+/// and, for a deduplicated method, the identity's strings — it carries the execution plan, is the
+/// watchdog's registration (its heap slot is stored here, so no table of registrations), and
+/// holds its lock inline on Linux; the first waiter's continuation is kept outside the
+/// dictionary; continuations are unsafe (each is resumed exactly once: only after being removed
+/// from the state under the lock).
 final class SharedCall: Sendable {
     typealias Outcome = Result<(Data, HTTPURLResponse), NetworkError>
     typealias Waiter = UnsafeContinuation<Outcome, Never>

@@ -11,7 +11,8 @@ import Retry
 ///   the most contended lock in a 64-concurrent profile).
 ///
 /// Lock order: a stripe's lock, then a call's own lock (`SharedCall.join`); nothing takes them the
-/// other way round.
+/// other way round. On a miss the new call is made under the stripe's lock: that builds its
+/// `URLRequest` and takes no other lock (the engine reads the clock and the priority before).
 final class SingleFlightTable: Sendable {
     /// A request identity with its hash computed once.
     struct Key: Hashable, Sendable {
@@ -66,7 +67,8 @@ final class SingleFlightTable: Sendable {
         }
     }
 
-    /// The number of calls registered now.
+    /// The number of calls registered, summed stripe by stripe (exact when nothing is in flight,
+    /// approximate while sends run concurrently).
     var count: Int {
         stripes.reduce(0) { total, stripe in total + stripe.withLock { $0.count } }
     }

@@ -9,6 +9,22 @@ import FoundationNetworking
 
 @Suite("AsyncRequestEngine: single-flight deduplication and cancellation", .timeLimit(.minutes(1)))
 struct AsyncRequestEngineDeduplicationTests {
+    @Test func eachPropertyOfARequestIsReadOnceAndTheSentRequestAgreesWithTheIdentity() async throws {
+        // A request that counts reads and makes up a fresh Idempotency-Key at each read of
+        // `headers`: read more than once, its identity, its retry eligibility and the request on
+        // the wire could each see another key.
+        for method in [HTTPMethod.get, .post] {
+            let session = ScriptedNetworkSession([.status(503), .ok()])
+            let engine = AsyncRequestEngine(session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0), clock: ManualClock())
+            let request = ShiftingRequest(method: method)
+            _ = try await engine.send(request)
+            #expect(request.reads == ["url": 1, "method": 1, "headers": 1, "body": 1, "timeout": 1])
+            // The POST was retried (it had a key when read) with the same key on both attempts.
+            let keys = session.requests.map { $0.value(forHTTPHeaderField: "Idempotency-Key") }
+            #expect(keys.count == 2 && keys[0] != nil && keys[0] == keys[1])
+        }
+    }
+
     @Test func concurrentIdenticalGETsShareOneCall() async throws {
         let session = ScriptedNetworkSession([.held(.ok("shared"))])
         let recorder = EventRecorder()
@@ -152,4 +168,27 @@ struct AsyncRequestEngineDeduplicationTests {
         for waiter in waiters { #expect(await waiter.value?.caseName == "httpError(404)") }
         #expect(session.callCount == 1)
     }
+}
+
+/// Counts how often the engine reads each property; every read of `headers` makes up a new
+/// Idempotency-Key.
+final class ShiftingRequest: NetworkRequest {
+    private let counts = Locked<[String: Int]>([:])
+    private let fixedMethod: HTTPMethod
+
+    init(method: HTTPMethod) {
+        fixedMethod = method
+    }
+
+    var reads: [String: Int] { counts.withLock { $0 } }
+
+    private func read(_ name: String) {
+        counts.withLock { $0[name, default: 0] += 1 }
+    }
+
+    var url: URL { read("url"); return URL(string: "https://api.example.test/shifting")! }
+    var method: HTTPMethod { read("method"); return fixedMethod }
+    var headers: [String: String] { read("headers"); return ["Idempotency-Key": UUID().uuidString] }
+    var body: Data? { read("body"); return nil }
+    var timeout: TimeInterval { read("timeout"); return 30 }
 }

@@ -7,17 +7,22 @@ import ResilienceTesting
 import FoundationNetworking
 #endif
 
-/// A transport whose first call ignores cancellation: it answers only when the test releases it.
-/// Later calls answer at once with "second". It stands for a URLSession that is slow to
-/// acknowledge a cancel under load.
+/// A transport whose first calls (one by default) ignore cancellation: each answers "late" only
+/// when the test releases it. Later calls answer "second" at once. It stands for a URLSession that
+/// is slow to acknowledge a cancel under load.
 final class StubbornSession: NetworkSession {
     private struct State {
         var calls = 0
-        var blocked: CheckedContinuation<Void, Never>?
-        var released = false
+        var blocked: [Int: CheckedContinuation<Void, Never>] = [:]
+        var released: Set<Int> = []
         var callWatchers: [(Int, CheckedContinuation<Void, Never>)] = []
     }
     private let state = Locked(State())
+    private let hangingCalls: Int
+
+    init(hangingCalls: Int = 1) {
+        self.hangingCalls = hangingCalls
+    }
 
     var callCount: Int { state.withLock { $0.calls } }
 
@@ -31,12 +36,12 @@ final class StubbornSession: NetworkSession {
         }
         for watcher in ready { watcher.resume() }
         let url = request.url!
-        if call == 1 {
+        if call <= hangingCalls {
             // No cancellation handler on purpose.
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                 let releasedAlready = state.withLock { state -> Bool in
-                    if state.released { return true }
-                    state.blocked = continuation
+                    if state.released.contains(call) { return true }
+                    state.blocked[call] = continuation
                     return false
                 }
                 if releasedAlready { continuation.resume() }
@@ -46,12 +51,11 @@ final class StubbornSession: NetworkSession {
         return (Data("second".utf8), HTTPURLResponse(url: url, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: nil)!)
     }
 
-    /// Lets the first call answer (with "late").
-    func release() {
+    /// Lets hanging call `call` answer (with "late"); by default the first.
+    func release(call: Int = 1) {
         let blocked = state.withLock { state -> CheckedContinuation<Void, Never>? in
-            state.released = true
-            defer { state.blocked = nil }
-            return state.blocked
+            state.released.insert(call)
+            return state.blocked.removeValue(forKey: call)
         }
         blocked?.resume()
     }
@@ -74,11 +78,12 @@ struct AsyncRequestEngineTimeoutHandOffTests {
     /// An engine on a manual clock over a `StubbornSession`, recording events; requests use a 5 s timeout.
     private struct Harness {
         let clock = ManualClock()
-        let session = StubbornSession()
+        let session: StubbornSession
         let recorder = EventRecorder()
         let engine: AsyncRequestEngine
 
-        init(retries: Bool = true) {
+        init(retries: Bool = true, hangingCalls: Int = 1) {
+            session = StubbornSession(hangingCalls: hangingCalls)
             engine = AsyncRequestEngine(
                 session: session,
                 retryPolicy: retries ? FixedIntervalRetryPolicy(maxRetries: 1, interval: 0) : nil,
@@ -146,6 +151,27 @@ struct AsyncRequestEngineTimeoutHandOffTests {
         #expect(harness.recorder.timeline == ["started", "failed(cancelled,0)"])
         #expect(harness.session.callCount == 1)
         harness.session.release()
+    }
+
+    @Test func aLateAnswerDuringTheRetryLeavesTheRetrysTimeoutArmed() async {
+        // Attempts 0 and 1 both hang in a transport that ignores cancellation. Attempt 0's late
+        // answer arrives while attempt 1 is in flight: dropping it must not unregister attempt
+        // 1's deadline, or that request would wait for its transport forever.
+        let harness = Harness(hangingCalls: 2)
+        let (dropped, droppedContinuation) = AsyncStream.makeStream(of: Void.self)
+        harness.engine.droppedLateAnswer.withLock { $0 = { droppedContinuation.yield() } }
+        let task = Task { await networkError { try await harness.engine.send(TestRequest(timeout: 5)) } }
+        await harness.firstCallHangs()
+        harness.fireTimeout()
+        await harness.session.waitForCalls(2)
+        await harness.clock.waitForSleepers(1)  // attempt 1's deadline, 5 s from now
+        harness.session.release(call: 1)
+        for await _ in dropped { break }  // attempt 0's task has seen its answer and dropped it
+        harness.fireTimeout()
+        #expect(await task.value?.caseName == "timedOut")
+        #expect(harness.recorder.timeline == ["started", "retry(0,0.0)", "failed(timed out,1)"])
+        #expect(harness.engine.inFlightCount == 0)
+        harness.session.release(call: 2)
     }
 
     @Test func exactlyOneSideClaimsAnAttempt() async {

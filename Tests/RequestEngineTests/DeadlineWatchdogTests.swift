@@ -18,10 +18,10 @@ struct DeadlineWatchdogTests {
         watchdog.schedule(call, attempt: 1, after: .seconds(5))
         watchdog.cancel(call, attempt: 0)
         #expect(watchdog.pendingCount == 1)
-        #expect(call.deadlineSlot == 0)
+        #expect(watchdog.slot(of: call) == 0)
         watchdog.cancel(call, attempt: 1)
         #expect(watchdog.pendingCount == 0)
-        #expect(call.deadlineSlot == -1)
+        #expect(watchdog.slot(of: call) == -1)
     }
 
     @Test func cancellingFromAnywhereKeepsTheHeapOrderedAndEverySlotTrue() {
@@ -32,12 +32,13 @@ struct DeadlineWatchdogTests {
         for round in 0..<2_000 {
             if live.isEmpty || generator.next() % 3 != 0 {
                 let call = SharedCall.unstarted()
-                watchdog.schedule(call, attempt: round, after: .milliseconds(Int64(generator.next() % 10_000)))
+                // Never zero: a deadline due at once would be fired by the sleeper meanwhile.
+                watchdog.schedule(call, attempt: round, after: .milliseconds(1 + Int64(generator.next() % 10_000)))
                 live.append((call, round))
             } else {
                 let (call, attempt) = live.remove(at: Int(generator.next() % UInt64(live.count)))
                 watchdog.cancel(call, attempt: attempt)
-                #expect(call.deadlineSlot == -1)
+                #expect(watchdog.slot(of: call) == -1)
             }
             if round % 50 == 0 { #expect(watchdog.isConsistent) }
         }
@@ -50,24 +51,33 @@ struct DeadlineWatchdogTests {
         let watchdog = DeadlineWatchdog(time: TimeSource(clock))
         defer { watchdog.shutdown() }
         let delays: [Int64] = [30, 5, 60, 5, 10, 45, 1]
-        for (attempt, seconds) in delays.enumerated() {
-            watchdog.schedule(SharedCall.unstarted(), attempt: attempt, after: .seconds(seconds))
+        // Each call's attempt is open, as during a request, so a fired deadline shows: the
+        // timeout claims the attempt and the call's own claim then fails.
+        let calls = delays.map { _ in SharedCall.unstarted() }
+        for (index, seconds) in delays.enumerated() {
+            calls[index].open(attempt: 0)
+            watchdog.schedule(calls[index], attempt: 0, after: .seconds(seconds))
         }
         // A far deadline keeps the sleeper re-arming, so each step can wait for it.
         watchdog.schedule(SharedCall.unstarted(), attempt: 0, after: .seconds(1_000))
         // One sleeper, always waiting for the earliest live deadline; at each distinct deadline
-        // exactly the registrations due by then have left the heap.
-        var remaining = delays.count
+        // exactly the registrations due by then have fired.
+        var fired: Set<Int> = []
         for deadline in Set(delays).sorted() {
             await clock.waitForSleepers(1)
             #expect(clock.sleeperCount == 1)
             #expect(clock.nextDeadline == .init(offset: .seconds(deadline)))
             clock.advance(to: .init(offset: .seconds(deadline)))
             await clock.waitForSleepers(1)  // the sleeper has handled the due ones and re-armed
-            remaining -= delays.filter { $0 == deadline }.count
-            #expect(watchdog.pendingCount == remaining + 1)
+            fired.formUnion(delays.indices.filter { delays[$0] == deadline })
+            #expect(watchdog.pendingCount == delays.count - fired.count + 1)
             #expect(watchdog.isConsistent)
+            for index in calls.indices where !fired.contains(index) {
+                #expect(watchdog.slot(of: calls[index]) >= 0)  // not fired yet: still registered
+            }
         }
+        // Every timeout claimed its attempt: the calls' own (late) claims all fail.
+        for call in calls { #expect(!call.claim(attempt: 0)) }
         #expect(clock.nextDeadline == .init(offset: .seconds(1_000)))
     }
 }
