@@ -168,7 +168,10 @@ struct AsyncRequestEngineTimeoutHandOffTests {
         harness.session.release(call: 1)
         for await _ in dropped { break }  // attempt 0's task has seen its answer and dropped it
         harness.fireTimeout()
-        #expect(await task.value?.caseName == "timedOut")
+        // Were the retry's deadline lost, the request would wait forever: the suite's time limit
+        // cancels this test, which cancels the request, so the test fails instead of hanging.
+        let outcome = await withTaskCancellationHandler { await task.value } onCancel: { task.cancel() }
+        #expect(outcome?.caseName == "timedOut")
         #expect(harness.recorder.timeline == ["started", "retry(0,0.0)", "failed(timed out,1)"])
         #expect(harness.engine.inFlightCount == 0)
         harness.session.release(call: 2)
