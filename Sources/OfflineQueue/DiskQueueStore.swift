@@ -188,7 +188,7 @@ public final class DiskQueueStore: Sendable {
 
     /// Removes an entry (a no-op if it is not there).
     public func delete(id: UUID) async {
-        try? await remove(id: id)
+        try? remove(id: id)
     }
 
     /// Removes every entry that has expired at `now`; returns how many.
@@ -232,7 +232,7 @@ public final class DiskQueueStore: Sendable {
             }
         }
         state.withLock { $0.index.upsert(entry) }
-        if let old, old != entry.id { try? await remove(id: old) }
+        if let old, old != entry.id { try? remove(id: old) }
     }
 
     /// Replaces a live entry's file (attempts, next attempt). A no-op for an entry no longer queued.
@@ -246,8 +246,10 @@ public final class DiskQueueStore: Sendable {
     }
 
     /// Removes an entry from the index and deletes its file. `unlink` is a metadata operation that
-    /// does not wait for the disk (no fsync: see the durability notes), so it runs inline.
-    func remove(id: UUID) async throws {
+    /// does not wait for the disk (no fsync: see the durability notes), so it runs inline — and
+    /// synchronously: an `async` function here would make the queue's actor hop off and back for
+    /// every delivered entry.
+    func remove(id: UUID) throws {
         let removed = state.withLock { state -> Bool in
             guard state.index.remove(id) != nil else { return false }
             if state.writesInFlight[id] != nil { state.removedDuringWrite.insert(id) }
@@ -260,7 +262,7 @@ public final class DiskQueueStore: Sendable {
     /// Removes every entry.
     func removeAll() async throws {
         let ids = state.withLock { Array($0.index.entries.keys) }
-        for id in ids { try await remove(id: id) }
+        for id in ids { try remove(id: id) }
     }
 
     /// Moves an entry to `dead-letter/`, with its final attempt count and error.
@@ -273,7 +275,7 @@ public final class DiskQueueStore: Sendable {
             try DurableFiles.writeFile(data, to: target, via: temp)
             try DurableFiles.syncDirectory(deadLetterPath)
         }
-        try await remove(id: entry.id)
+        try remove(id: entry.id)
     }
 
     // MARK: - Internals

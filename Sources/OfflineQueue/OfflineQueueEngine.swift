@@ -175,7 +175,7 @@ public actor OfflineQueueEngine {
     public func cancel(id: UUID) async -> Bool {
         guard store.entry(id: id) != nil else { return false }
         do {
-            try await store.remove(id: id)
+            try store.remove(id: id)
             return true
         } catch {
             return false  // the file could not be deleted: it would come back at the next open
@@ -362,7 +362,7 @@ public actor OfflineQueueEngine {
                 guard store.entry(id: entry.id) != nil else { continue }  // cancelled meanwhile
                 let current = now
                 if entry.isExpired(at: current) {
-                    try? await store.remove(id: entry.id)
+                    try? store.remove(id: entry.id)
                     handled.insert(entry.id)
                     record(.expired(id: entry.id), in: &report)
                     continue
@@ -404,7 +404,7 @@ public actor OfflineQueueEngine {
 
     private func replay(_ entry: QueueEntry, report: inout FlushReport) async -> AttemptOutcome {
         guard let request = ReplayRequest(entry) else {
-            try? await store.remove(id: entry.id)
+            try? store.remove(id: entry.id)
             record(.failedPermanently(id: entry.id, statusCode: nil), in: &report)
             return .permanent(.invalidRequest(reason: "unknown method \(entry.method)"))
         }
@@ -414,10 +414,10 @@ public actor OfflineQueueEngine {
         let stillQueued = store.entry(id: entry.id) != nil
         switch outcome {
         case .delivered(let status):
-            try? await store.remove(id: entry.id)
+            try? store.remove(id: entry.id)
             if stillQueued { record(.delivered(id: entry.id, statusCode: status), in: &report) }
         case .permanent(let error):
-            try? await store.remove(id: entry.id)
+            try? store.remove(id: entry.id)
             if stillQueued { record(.failedPermanently(id: entry.id, statusCode: error.statusCode), in: &report) }
         case .retry(let error, let delay):
             guard stillQueued else { break }
