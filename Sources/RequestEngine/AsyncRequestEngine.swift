@@ -240,8 +240,8 @@ public actor AsyncRequestEngine: RequestSending {
     /// the task the watchdog started to carry on.
     ///
     /// Every decision is made by synchronous helpers and every event is built in an out-of-line
-    /// one: what lives across this loop's suspension points is small, so the task's frames fit its
-    /// allocator's first slab (an async frame holds every value kept across an `await`).
+    /// one: an async frame holds every value kept across an `await`, so keeping those few keeps
+    /// this frame small (640 bytes, was 1 904) and the task needs fewer allocator slabs.
     private nonisolated func attempts(
         _ call: SharedCall,
         from first: Int,
