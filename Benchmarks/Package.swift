@@ -55,6 +55,7 @@ let package = Package(
                 .product(name: "Benchmark", package: "benchmark"),
                 .product(name: "Observability", package: "Resilience"),
                 .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
             ],
             path: "Benchmarks/ObservabilityBenchmarks",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]

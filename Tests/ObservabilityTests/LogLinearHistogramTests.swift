@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import Observability
+import ResilienceTesting
 
 @Suite("LogLinearHistogram and duration buckets")
 struct LogLinearHistogramTests {
@@ -12,7 +13,7 @@ struct LogLinearHistogramTests {
 
     @Test(arguments: ["log-uniform 50 µs…60 s", "exponential mean 80 ms", "bimodal 3 ms / 900 ms", "uniform 0…2 ms"])
     func percentilesOfOneHundredThousandRandomSamplesAreWithinOnePercentOfAnExactSort(distribution: String) {
-        var generator = SeededGenerator(seed: UInt64(distribution.utf8.count) &* 7919)
+        var generator = SplitMix64(seed: UInt64(distribution.utf8.count) &* 7919)
         var histogram = LogLinearHistogram()
         var samples: [UInt64] = []
         samples.reserveCapacity(100_000)
@@ -64,7 +65,7 @@ struct LogLinearHistogramTests {
     }
 
     @Test func mergingHistogramsEqualsRecordingEverythingInOne() {
-        var generator = SeededGenerator(seed: 3)
+        var generator = SplitMix64(seed: 3)
         var all = LogLinearHistogram(), left = LogLinearHistogram(), right = LogLinearHistogram()
         for index in 0..<5_000 {
             let value = UInt64.random(in: 0...5_000_000_000, using: &generator)

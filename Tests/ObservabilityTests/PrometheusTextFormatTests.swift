@@ -121,7 +121,7 @@ struct PrometheusTextFormatTests {
     /// with and without a response, retries, deduplications, and URLs full of secrets.
     static func populatedCollector() -> RequestMetricsCollector {
         let collector = RequestMetricsCollector()
-        var generator = SeededGenerator(seed: 11)
+        var generator = SplitMix64(seed: 11)
         let targets: [(URL, HTTPMethod)] = [
             (url("https://alice:SECRET-PASSWORD@api.example.com/v1/users/42?access_token=SECRET-TOKEN"), .get),
             (url("https://api.example.com/v1/users/43/avatar#SECRET-FRAGMENT"), .get),

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import RequestEngine
 @testable import Observability
+import ResilienceTesting
 
 @Suite("RequestMetricsCollector: counting, derived values, reset, bounded memory")
 struct RequestMetricsCollectorTests {
@@ -209,7 +210,7 @@ struct RequestMetricsCollectorTests {
 
     @Test func endpointPercentilesAreWithinOnePercentOfTheExactOnes() async {
         let collector = RequestMetricsCollector()
-        var generator = SeededGenerator(seed: 7)
+        var generator = SplitMix64(seed: 7)
         var durations: [Double] = []
         for index in 0..<20_000 {
             let duration = exp(Double.random(in: log(0.002)...log(4.0), using: &generator))

@@ -2,21 +2,6 @@ import Foundation
 import RequestEngine
 @testable import Observability
 
-/// A deterministic random number generator (SplitMix64), so that "random" tests fail the same way twice.
-struct SeededGenerator: RandomNumberGenerator {
-    private var state: UInt64
-
-    init(seed: UInt64) { state = seed }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 /// Trace ids made from a counter: `UUID()` reads /dev/urandom on Linux (about 3 µs each), too slow
 /// for the tests that record hundreds of thousands of events.
 func traceID(_ task: Int, _ index: Int) -> UUID {

@@ -1,5 +1,6 @@
 import Testing
 @testable import Retry
+import ResilienceTesting
 
 @Suite("ExponentialRetryPolicy")
 struct ExponentialRetryPolicyTests {

@@ -2,6 +2,7 @@ import Benchmark
 import Foundation
 import Observability
 import RequestEngine
+import ResilienceTesting
 
 // What recording an engine event costs: RequestMetricsCollector (lock-striped, no actor) against
 // two actor-based collectors in the same run, with 1 and 4 recording tasks, an empty sink for the
@@ -155,18 +156,6 @@ enum EventStream {
             UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6] & 0x0F | 0x40, bytes[7],
                         bytes[8] & 0x3F | 0x80, bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
         }
-    }
-}
-
-struct SplitMix64: RandomNumberGenerator {
-    private var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
 
