@@ -402,7 +402,7 @@ public actor AsyncRequestEngine: RequestSending {
         _ outcome: Result<(Data, HTTPURLResponse), NetworkError>
     ) {
         // Unregister before answering, so a send after completion starts a fresh call.
-        if let key = call.execution.key { inFlight.remove(call, for: key) }
+        inFlight.remove(call)
         call.complete(outcome)
     }
 

@@ -58,8 +58,10 @@ final class SingleFlightTable: Sendable {
         }
     }
 
-    /// Unregisters `call`, unless a newer call has replaced it under `key` (after it was abandoned).
-    func remove(_ call: SharedCall, for key: Key) {
+    /// Unregisters `call` if it was registered, unless a newer call has replaced it under its key
+    /// (after it was abandoned).
+    func remove(_ call: SharedCall) {
+        guard let key = call.execution.key else { return }
         stripe(for: key).withLock { calls in
             if let index = calls.index(forKey: key), calls[index].value === call {
                 calls.remove(at: index)
