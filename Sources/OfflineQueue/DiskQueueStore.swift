@@ -19,6 +19,11 @@ import Darwin
 ///   dead-letter/           entries that used up `maxAttempts`
 /// ```
 ///
+/// **One owner**: the store holds an exclusive `flock` on the folder for its lifetime (released
+/// when it is deinitialised or its process ends, even by SIGKILL). A second store on the same
+/// folder, in this process or another, gets `OfflineQueueError.folderInUse` — or, opened with
+/// `open(directory:lockTimeout:clock:)`, waits for the owner to go.
+///
 /// **Durability**: `save`/insert returns only after the entry's bytes were written to a temp
 /// file, the file was fsynced, renamed to `<id>.json`, and the directory was fsynced — so an
 /// acknowledged entry survives a crash or power loss. Concurrent inserts share directory fsyncs
@@ -27,14 +32,22 @@ import Darwin
 /// (at-least-once), and an attempt counter may read one lower.
 ///
 /// **Open**: the folder is listed once and each file decoded once (in parallel); replay order and
-/// counts come from the in-memory index afterwards. A file that cannot be read, is not valid JSON,
-/// has an unknown method or format version, or whose name does not match its id is moved to
-/// `quarantine/` and listed in `openReport` — never counted, never fatal.
+/// counts come from the in-memory index afterwards. Only regular files are read (never through a
+/// link, never blocking on a FIFO), at most `maximumEntrySize` bytes each. A file that is not a
+/// regular file, is too large, is not valid JSON, has an unknown method or format version, a
+/// counter out of range, or whose name does not match its id is moved to `quarantine/` and listed
+/// in `openReport` — never counted, never fatal. A file that cannot be *read* (too many open
+/// files, an I/O error, no permission) is not judged: the open throws
+/// `OfflineQueueError.storage` and moves nothing.
 ///
 /// **Errors**: a full disk, an unwritable folder or any failed file call is thrown as
 /// `OfflineQueueError.storage(operation:path:errno:)`; the entry is then not stored and no partial
 /// file is left.
 public final class DiskQueueStore: Sendable {
+    /// The largest entry file the store writes or reads (64 MiB). A larger request is refused at
+    /// enqueue with `OfflineQueueError.unstorable`; a larger file found at open is quarantined.
+    public static let maximumEntrySize = 64 * 1024 * 1024
+
     /// A file moved to `quarantine/` when the store opened.
     public struct QuarantinedFile: Sendable, Hashable {
         /// The file's name as it was in the queue folder.
@@ -79,26 +92,70 @@ public final class DiskQueueStore: Sendable {
     private let directoryPath: String
     private let syncer: DirectorySyncer
     private let pool: BlockingIOPool
+    /// The descriptor holding the folder's `flock`; nil once released.
+    private let lock: Locked<Int32?>
 
-    /// Opens (creating if needed, mode 0700) the queue folder and loads every entry in it.
+    /// Opens (creating if needed, mode 0700) the queue folder, takes its lock, and loads every
+    /// entry in it.
     ///
     /// - Parameter directory: the folder; by default `Application Support/Resilience/OfflineQueue`
     ///   (on Linux `~/.local/share/Resilience/OfflineQueue`).
-    /// - Throws: `OfflineQueueError.storage` when the folder cannot be created or listed.
-    public init(directory: URL? = nil) throws {
+    /// - Throws: `OfflineQueueError.folderInUse` when another store (in this process or another)
+    ///   owns the folder (after at most 200 ms: a process being spawned holds copies of the
+    ///   owner's descriptors for a moment) — `open(directory:lockTimeout:clock:)` waits instead;
+    ///   `OfflineQueueError.storage` when the folder cannot be created, locked, listed or read
+    ///   (nothing is moved or removed then).
+    public convenience init(directory: URL? = nil) throws {
         let directory = try directory ?? Self.defaultDirectory()
+        try Self.makeDirectories(directory)
+        try self.init(directory: directory, lockedWith: try DurableFiles.lockDirectory(directory.path))
+    }
+
+    /// Like `init(directory:)`, but while another store owns the folder it waits — polling every
+    /// 10 ms on `clock`, without blocking a thread — for up to `lockTimeout`, then throws
+    /// `OfflineQueueError.folderInUse`. Use it where two processes share one folder (an app and
+    /// its extension): the second waits for the first to let go. Throws `CancellationError` if
+    /// the calling task is cancelled while it waits.
+    public static func open(
+        directory: URL? = nil,
+        lockTimeout: Duration,
+        clock: some Clock<Duration> = ContinuousClock()
+    ) async throws -> DiskQueueStore {
+        let directory = try directory ?? defaultDirectory()
+        try makeDirectories(directory)
+        let deadline = clock.now.advanced(by: max(.zero, lockTimeout))
+        while true {
+            do {
+                return try DiskQueueStore(directory: directory, lockedWith: try DurableFiles.lockDirectory(directory.path, patience: .zero))
+            } catch OfflineQueueError.folderInUse(let path) {
+                let remaining = clock.now.duration(to: deadline)
+                guard remaining > .zero else { throw OfflineQueueError.folderInUse(path: path) }
+                try await clock.sleep(for: min(.milliseconds(10), remaining))
+            }
+        }
+    }
+
+    /// Loads the folder whose lock `lockDescriptor` holds (and keeps it; closed on failure).
+    private init(directory: URL, lockedWith lockDescriptor: Int32) throws {
         self.directory = directory
         directoryPath = directory.path
         quarantineDirectory = directory.appendingPathComponent("quarantine", isDirectory: true)
         deadLetterDirectory = directory.appendingPathComponent("dead-letter", isDirectory: true)
         pool = BlockingIOPool.shared
         syncer = DirectorySyncer(path: directory.path)
-        try Self.makeDirectories(directory)
-        try DurableFiles.makeDirectory(quarantineDirectory.path)
-        try DurableFiles.makeDirectory(deadLetterDirectory.path)
-        let loaded = try Self.load(directory: directory, quarantine: quarantineDirectory)
+        lock = Locked(lockDescriptor)
+        let loaded: Loaded
+        do {
+            try Self.makeSubdirectory(quarantineDirectory.path)
+            try Self.makeSubdirectory(deadLetterDirectory.path)
+            loaded = try Self.load(directory: directory, quarantine: quarantineDirectory)
+        } catch {
+            close(lockDescriptor)
+            throw error
+        }
         let index = QueueIndex(loading: loaded.entries)
-        state = Locked(State(index: index, nextSequence: index.maxSequence + 1))
+        let counters = max(index.maxSequence, UInt64(clamping: loaded.entries.map(\.revision).max() ?? 0))
+        state = Locked(State(index: index, nextSequence: counters + 1))
         openReport = OpenReport(
             loaded: index.count,
             quarantined: loaded.quarantined,
@@ -107,42 +164,17 @@ public final class DiskQueueStore: Sendable {
         )
     }
 
-    /// A read-only look at a queue folder, for operators: nothing is moved, removed or locked.
-    public struct Inspection: Sendable {
-        /// Entries that would load, in replay order.
-        public let entries: [QueueEntry]
-        /// Entry files in the folder that would be quarantined at the next open, with the reason.
-        public let unreadable: [QuarantinedFile]
-        /// Names of files already in `quarantine/`.
-        public let quarantined: [String]
-        /// Entries in `dead-letter/`.
-        public let deadLetters: Int
-        /// Leftover temp files of interrupted writes.
-        public let temporaryFiles: Int
+    deinit {
+        releaseLock()
     }
 
-    /// Reads a queue folder without changing it (unlike `init(directory:)`, which removes temp files
-    /// and quarantines unreadable ones).
-    public static func inspect(directory: URL) throws -> Inspection {
-        let names = try DurableFiles.listDirectory(directory.path)
-        let candidates = names.filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") }
-        var entries: [QueueEntry] = []
-        var unreadable: [QuarantinedFile] = []
-        for (name, result) in zip(candidates, decodeAll(candidates, in: directory)) {
-            switch result {
-            case .entry(let entry): entries.append(entry)
-            case .corrupt(let reason): unreadable.append(QuarantinedFile(name: name, reason: reason))
-            }
+    /// Gives up the folder's lock (another store may then open it) — what the end of the process
+    /// does. For tests that simulate a crash and a restart in one process; the store must not be
+    /// used afterwards.
+    func releaseLock() {
+        if let descriptor = lock.withLock({ lock -> Int32? in defer { lock = nil }; return lock }) {
+            close(descriptor)
         }
-        let quarantine = directory.appendingPathComponent("quarantine").path
-        let deadLetter = directory.appendingPathComponent("dead-letter").path
-        return Inspection(
-            entries: QueueIndex(loading: entries).ordered(),
-            unreadable: unreadable.sorted { $0.name < $1.name },
-            quarantined: ((try? DurableFiles.listDirectory(quarantine)) ?? []).sorted(),
-            deadLetters: ((try? DurableFiles.listDirectory(deadLetter)) ?? []).filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") }.count,
-            temporaryFiles: names.filter { $0.hasPrefix(".") && $0.hasSuffix(".tmp") }.count
-        )
     }
 
     // MARK: - Reading (from the index, never from the folder)
@@ -168,15 +200,19 @@ public final class DiskQueueStore: Sendable {
     /// The entry holding `coalescingKey`, if any.
     func entry(coalescingKey: String) -> QueueEntry? { state.withLock { $0.index.entry(coalescingKey: coalescingKey) } }
 
-    /// Entries moved to `dead-letter/`, read from that folder (oldest first).
+    /// Entries moved to `dead-letter/`, read from that folder (oldest first). Files that are not
+    /// regular files or not valid entries are skipped.
     public func deadLetters() -> [QueueEntry] {
-        let names = (try? DurableFiles.listDirectory(deadLetterDirectory.path)) ?? []
+        let names = ((try? DurableFiles.listDirectory(deadLetterDirectory.path)) ?? []).filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") }
+        guard !names.isEmpty, let folder = try? DurableFiles.openDirectory(deadLetterDirectory.path) else { return [] }
+        defer { close(folder) }
         let decoder = QueueEntry.makeDecoder()
-        return names.filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") }
-            .compactMap { name in
-                try? decoder.decode(QueueEntry.self, from: DurableFiles.readFile(deadLetterDirectory.appendingPathComponent(name).path))
-            }
-            .sorted { $0.sequence < $1.sequence }
+        var buffer: [UInt8] = []
+        return names.compactMap { name -> QueueEntry? in
+            guard case .entry(let entry) = Self.decodeFile(name, directory: folder, buffer: &buffer, decoder: decoder) else { return nil }
+            return entry
+        }
+        .sorted { $0.sequence < $1.sequence }
     }
 
     // MARK: - Writing
@@ -186,7 +222,8 @@ public final class DiskQueueStore: Sendable {
         try await insert(entry, limit: nil, replacing: nil)
     }
 
-    /// Removes an entry (a no-op if it is not there).
+    /// Removes an entry (a no-op if it is not there, or if its file cannot be deleted: it then
+    /// stays queued).
     public func delete(id: UUID) async {
         try? remove(id: id)
     }
@@ -195,11 +232,13 @@ public final class DiskQueueStore: Sendable {
     @discardableResult
     public func deleteExpired(now: Date = Date()) async -> Int {
         let expired = orderedEntries().filter { $0.isExpired(at: now) }
-        for entry in expired { await delete(id: entry.id) }
+        for entry in expired { discard(id: entry.id) }
         return expired.count
     }
 
-    /// The sequence number for a new entry.
+    /// A fresh number from the store's counter: increasing, never reused within the folder. New
+    /// entries take one as their `sequence`; coalescing replacements as their `revision`, so the
+    /// newest write of a key always has the highest revision.
     func makeSequence() -> UInt64 {
         state.withLock { state in
             defer { state.nextSequence += 1 }
@@ -211,6 +250,7 @@ public final class DiskQueueStore: Sendable {
     /// progress) already holds that many entries — unless `replacing` names a live entry, which the
     /// new one replaces once it is safely on disk.
     func insert(_ entry: QueueEntry, limit: Int?, replacing old: UUID?) async throws {
+        let data = try encode(entry)
         let needsSlot = try state.withLock { state -> Bool in
             let needsSlot = old.flatMap { state.index[$0] } == nil && state.index[entry.id] == nil
             if needsSlot, let limit, state.index.count + state.reservedSlots >= limit { throw OfflineQueueError.full }
@@ -219,7 +259,6 @@ public final class DiskQueueStore: Sendable {
         }
         defer { if needsSlot { state.withLock { $0.reservedSlots -= 1 } } }
 
-        let data = try encode(entry)
         let path = filePath(entry.id)
         let syncer = self.syncer
         try await write(data, for: entry.id) {
@@ -232,34 +271,67 @@ public final class DiskQueueStore: Sendable {
             }
         }
         state.withLock { $0.index.upsert(entry) }
-        if let old, old != entry.id { try? remove(id: old) }
+        if let old, old != entry.id { discard(id: old) }
     }
 
-    /// Replaces a live entry's file (attempts, next attempt). A no-op for an entry no longer queued.
+    /// Replaces a live entry's file (attempts, next attempt). A no-op for an entry no longer
+    /// queued. The in-memory entry is updated even when the write fails (a full disk), so this
+    /// process still honours the new attempt count and backoff; the error is then thrown, and the
+    /// file keeps its older state until a later write succeeds.
     func update(_ entry: QueueEntry) async throws {
         guard self.entry(id: entry.id) != nil else { return }
-        let data = try encode(entry)
-        try await write(data, for: entry.id)
-        state.withLock { state in
-            if state.index[entry.id] != nil { state.index.upsert(entry) }
+        let apply = { [state] in
+            state.withLock { state in
+                if state.index[entry.id] != nil { state.index.upsert(entry) }
+            }
         }
+        let data: Data
+        do {
+            data = try encode(entry)
+            try await write(data, for: entry.id)
+        } catch {
+            apply()
+            throw error
+        }
+        apply()
     }
 
-    /// Removes an entry from the index and deletes its file. `unlink` is a metadata operation that
-    /// does not wait for the disk (no fsync: see the durability notes), so it runs inline — and
-    /// synchronously: an `async` function here would make the queue's actor hop off and back for
-    /// every delivered entry.
+    /// Removes an entry: deletes its file, then forgets it. When the file cannot be deleted (a
+    /// read-only folder) the entry stays queued, in memory as on disk, and the error is thrown.
+    /// `unlink` is a metadata operation that does not wait for the disk (no fsync: see the
+    /// durability notes), so it runs inline — and synchronously: an `async` function here would
+    /// make the queue's actor hop off and back for every delivered entry.
     func remove(id: UUID) throws {
-        let removed = state.withLock { state -> Bool in
-            guard state.index.remove(id) != nil else { return false }
-            if state.writesInFlight[id] != nil { state.removedDuringWrite.insert(id) }
-            return true
+        guard let removed = forget(id) else { return }
+        do {
+            try DurableFiles.removeFile(filePath(id))
+        } catch {
+            state.withLock { state in
+                state.removedDuringWrite.remove(id)
+                if state.index[id] == nil { state.index.upsert(removed) }
+            }
+            throw error
         }
-        guard removed else { return }
-        try DurableFiles.removeFile(filePath(id))
     }
 
-    /// Removes every entry.
+    /// Forgets an entry whose work is done (delivered, failed for good, expired, superseded) and
+    /// deletes its file if it can. A file that cannot be deleted is left for the next open, which
+    /// may replay it once more with the same `Idempotency-Key` (at-least-once).
+    func discard(id: UUID) {
+        guard forget(id) != nil else { return }
+        try? DurableFiles.removeFile(filePath(id))
+    }
+
+    /// Takes an entry out of the index; a write of it still in flight will delete its file.
+    private func forget(_ id: UUID) -> QueueEntry? {
+        state.withLock { state -> QueueEntry? in
+            guard let removed = state.index.remove(id) else { return nil }
+            if state.writesInFlight[id] != nil { state.removedDuringWrite.insert(id) }
+            return removed
+        }
+    }
+
+    /// Removes every entry (stopping at the first file that cannot be deleted).
     func removeAll() async throws {
         let ids = state.withLock { Array($0.index.entries.keys) }
         for id in ids { try remove(id: id) }
@@ -275,7 +347,7 @@ public final class DiskQueueStore: Sendable {
             try DurableFiles.writeFile(data, to: target, via: temp)
             try DurableFiles.syncDirectory(deadLetterPath)
         }
-        try remove(id: entry.id)
+        discard(id: entry.id)
     }
 
     // MARK: - Internals
@@ -303,11 +375,16 @@ public final class DiskQueueStore: Sendable {
     }
 
     private func encode(_ entry: QueueEntry) throws -> Data {
+        let data: Data
         do {
-            return try QueueEntry.makeEncoder().encode(entry)
+            data = try QueueEntry.makeEncoder().encode(entry)
         } catch {
             throw OfflineQueueError.unstorable(reason: "encoding failed")
         }
+        guard data.count <= Self.maximumEntrySize else {
+            throw OfflineQueueError.unstorable(reason: "entry of \(data.count) bytes exceeds the \(Self.maximumEntrySize)-byte limit")
+        }
+        return data
     }
 
     // Paths are built as strings: `URL.appendingPathComponent` without a directory hint stats the
@@ -333,125 +410,17 @@ public final class DiskQueueStore: Sendable {
         try DurableFiles.makeDirectory(directory.path)
     }
 
-    // MARK: - Open
-
-    private struct Loaded {
-        var entries: [QueueEntry] = []
-        var quarantined: [QuarantinedFile] = []
-        var removedTemporaryFiles = 0
-        var removedSuperseded = 0
-    }
-
-    private enum FileResult: Sendable {
-        case entry(QueueEntry)
-        case corrupt(String)
-    }
-
-    private static func load(directory: URL, quarantine: URL) throws -> Loaded {
-        var loaded = Loaded()
-        let names = try DurableFiles.listDirectory(directory.path)
-        var candidates: [String] = []
-        for name in names {
-            if name.hasPrefix(".") && name.hasSuffix(".tmp") {
-                try? DurableFiles.removeFile(directory.appendingPathComponent(name).path)
-                loaded.removedTemporaryFiles += 1
-            } else if name.hasSuffix(".json") && !name.hasPrefix(".") {
-                candidates.append(name)
-            }
+    /// Creates `quarantine/` or `dead-letter/`. Something else under that name (a stray file, a
+    /// link) is moved aside to `.<name>.displaced-<UUID>` first, so it can never make the queue
+    /// unopenable; nothing is deleted.
+    private static func makeSubdirectory(_ path: String) throws {
+        var info = stat()
+        if lstat(path, &info) == 0, (info.st_mode & S_IFMT) != S_IFDIR {
+            let url = URL(fileURLWithPath: path)
+            let aside = url.deletingLastPathComponent().appendingPathComponent(".\(url.lastPathComponent).displaced-\(UUID().uuidString)").path
+            try DurableFiles.moveFile(path, to: aside)
         }
-        let results = decodeAll(candidates, in: directory)
-        var byCoalescingKey: [String: QueueEntry] = [:]
-        for (name, result) in zip(candidates, results) {
-            switch result {
-            case .corrupt(let reason):
-                moveToQuarantine(name, from: directory, to: quarantine)
-                loaded.quarantined.append(QuarantinedFile(name: name, reason: reason))
-            case .entry(let entry):
-                guard let key = entry.coalescingKey else {
-                    loaded.entries.append(entry)
-                    continue
-                }
-                // A crash between writing a coalescing replacement and deleting its predecessor
-                // leaves both: keep the newest revision.
-                if let kept = byCoalescingKey[key] {
-                    let (winner, loser) = kept.revision >= entry.revision ? (kept, entry) : (entry, kept)
-                    byCoalescingKey[key] = winner
-                    try? DurableFiles.removeFile(directory.appendingPathComponent("\(loser.id.uuidString).json").path)
-                    loaded.removedSuperseded += 1
-                } else {
-                    byCoalescingKey[key] = entry
-                }
-            }
-        }
-        loaded.entries.append(contentsOf: byCoalescingKey.values)
-        for name in (try? DurableFiles.listDirectory(quarantine.deletingLastPathComponent().appendingPathComponent("dead-letter").path)) ?? []
-        where name.hasPrefix(".") && name.hasSuffix(".tmp") {
-            try? DurableFiles.removeFile(directory.appendingPathComponent("dead-letter").appendingPathComponent(name).path)
-        }
-        return loaded
-    }
-
-    /// Reads and decodes every file, spread over the available cores. Files are opened relative to
-    /// the folder's descriptor and read into one reusable buffer per worker.
-    private static func decodeAll(_ names: [String], in directory: URL) -> [FileResult] {
-        guard !names.isEmpty else { return [] }
-        guard let directoryFD = try? DurableFiles.openDirectory(directory.path) else {
-            return names.map { _ in .corrupt("folder could not be opened") }
-        }
-        defer { close(directoryFD) }
-        let chunkCount = min(names.count, max(1, ProcessInfo.processInfo.activeProcessorCount) * 4)
-        let chunkSize = (names.count + chunkCount - 1) / chunkCount
-        let results = UnsafeMutableBufferPointer<FileResult>.allocate(capacity: names.count)
-        results.initialize(repeating: .corrupt("unread"))
-        defer {
-            results.deinitialize()
-            results.deallocate()
-        }
-        let base = UncheckedSendable(results)
-        DispatchQueue.concurrentPerform(iterations: chunkCount) { chunk in
-            let decoder = QueueEntry.makeDecoder()
-            var buffer: [UInt8] = []
-            let start = chunk * chunkSize
-            let end = min(names.count, start + chunkSize)
-            guard start < end else { return }
-            for position in start..<end {
-                // Each position is written by exactly one iteration.
-                base.value[position] = decodeFile(names[position], directory: directoryFD, buffer: &buffer, decoder: decoder)
-            }
-        }
-        return Array(results)
-    }
-
-    private static func decodeFile(_ name: String, directory: Int32, buffer: inout [UInt8], decoder: JSONDecoder) -> FileResult {
-        let length: Int
-        do {
-            length = try DurableFiles.readFile(named: name, in: directory, into: &buffer)
-        } catch {
-            return .corrupt("unreadable: \(error)")
-        }
-        let fast = buffer.withUnsafeBufferPointer { QueueEntryDecoder.decode(UnsafeBufferPointer(rebasing: $0[0..<length])) }
-        guard let entry = fast ?? (try? decoder.decode(QueueEntry.self, from: Data(buffer[0..<length]))) else {
-            return .corrupt("not a valid queue entry (\(length) bytes)")
-        }
-        guard name.hasSuffix(".json"), QueueEntryDecoder.parseUUID(String(name.dropLast(5))) == entry.id else {
-            return .corrupt("file name does not match entry id")
-        }
-        guard entry.formatVersion <= QueueEntry.currentFormatVersion else {
-            return .corrupt("unsupported format version \(entry.formatVersion)")
-        }
-        guard entry.httpMethod != nil else { return .corrupt("unknown method \(entry.method)") }
-        return .entry(entry)
-    }
-
-    private static func moveToQuarantine(_ name: String, from directory: URL, to quarantine: URL) {
-        let source = directory.appendingPathComponent(name).path
-        var target = quarantine.appendingPathComponent(name).path
-        if FileManager.default.fileExists(atPath: target) {
-            target = quarantine.appendingPathComponent("\(UUID().uuidString)-\(name)").path
-        }
-        if (try? DurableFiles.moveFile(source, to: target)) == nil {
-            try? DurableFiles.removeFile(source)  // cannot move it aside: at least stop it blocking the queue
-        }
+        try DurableFiles.makeDirectory(path)
     }
 }
 

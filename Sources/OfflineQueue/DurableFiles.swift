@@ -93,30 +93,111 @@ enum DurableFiles {
         return data
     }
 
-    /// Reads the file `name` in the directory open as `directory` into `buffer` (grown as needed,
-    /// reused across calls so a large open allocates almost nothing per file); returns the length.
-    static func readFile(named name: String, in directory: Int32, into buffer: inout [UInt8]) throws -> Int {
-        let fd = openat(directory, name, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw failure("open", name) }
+    /// What reading one entry file found.
+    enum EntryRead: Equatable {
+        /// The file's bytes are in the buffer, this many.
+        case bytes(Int)
+        /// Not a regular file (a symbolic link, FIFO, socket, device or directory): never opened
+        /// for reading, or closed again before reading. A verdict on the file, not an I/O error.
+        case notRegular(String)
+        /// A regular file larger than the limit: not read.
+        case tooLarge(Int)
+        /// The name no longer exists (removed between the listing and the read).
+        case vanished
+        /// A system call failed: a fact about the process or the disk (EMFILE, EIO, EACCES…),
+        /// never a verdict on the file's content.
+        case failed(operation: String, errno: Int32)
+    }
+
+    /// Reads the entry file `name` in the directory open as `directory` into `buffer` (grown as
+    /// needed, reused across calls so a large open allocates almost nothing per file).
+    ///
+    /// Only a regular file is read: the name is checked with `fstatat` without following links,
+    /// opened with `O_NOFOLLOW | O_NONBLOCK` (a FIFO planted under the name can neither block
+    /// the open nor the read) and checked again with `fstat`. At most `maximumSize` bytes are read,
+    /// so a file that grows while being read cannot exhaust memory.
+    static func readEntryFile(named name: String, in directory: Int32, maximumSize: Int, into buffer: inout [UInt8]) -> EntryRead {
+        var info = stat()
+        guard fstatat(directory, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
+            let code = errno
+            return code == ENOENT ? .vanished : .failed(operation: "stat", errno: code)
+        }
+        if let kind = nonRegularKind(info.st_mode) { return .notRegular(kind) }
+        if Int(info.st_size) > maximumSize { return .tooLarge(Int(info.st_size)) }
+        let fd = openat(directory, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else {
+            let code = errno
+            switch code {
+            case ENOENT: return .vanished
+            case ELOOP: return .notRegular("symbolic link")  // replaced by a link since the stat
+            case ENXIO: return .notRegular("socket")
+            default: return .failed(operation: "open", errno: code)
+            }
+        }
         defer { close(fd) }
-        if buffer.count < 4096 { buffer = [UInt8](repeating: 0, count: 4096) }
+        guard fstat(fd, &info) == 0 else { return .failed(operation: "fstat", errno: errno) }
+        if let kind = nonRegularKind(info.st_mode) { return .notRegular(kind) }
+        let limit = maximumSize + 1  // one byte more tells a file that grew past the limit
+        let wanted = min(limit, max(4096, Int(info.st_size) + 1))
+        if buffer.count < wanted { buffer = [UInt8](repeating: 0, count: wanted) }
         var length = 0
         while true {
-            if length == buffer.count { buffer.append(contentsOf: [UInt8](repeating: 0, count: buffer.count)) }
+            if length == buffer.count {
+                guard buffer.count < limit else { break }
+                buffer.append(contentsOf: [UInt8](repeating: 0, count: min(buffer.count, limit - buffer.count)))
+            }
             let got = buffer.withUnsafeMutableBytes { raw -> Int in
                 guard let base = raw.baseAddress else { return 0 }
-                return read(fd, base + length, raw.count - length)
+                return read(fd, base + length, min(raw.count, limit) - length)
             }
             if got < 0 {
                 if errno == EINTR { continue }
-                throw failure("read", name)
+                return .failed(operation: "read", errno: errno)
             }
-            if got == 0 { return length }
+            if got == 0 { break }
             length += got
+        }
+        return length > maximumSize ? .tooLarge(length) : .bytes(length)
+    }
+
+    /// The kind of a non-regular file, or nil for a regular one.
+    private static func nonRegularKind(_ mode: mode_t) -> String? {
+        switch mode & S_IFMT {
+        case S_IFREG: return nil
+        case S_IFLNK: return "symbolic link"
+        case S_IFIFO: return "FIFO"
+        case S_IFSOCK: return "socket"
+        case S_IFCHR, S_IFBLK: return "device"
+        case S_IFDIR: return "directory"
+        default: return "special file"
         }
     }
 
-    /// Opens a directory for `readFile(named:in:into:)`; close it with `close(_:)`.
+    /// Opens `path` (a directory) and takes an exclusive `flock` on it, held until the descriptor
+    /// is closed (or the process ends, however it ends). While another descriptor holds it, tries
+    /// again every 5 ms for up to `patience` (a child process being spawned briefly holds a copy
+    /// of every descriptor, close-on-exec ones included, until its `exec`), then throws
+    /// `OfflineQueueError.folderInUse`.
+    static func lockDirectory(_ path: String, patience: Duration = .milliseconds(200)) throws -> Int32 {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw failure("open directory", path) }
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: patience)
+        while flock(fd, LOCK_EX | LOCK_NB) != 0 {
+            let code = errno
+            if code == EINTR { continue }
+            if code == EWOULDBLOCK, clock.now < deadline {
+                usleep(5_000)
+                continue
+            }
+            close(fd)
+            if code == EWOULDBLOCK { throw OfflineQueueError.folderInUse(path: path) }
+            throw OfflineQueueError.storage(operation: "flock", path: path, errno: code)
+        }
+        return fd
+    }
+
+    /// Opens a directory for `readEntryFile(named:in:maximumSize:into:)`; close it with `close(_:)`.
     static func openDirectory(_ path: String) throws -> Int32 {
         let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw failure("open directory", path) }

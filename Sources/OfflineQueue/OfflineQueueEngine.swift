@@ -64,6 +64,9 @@ public actor OfflineQueueEngine {
 
     private var inFlight: Set<UUID> = []
     private var beingReplaced: Set<UUID> = []
+    /// One line per ordering or coalescing key: enqueues that share a key run one at a time, in
+    /// arrival order (the count includes the holder and everyone waiting).
+    private var keyLines: [String: (gate: AdmissionGate, users: Int)] = [:]
     private var learnedOffline = false
     /// One drain pass at a time, whoever triggers it; FIFO; a cancelled waiter leaves the line.
     private let passGate = AdmissionGate(limit: 1)
@@ -124,6 +127,18 @@ public actor OfflineQueueEngine {
         }
         let key = request.idempotencyKey  // read once: first attempt and every replay share it
 
+        // Enqueues that share an ordering or coalescing key go one at a time, in arrival order:
+        // otherwise a later edit could be sent, or stored, before an earlier one finished.
+        let lines = Self.lineKeys(orderingKey: request.orderingKey, coalescingKey: request.coalescingKey)
+        if !lines.isEmpty {
+            do {
+                try await enterLines(lines)
+            } catch {
+                throw NetworkError.cancelled
+            }
+        }
+        defer { if !lines.isEmpty { leaveLines(lines) } }
+
         var attempts = 0
         var nextAttemptAt: Date?
         var lastError: String?
@@ -131,7 +146,7 @@ public actor OfflineQueueEngine {
             var keyed = ReplayRequest(QueueEntry(request: request, idempotencyKey: key, enqueuedAt: now, sequence: 0))
             keyed?.keepSecretHeaders(from: request)
             if let keyed {
-                switch await attempt(keyed, previousAttempts: 0) {
+                switch await firstAttempt(keyed, timeout: request.timeout) {
                 case .delivered(let status):
                     return .sent(statusCode: status)
                 case .permanent(let error):
@@ -169,8 +184,9 @@ public actor OfflineQueueEngine {
     /// The number of queued entries (expired ones included until a pass sweeps them).
     public func pendingCount() async -> Int { store.entryCount }
 
-    /// Removes an entry without sending it. Returns whether it was queued. An entry being sent at
-    /// this moment cannot be recalled; its outcome is then discarded.
+    /// Removes an entry without sending it. Returns whether it was removed: `false` when it was not
+    /// queued, or when its file could not be deleted (a read-only folder) — it then stays queued.
+    /// An entry being sent at this moment cannot be recalled; its outcome is then discarded.
     @discardableResult
     public func cancel(id: UUID) async -> Bool {
         guard store.entry(id: id) != nil else { return false }
@@ -236,7 +252,7 @@ public actor OfflineQueueEngine {
 
     // MARK: - Internals: sending
 
-    private enum AttemptOutcome {
+    private enum AttemptOutcome: Sendable {
         case delivered(status: Int)
         case permanent(NetworkError)
         case retry(NetworkError, after: Duration)
@@ -250,6 +266,75 @@ public actor OfflineQueueEngine {
         if let key = request.orderingKey, store.hasEntries(orderingKey: key) { return false }
         if let key = request.coalescingKey, store.entry(coalescingKey: key) != nil { return false }
         return true
+    }
+
+    /// The first attempt of an enqueue, bounded by the request's `timeout` on the queue's clock,
+    /// whatever the sender does (a token refresh that never returns, a sender without timeouts):
+    /// past it the attempt is cancelled and counts as one timed-out attempt, so the entry is
+    /// stored with a backoff and the caller gets `.queued`.
+    private func firstAttempt(_ request: ReplayRequest, timeout: TimeInterval) async -> AttemptOutcome {
+        guard timeout.isFinite, timeout > 0 else { return await attempt(request, previousAttempts: 0) }
+        let limit = Duration.clamped(seconds: timeout, upperBound: .seconds(86_400 * 365))
+        // Unstructured tasks, not a task group: a group would wait for a sender that ignores
+        // cancellation, which is exactly the sender this bound is for.
+        let race = FirstAnswer<AttemptOutcome?>()
+        let sending = Task { race.answer(await self.attempt(request, previousAttempts: 0)) }
+        let time = self.time
+        let timer = Task {
+            do { try await time.sleep(limit) } catch { return }
+            race.answer(nil)
+        }
+        let winner = await withTaskCancellationHandler {
+            await race.value
+        } onCancel: {
+            race.answer(.stop)
+        }
+        timer.cancel()
+        sending.cancel()  // a no-op when it answered; otherwise its late outcome is ignored
+        guard let winner else {
+            return Task.isCancelled ? .stop : .retry(.timedOut, after: backoff(afterAttempts: 1))
+        }
+        return winner
+    }
+
+    /// The serialization lines an enqueue with these keys joins, in a fixed order (so two
+    /// enqueues needing the same two lines can never wait on each other).
+    private static func lineKeys(orderingKey: String?, coalescingKey: String?) -> [String] {
+        var keys: [String] = []
+        if let orderingKey { keys.append("o:" + orderingKey) }
+        if let coalescingKey { keys.append("c:" + coalescingKey) }
+        return keys.sorted()
+    }
+
+    /// Waits for the caller's turn on each line; throws `CancellationError` (holding none) if the
+    /// caller is cancelled while it waits.
+    private func enterLines(_ keys: [String]) async throws {
+        for (position, key) in keys.enumerated() {
+            var line = keyLines[key] ?? (AdmissionGate(limit: 1), 0)
+            line.users += 1
+            keyLines[key] = line
+            do {
+                try await line.gate.enter()
+            } catch {
+                release(key, entered: false)
+                for held in keys[..<position] { release(held, entered: true) }
+                throw error
+            }
+        }
+    }
+
+    /// For tests: enqueues holding or waiting for the line of `coalescingKey`.
+    func enqueuesInLine(coalescingKey key: String) -> Int { keyLines["c:" + key]?.users ?? 0 }
+
+    private func leaveLines(_ keys: [String]) {
+        for key in keys { release(key, entered: true) }
+    }
+
+    private func release(_ key: String, entered: Bool) {
+        guard var line = keyLines[key] else { return }
+        if entered { line.gate.leave() }
+        line.users -= 1
+        keyLines[key] = line.users == 0 ? nil : line
     }
 
     /// One send and its classification (the outcome table of Docs/OfflineQueue.md).
@@ -310,12 +395,16 @@ public actor OfflineQueueEngine {
         }
         let sequence: UInt64
         if let replaced { sequence = replaced.sequence } else { sequence = store.makeSequence() }
+        // Each edit of a coalescing key takes a fresh number from the store's counter as its
+        // revision, so whichever file survives a crash, the open keeps the newest write — even
+        // next to an older revision whose deletion was lost, or one still being sent.
+        let revision = request.coalescingKey == nil ? 0 : Int(store.makeSequence())
         let entry = QueueEntry(
             request: request,
             idempotencyKey: key,
             enqueuedAt: now,
             sequence: sequence,
-            revision: (replaced?.revision ?? -1) + 1,
+            revision: revision,
             attempts: attempts,
             nextAttemptAt: nextAttemptAt,
             lastError: lastError
@@ -362,14 +451,14 @@ public actor OfflineQueueEngine {
                 guard store.entry(id: entry.id) != nil else { continue }  // cancelled meanwhile
                 let current = now
                 if entry.isExpired(at: current) {
-                    try? store.remove(id: entry.id)
+                    store.discard(id: entry.id)
                     handled.insert(entry.id)
                     record(.expired(id: entry.id), in: &report)
                     continue
                 }
                 if let key = entry.orderingKey, blockedKeys.contains(key) || heads[key] != entry.sequence { continue }
                 if !connected { continue }  // the monitor says offline: sweep expired entries, send nothing
-                if let next = entry.nextAttemptAt, next > current || beingReplaced.contains(entry.id) {
+                if beingReplaced.contains(entry.id) || entry.nextAttemptAt.map({ $0 > current }) == true {
                     if let key = entry.orderingKey { blockedKeys.insert(key) }
                     continue
                 }
@@ -404,7 +493,7 @@ public actor OfflineQueueEngine {
 
     private func replay(_ entry: QueueEntry, report: inout FlushReport) async -> AttemptOutcome {
         guard let request = ReplayRequest(entry) else {
-            try? store.remove(id: entry.id)
+            store.discard(id: entry.id)
             record(.failedPermanently(id: entry.id, statusCode: nil), in: &report)
             return .permanent(.invalidRequest(reason: "unknown method \(entry.method)"))
         }
@@ -412,17 +501,24 @@ public actor OfflineQueueEngine {
         let outcome = await attempt(request, previousAttempts: entry.attempts)
         inFlight.remove(entry.id)
         let stillQueued = store.entry(id: entry.id) != nil
+        // A newer edit of the same coalescing key, queued while this one was being sent, replaces
+        // it: whatever this attempt's outcome, this entry must not be sent again after the newer one.
+        let superseded = entry.coalescingKey.flatMap { store.entry(coalescingKey: $0) }.map { $0.id != entry.id } ?? false
         switch outcome {
         case .delivered(let status):
-            try? store.remove(id: entry.id)
+            store.discard(id: entry.id)
             if stillQueued { record(.delivered(id: entry.id, statusCode: status), in: &report) }
         case .permanent(let error):
-            try? store.remove(id: entry.id)
+            store.discard(id: entry.id)
             if stillQueued { record(.failedPermanently(id: entry.id, statusCode: error.statusCode), in: &report) }
         case .retry(let error, let delay):
             guard stillQueued else { break }
+            if superseded {
+                store.discard(id: entry.id)
+                break
+            }
             var updated = entry
-            updated.attempts += 1
+            updated.attempts = entry.attemptsAfterOneMore
             updated.lastError = error.description
             let exhausted = configuration.maxAttempts.map { updated.attempts >= $0 } ?? false
             if exhausted || delay >= .seconds(Int64.max / 8) {
@@ -438,10 +534,12 @@ public actor OfflineQueueEngine {
             }
             let next = now.addingTimeInterval(delay.seconds)
             updated.nextAttemptAt = next
+            // On a full disk the file keeps its older state, but the store's index takes the new
+            // count and backoff, so this process still honours them (and `maxAttempts`).
             try? await store.update(updated)
             record(.keptForRetry(id: entry.id, error: error, attempts: updated.attempts, nextAttemptAt: next), in: &report)
         case .offline, .stop:
-            break  // untouched: not an attempt that reached the server
+            if superseded, stillQueued { store.discard(id: entry.id) }
         }
         return outcome
     }
@@ -509,5 +607,42 @@ extension ReplayRequest {
             merged[name] = value
         }
         self = ReplayRequest(url: url, method: method, headers: merged, body: body, timeout: timeout)
+    }
+}
+
+/// The first of several racing answers; later ones are ignored. `value` may be awaited once.
+private final class FirstAnswer<Value: Sendable>: Sendable {
+    private struct State: Sendable {
+        var answer: Value?
+        var answered = false
+        var waiter: CheckedContinuation<Value, Never>?
+    }
+
+    private let state = Locked(State())
+
+    func answer(_ value: Value) {
+        let waiter = state.withLock { state -> CheckedContinuation<Value, Never>? in
+            guard !state.answered else { return nil }
+            state.answered = true
+            state.answer = value
+            defer { state.waiter = nil }
+            return state.waiter
+        }
+        waiter?.resume(returning: value)
+    }
+
+    var value: Value {
+        get async {
+            await withCheckedContinuation { continuation in
+                let ready = state.withLock { state -> Value? in
+                    guard state.answered, let answer = state.answer else {
+                        state.waiter = continuation
+                        return nil
+                    }
+                    return answer
+                }
+                if let ready { continuation.resume(returning: ready) }
+            }
+        }
     }
 }

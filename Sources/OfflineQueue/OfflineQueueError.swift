@@ -11,8 +11,13 @@ public enum OfflineQueueError: Error, Sendable, Equatable {
     /// The request's URL has a credential-like query parameter (e.g. `access_token`); queue files
     /// never hold secrets, so the request was not queued. Put credentials in a header instead.
     case sensitiveQueryParameter(String)
-    /// The request cannot be stored (its method is unknown or it could not be encoded).
+    /// The request cannot be stored (its method is unknown, it could not be encoded, or its file
+    /// would exceed `DiskQueueStore.maximumEntrySize`).
     case unstorable(reason: String)
+    /// Another `DiskQueueStore` — in this process or another — holds the queue folder at `path`.
+    /// Two writers on one folder would deliver entries twice and delete each other's writes, so a
+    /// folder has one owner at a time (see `DiskQueueStore.init(directory:lockTimeout:)`).
+    case folderInUse(path: String)
 }
 
 extension OfflineQueueError: CustomStringConvertible {
@@ -23,6 +28,7 @@ extension OfflineQueueError: CustomStringConvertible {
             return "offline queue storage: \(operation) failed for \(path): \(String(cString: strerror(code))) (errno \(code))"
         case .sensitiveQueryParameter(let name): return "offline queue refuses a URL with the credential-like query parameter '\(name)'"
         case .unstorable(let reason): return "offline queue cannot store the request: \(reason)"
+        case .folderInUse(let path): return "offline queue folder \(path) is in use by another store (this process or another)"
         }
     }
 

@@ -110,6 +110,29 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         self.formatVersion = formatVersion
     }
 
+    /// The largest `sequence`, `revision` or `attempts` a stored entry may carry: 2^53, the largest
+    /// integer a JSON number holds exactly. An entry file with a larger sequence is quarantined at
+    /// open; larger (or negative) attempts and revisions are clamped, so no arithmetic on a value
+    /// read from disk can overflow.
+    static let maximumCounter: UInt64 = 1 << 53
+
+    /// This entry with `attempts` and `revision` clamped to `0...maximumCounter`.
+    func withCountersInRange() -> QueueEntry {
+        let limit = Int(Self.maximumCounter)
+        let attempts = min(max(0, self.attempts), limit)
+        let revision = min(max(0, self.revision), limit)
+        guard attempts != self.attempts || revision != self.revision else { return self }
+        return QueueEntry(
+            id: id, url: url, method: method, headers: headers, body: body, timeout: timeout,
+            enqueuedAt: enqueuedAt, ttl: ttl, priority: priority, idempotencyKey: idempotencyKey,
+            orderingKey: orderingKey, coalescingKey: coalescingKey, sequence: sequence, attempts: attempts,
+            nextAttemptAt: nextAttemptAt, lastError: lastError, revision: revision, formatVersion: formatVersion
+        )
+    }
+
+    /// `attempts + 1`, saturating at `maximumCounter`.
+    var attemptsAfterOneMore: Int { attempts < Int(Self.maximumCounter) ? attempts + 1 : attempts }
+
     /// The JSON encoder for entry files (infinite timeouts and TTLs are written as "inf").
     static func makeEncoder() -> JSONEncoder {
         let encoder = JSONEncoder()

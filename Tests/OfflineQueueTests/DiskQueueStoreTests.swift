@@ -56,6 +56,7 @@ struct DiskQueueStoreTests {
         try FileManager.default.copyItem(at: url.appendingPathComponent("\(good.uuidString).json"), to: url.appendingPathComponent(renamed))
         try Data("notes".utf8).write(to: url.appendingPathComponent("README.txt"))  // not ours: ignored
 
+        h.store.releaseLock()  // as if the process had ended
         let store = try DiskQueueStore(directory: url)
         #expect(await store.count() == 1)
         #expect(Set(store.openReport.quarantined.map(\.name)) == [garbage, empty, schema, renamed])
@@ -72,6 +73,7 @@ struct DiskQueueStoreTests {
         let before = try #require(h.store.entry(id: first))
 
         let session = ScriptedNetworkSession([.ok()])
+        h.store.releaseLock()  // as if the process had ended
         let reopened = try DiskQueueStore(directory: h.directory.url)
         let restarted = OfflineQueueEngine(
             requestEngine: AsyncRequestEngine(session: session),
@@ -100,6 +102,7 @@ struct DiskQueueStoreTests {
         // Simulate the crash window: the old file is still there next to its replacement.
         let data = try QueueEntry.makeEncoder().encode(old)
         try data.write(to: h.directory.url.appendingPathComponent("\(oldID.uuidString).json"))
+        h.store.releaseLock()  // as if the process had ended
         let reopened = try DiskQueueStore(directory: h.directory.url)
         #expect(await reopened.load().map(\.id) == [newID])
         #expect(reopened.openReport.removedSupersededEntries == 1)
@@ -128,19 +131,18 @@ struct DiskQueueStoreTests {
         }
         #expect(ids.count == 2000)
         let expectedOrder = await h.store.load().map(\.id)
+        h.store.releaseLock()  // as if the process had ended
         let reopened = try DiskQueueStore(directory: h.directory.url)
         #expect(reopened.openReport.loaded == 2000)
         #expect(await reopened.load().map(\.id) == expectedOrder)
         #expect(Set(expectedOrder) == ids)
     }
 
-    @Test func aFullDiskIsATypedErrorAndLosesNothingAcknowledged() async throws {
+    @Test(.enabled(if: SmallFileSystem.isAvailable, "cannot mount a size-limited tmpfs here (needs Linux, root and mount(2))"))
+    func aFullDiskIsATypedErrorAndLosesNothingAcknowledged() async throws {
         let mountPoint = TemporaryDirectory()
         try FileManager.default.createDirectory(at: mountPoint.url, withIntermediateDirectories: true)
-        guard let mounted = SmallFileSystem(at: mountPoint.url.path, kilobytes: 64) else {
-            print("skipped aFullDiskIsATypedErrorAndLosesNothingAcknowledged: cannot mount a size-limited tmpfs here (needs root and mount(2))")
-            return
-        }
+        let mounted = try #require(SmallFileSystem(at: mountPoint.url.path, kilobytes: 64))
         defer { mounted.unmount() }
         let folder = mountPoint.url.appendingPathComponent("queue")
         let store = try DiskQueueStore(directory: folder)
@@ -165,6 +167,7 @@ struct DiskQueueStoreTests {
         #expect(await engine.pendingCount() == acknowledged.count)
         let leftovers = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasPrefix(".") }
         #expect(leftovers.isEmpty)
+        store.releaseLock()  // as if the process had ended
         let reopened = try DiskQueueStore(directory: folder)
         #expect(Set(await reopened.load().map(\.id)) == Set(acknowledged))
         #expect(reopened.openReport.quarantined.isEmpty)
@@ -175,6 +178,15 @@ struct DiskQueueStoreTests {
 struct SmallFileSystem {
     let path: String
 
+    /// Whether a tmpfs can be mounted here (tried once, on a scratch folder).
+    static let isAvailable: Bool = {
+        let probe = TemporaryDirectory()
+        guard (try? FileManager.default.createDirectory(at: probe.url, withIntermediateDirectories: true)) != nil,
+              let mounted = SmallFileSystem(at: probe.url.path, kilobytes: 16) else { return false }
+        mounted.unmount()
+        return true
+    }()
+
     init?(at path: String, kilobytes: Int) {
         #if os(Linux)
         guard geteuid() == 0, mount("tmpfs", path, "tmpfs", 0, "size=\(kilobytes)k,mode=0700") == 0 else { return nil }
@@ -182,6 +194,27 @@ struct SmallFileSystem {
         #else
         return nil
         #endif
+    }
+
+    /// Makes the file system read-only (or writable again); every write then fails with EROFS.
+    func remount(readOnly: Bool) -> Bool {
+        #if os(Linux)
+        let flags = UInt(MS_REMOUNT) | (readOnly ? UInt(MS_RDONLY) : 0)
+        return mount("tmpfs", path, "tmpfs", flags, nil) == 0
+        #else
+        return false
+        #endif
+    }
+
+    /// Fills the file system with one file until a write fails with ENOSPC; returns its path.
+    func fill() -> String {
+        let filler = path + "/filler"
+        let fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        guard fd >= 0 else { return filler }
+        let chunk = [UInt8](repeating: 0x20, count: 512)
+        while chunk.withUnsafeBytes({ write(fd, $0.baseAddress, $0.count) }) > 0 {}
+        close(fd)
+        return filler
     }
 
     func unmount() {

@@ -1,0 +1,237 @@
+import Foundation
+import Testing
+import Retry
+import RequestEngine
+import ResilienceTesting
+@testable import OfflineQueue
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Edits that race each other, senders that never answer, folders that stop accepting writes.
+@Suite("OfflineQueueEngine hardening: coalescing races, hung senders, unwritable folders", .timeLimit(.minutes(1)))
+struct QueueHardeningTests {
+    private func edit(_ body: String, key: String = "profile") -> Mutation {
+        var request = Mutation("/profile", body: body)
+        request.coalescingKey = key
+        return request
+    }
+
+    private func bodies(_ session: ScriptedNetworkSession) -> [String] {
+        session.requests.map { String(decoding: $0.httpBody ?? Data(), as: UTF8.self) }
+    }
+
+    /// Waits (yielding, no clock) until `condition` holds; the suite's time limit bounds it.
+    private func eventually(_ condition: () async -> Bool) async {
+        while await !condition() { await Task.yield() }
+    }
+
+    // MARK: Item 1: concurrent edits of one coalescing key
+
+    @Test func concurrentEditsOfOneKeyLeaveOneEntryAndAReopenKeepsThatOne() async throws {
+        for round in 0..<20 {
+            let h = try QueueHarness([.ok()], connected: false)
+            let engine = h.engine
+            await withTaskGroup(of: Void.self) { group in
+                for index in 0..<5 {
+                    group.addTask { _ = try? await engine.enqueue(edit("v\(index)")) }
+                }
+            }
+            let live = await engine.items.filter { $0.coalescingKey == "profile" }
+            #expect(live.count == 1, "round \(round): \(live.count) live entries share the key")
+            h.store.releaseLock()  // as if the process had ended
+            let reopened = try DiskQueueStore(directory: h.directory.url)
+            #expect(await reopened.load().map(\.body) == live.map(\.body), "round \(round)")
+            #expect(reopened.openReport.removedSupersededEntries == 0, "round \(round)")
+        }
+    }
+
+    @Test func editsOfOneKeyReachTheServerInTheOrderTheyWereMade() async throws {
+        // The first edit's send is held; four more edits arrive meanwhile, one after another.
+        let h = try QueueHarness([.held(.ok()), .ok()])
+        let engine = h.engine
+        var tasks: [Task<EnqueueResult?, Never>] = []
+        tasks.append(Task { try? await engine.enqueue(edit("v0")) })
+        await h.session.waitForCalls(1)
+        for index in 1..<5 {
+            tasks.append(Task { try? await engine.enqueue(edit("v\(index)")) })
+            await eventually { await engine.enqueuesInLine(coalescingKey: "profile") == index + 1 }
+        }
+        #expect(h.session.callCount == 1)  // nobody overtook the edit in flight
+        h.session.releaseHeld()
+        for task in tasks { #expect(await task.value == .sent(statusCode: 200)) }
+        #expect(bodies(h.session) == ["v0", "v1", "v2", "v3", "v4"])
+        #expect(await engine.enqueuesInLine(coalescingKey: "profile") == 0)
+    }
+
+    @Test func anEditMadeWhileItsPredecessorIsReplayedReplacesItWhateverTheOutcome() async throws {
+        let h = try QueueHarness([.held(.status(503)), .ok()])
+        let old = try #require(try await h.engine.enqueue(edit("v1"), attemptFirst: false).queuedID)
+        let engine = h.engine
+        let pass = Task { await engine.flush() }
+        await h.session.waitForCalls(1)  // v1 is being sent
+        let new = try #require(try await engine.enqueue(edit("v2")).queuedID)
+        #expect(new != old)
+        // Both files are on disk now; a crash here must keep the newer edit.
+        let copy = TemporaryDirectory()
+        try FileManager.default.copyItem(at: h.directory.url, to: copy.url)
+        let afterCrash = try DiskQueueStore(directory: copy.url)
+        #expect(await afterCrash.load().map(\.id) == [new])
+
+        h.session.releaseHeld()  // v1 gets a 503: superseded, so dropped rather than retried later
+        _ = await pass.value
+        #expect(await engine.items.map(\.id) == [new])
+        #expect(await engine.flush().delivered == [new])
+        h.clock.advance(by: .seconds(3600))
+        #expect(await engine.flush().results.isEmpty)
+        #expect(bodies(h.session) == ["v1", "v2"])
+    }
+
+    // MARK: Item 11: a first attempt that never finishes
+
+    @Test func anEnqueueWhoseFirstAttemptOutlivesItsTimeoutIsStoredAndReturnsQueued() async throws {
+        let directory = TemporaryDirectory()
+        let clock = ManualClock()
+        let sender = StuckSender()
+        let store = try DiskQueueStore(directory: directory.url)
+        let engine = OfflineQueueEngine(
+            requestEngine: sender,
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+            store: store,
+            configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10)),
+            clock: clock
+        )
+        var request = Mutation("/a", body: "x")
+        request.timeout = 5
+        let enqueue = Task { try await engine.enqueue(request) }
+        await sender.waitForCalls(1)
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(5))
+        let id = try #require(try await enqueue.value.queuedID)
+        let entry = try #require(store.entry(id: id))
+        #expect(entry.attempts == 1)
+        #expect(entry.lastError == NetworkError.timedOut.description)
+        #expect(entry.nextAttemptAt == engine.now.addingTimeInterval(10))
+        sender.release()
+    }
+
+    // MARK: Item 6: a folder that stops accepting writes
+
+    @Test(.enabled(if: SmallFileSystem.isAvailable, "cannot mount a tmpfs here (needs Linux, root and mount(2))"))
+    func cancelOnAReadOnlyFolderReturnsFalseAndTheEntryStaysQueued() async throws {
+        let mountPoint = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: mountPoint.url, withIntermediateDirectories: true)
+        let mounted = try #require(SmallFileSystem(at: mountPoint.url.path, kilobytes: 1024))
+        defer { mounted.unmount() }
+        let engine = OfflineQueueEngine(
+            requestEngine: AsyncRequestEngine(session: ScriptedNetworkSession([.ok()])),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
+            store: try DiskQueueStore(directory: mountPoint.url.appendingPathComponent("queue"))
+        )
+        let id = try #require(try await engine.enqueue(Mutation("/a")).queuedID)
+        #expect(mounted.remount(readOnly: true))
+        #expect(await engine.cancel(id: id) == false)
+        #expect(await engine.pendingCount() == 1)
+        #expect(await engine.items.map(\.id) == [id])
+        await #expect(throws: OfflineQueueError.self) { try await engine.clear() }
+        #expect(await engine.pendingCount() == 1)
+        #expect(mounted.remount(readOnly: false))
+        #expect(await engine.cancel(id: id) == true)
+        #expect(await engine.pendingCount() == 0)
+    }
+
+    @Test(.enabled(if: SmallFileSystem.isAvailable, "cannot mount a tmpfs here (needs Linux, root and mount(2))"))
+    func onAFullDiskAttemptsAndBackoffStillCountAndMaxAttemptsStillDeadLetters() async throws {
+        let mountPoint = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: mountPoint.url, withIntermediateDirectories: true)
+        let mounted = try #require(SmallFileSystem(at: mountPoint.url.path, kilobytes: 256))
+        defer { mounted.unmount() }
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.status(503)])
+        let store = try DiskQueueStore(directory: mountPoint.url.appendingPathComponent("queue"))
+        let engine = OfflineQueueEngine(
+            requestEngine: AsyncRequestEngine(session: session, clock: clock),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+            store: store,
+            configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10), maxAttempts: 3),
+            clock: clock
+        )
+        let id = try #require(try await engine.enqueue(Mutation("/a"), attemptFirst: false).queuedID)
+        let filler = mounted.fill()
+
+        #expect(await engine.flush().kept == [id])
+        #expect(store.entry(id: id)?.attempts == 1)
+        #expect(await engine.flush().results.isEmpty)  // its backoff holds although it was not written
+        #expect(session.callCount == 1)
+        clock.advance(by: .seconds(10))
+        #expect(await engine.flush().kept == [id])
+        #expect(store.entry(id: id)?.attempts == 2)
+        clock.advance(by: .seconds(10))
+        // The third attempt uses up maxAttempts; the dead letter cannot be written: kept.
+        let third = await engine.flush()
+        #expect(third.deadLettered.isEmpty)
+        #expect(store.entry(id: id)?.attempts == 3)
+        #expect(session.callCount == 3)
+        try FileManager.default.removeItem(atPath: filler)
+        clock.advance(by: .seconds(10))
+        #expect(await engine.flush().deadLettered == [id])
+        #expect(store.deadLetters().map(\.id) == [id])
+    }
+}
+
+/// A sender whose sends never return, not even when cancelled, until `release()`.
+final class StuckSender: RequestSending {
+    private struct State {
+        var calls = 0
+        var released = false
+        var stuck: [CheckedContinuation<Void, Never>] = []
+        var callWaiters: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
+    }
+
+    private let state = Locked(State())
+
+    func send(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+        try await response(for: request)
+    }
+
+    func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let (due, released) = state.withLock { state -> ([CheckedContinuation<Void, Never>], Bool) in
+                state.calls += 1
+                let calls = state.calls
+                let due = state.callWaiters.filter { $0.count <= calls }.map(\.continuation)
+                state.callWaiters.removeAll { $0.count <= calls }
+                if !state.released { state.stuck.append(continuation) }
+                return (due, state.released)
+            }
+            for waiter in due { waiter.resume() }
+            if released { continuation.resume() }
+        }
+        throw NetworkError.cancelled
+    }
+
+    func waitForCalls(_ count: Int) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let done = state.withLock { state -> Bool in
+                if state.calls >= count { return true }
+                state.callWaiters.append((count, continuation))
+                return false
+            }
+            if done { continuation.resume() }
+        }
+    }
+
+    func release() {
+        let stuck = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.released = true
+            defer { state.stuck = [] }
+            return state.stuck
+        }
+        for continuation in stuck { continuation.resume() }
+    }
+}
