@@ -39,7 +39,7 @@ let package = Package(
         .testTarget(name: "RequestEngineTests", dependencies: ["RequestEngine", "ResilienceTesting"]),
         .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceTesting"]),
         .testTarget(name: "OfflineQueueTests", dependencies: ["OfflineQueue", "ResilienceTesting"]),
-        .testTarget(name: "AuthTests", dependencies: ["Auth", "ResilienceTesting"]),
+        .testTarget(name: "AuthTests", dependencies: ["Auth", "OfflineQueue", "ResilienceTesting"]),
         .testTarget(name: "ObservabilityTests", dependencies: ["Observability", "ResilienceTesting"]),
         .testTarget(name: "DrainerTests", dependencies: ["Drainer", "OfflineQueue", "ResilienceTesting"]),
     ],

@@ -20,6 +20,14 @@ public enum AuthError: Error, Sendable {
     /// older refreshes leave the window. The request that got this error was not retried (or,
     /// when it had no usable token, not sent).
     case excessiveRefresh(refreshes: Int, window: Duration)
+
+    /// `TokenProvider.refreshToken()` did not return within the coordinator's `refreshTimeout`
+    /// (`after`, measured from the refresh's start on the coordinator's clock). Every request that
+    /// waited for that refresh, and every request already on its way with the token it was meant
+    /// to replace, gets this error; a request that starts later may start a new refresh (loop
+    /// guard permitting). The provider's call is not cancelled: if it returns later, its token is
+    /// still used unless a newer one has been obtained meanwhile.
+    case refreshTimedOut(after: Duration)
 }
 
 extension AuthError: CustomStringConvertible {
@@ -32,6 +40,8 @@ extension AuthError: CustomStringConvertible {
             return "token refresh returned an empty token or one with CR, LF or NUL"
         case .excessiveRefresh(let refreshes, let window):
             return "more than \(refreshes) token refreshes within \(window): refresh loop stopped"
+        case .refreshTimedOut(let timeout):
+            return "token refresh did not finish within \(timeout): abandoned"
         }
     }
 }

@@ -9,9 +9,15 @@ import Foundation
 ///
 /// What the Auth layer guarantees to a provider:
 /// - `refreshToken()` is never called twice at once by one `TokenRefreshCoordinator`: every
-///   concurrent 401 shares one call.
+///   concurrent 401 shares one call. The one exception: a call that has not returned within the
+///   coordinator's `refreshTimeout` is abandoned (its waiters fail with
+///   `AuthError.refreshTimedOut`), and the next request that needs a token may start another call
+///   while it still runs. If your refresh tokens rotate, make that call wait for the running one
+///   (or share its result), and do not let a call that returns late overwrite a newer token pair.
 /// - A refresh, once started, is never cancelled, even when every request waiting for it has been
-///   cancelled: a provider that rotates refresh tokens must not lose the new pair half-way.
+///   cancelled or it has timed out: a provider that rotates refresh tokens must not lose the new
+///   pair half-way. An abandoned call's token is still used if it returns before a newer one was
+///   obtained.
 /// - Tokens are never written to events, errors' descriptions or logs by this library.
 ///
 /// ```swift
@@ -40,7 +46,9 @@ public protocol TokenProvider: Sendable {
     /// for the very refresh it is part of.
     /// Throw when that is impossible (the refresh token was revoked, the auth server is
     /// unreachable): every request waiting for this refresh fails with
-    /// `AuthError.refreshFailed(underlying:)` carrying this error.
+    /// `AuthError.refreshFailed(underlying:)` carrying this error. Give the network call a timeout
+    /// of its own: waiters stop waiting after the coordinator's `refreshTimeout`, but the call is
+    /// never cancelled.
     func refreshToken() async throws -> String
 
     /// When the token `currentToken()` returns now stops being valid, if known (for example a

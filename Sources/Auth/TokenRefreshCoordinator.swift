@@ -27,6 +27,11 @@ import RequestEngine
 ///   `proactiveRefreshLead` of it is refreshed in the background while requests keep using it, and
 ///   an expired one is replaced before requests are sent. Each token's expiry triggers at most one
 ///   refresh, so a wrong device clock cannot cause a refresh loop.
+/// - **Refresh timeout.** Nobody waits longer than `refreshTimeout` (default 30 s, on the
+///   coordinator's clock) for a refresh: when it has not returned by then, every waiter gets
+///   `AuthError.refreshTimedOut` and the refresh is abandoned, so the next request that needs a
+///   token may start a new one (loop guard permitting). The abandoned call is not cancelled; if it
+///   returns later, its token is used unless a newer one has been obtained meanwhile.
 /// - **Cancellation.** A cancelled waiter is answered at once; the refresh itself always runs to
 ///   its end and its token is kept, even when every waiter has left, because cancelling it half-way
 ///   can lose a rotated refresh token.
@@ -46,6 +51,8 @@ public actor TokenRefreshCoordinator {
         var continuations: [Machine.WaiterID: CheckedContinuation<WaitOutcome?, Never>] = [:]
         /// Outcomes that arrived before their waiter suspended (it takes them when it does).
         var parked: [Machine.WaiterID: WaitOutcome] = [:]
+        /// The armed timeout of each refresh in flight, cancelled when its result arrives first.
+        var timers: [Machine.RefreshID: Task<Void, Never>] = [:]
         /// Callers of `waitUntil` (tests): each resumes once its condition holds.
         var watchers: [(id: UInt64, condition: @Sendable (Machine) -> Bool, continuation: CheckedContinuation<Void, Never>)] = []
         var lastWatcherID: UInt64 = 0
@@ -59,6 +66,10 @@ public actor TokenRefreshCoordinator {
     public nonisolated let window: Duration
     /// How long before a reported expiry a token is refreshed in the background.
     public nonisolated let proactiveRefreshLead: Duration
+    /// The longest anyone waits for a refresh, from its start, on the coordinator's clock; then
+    /// the waiters get `AuthError.refreshTimedOut` and the refresh is abandoned. Zero or negative:
+    /// no limit.
+    public nonisolated let refreshTimeout: Duration
 
     private nonisolated let state: Locked<State>
     private nonisolated let time: TimeSource
@@ -73,23 +84,31 @@ public actor TokenRefreshCoordinator {
     ///   - window: the loop guard's sliding window (default 30 s; zero disables the guard).
     ///   - proactiveRefreshLead: a token this close to the expiry its provider reports is refreshed
     ///     in the background (default 60 s; only used when `tokenExpiry()` returns a date).
-    ///   - clock: the clock the loop guard and expiries are measured on (`ManualClock` in tests).
+    ///   - refreshTimeout: the longest a caller waits for a refresh, measured from the refresh's
+    ///     start (default 30 s). Past it, waiters get `AuthError.refreshTimedOut` and the refresh is
+    ///     abandoned (not cancelled). Raise it if your `refreshToken()` may legitimately take longer
+    ///     (it waits for the user to sign in, say); zero or negative disables it.
+    ///   - clock: the clock the loop guard, expiries and the refresh timeout are measured on
+    ///     (`ManualClock` in tests).
     public init(
         provider: any TokenProvider,
         maxRefreshes: Int = 5,
         window: Duration = .seconds(30),
         proactiveRefreshLead: Duration = .seconds(60),
+        refreshTimeout: Duration = .seconds(30),
         clock: some Clock<Duration> = ContinuousClock()
     ) {
         let configuration = Machine.Configuration(
             maxRefreshes: maxRefreshes,
             window: window,
-            proactiveRefreshLead: proactiveRefreshLead
+            proactiveRefreshLead: proactiveRefreshLead,
+            refreshTimeout: refreshTimeout
         )
         self.provider = provider
         self.maxRefreshes = configuration.maxRefreshes
         self.window = configuration.window
         self.proactiveRefreshLead = configuration.proactiveRefreshLead
+        self.refreshTimeout = configuration.refreshTimeout
         self.state = Locked(State(machine: Machine(configuration: configuration)))
         self.time = TimeSource(clock)
         self.wallClockOrigin = Date()
@@ -107,6 +126,7 @@ public actor TokenRefreshCoordinator {
     /// using the current token meanwhile (unless a 401 has rejected it).
     ///
     /// - Throws: `AuthError.refreshFailed` or `.invalidToken` when the refresh fails,
+    ///   `AuthError.refreshTimedOut` when it has not returned within `refreshTimeout`,
     ///   `AuthError.excessiveRefresh` when the loop guard refuses to start one, and
     ///   `CancellationError` when the calling task is cancelled (the refresh goes on).
     public nonisolated func refresh() async throws -> String {
@@ -157,9 +177,9 @@ public actor TokenRefreshCoordinator {
         await waitUntil { !$0.isRefreshing }
     }
 
-    /// Returns once `condition` holds for the state machine (checked after every join and every
-    /// refresh's end), or when the calling task is cancelled.
-    private nonisolated func waitUntil(_ condition: @escaping @Sendable (Machine) -> Bool) async {
+    /// Returns once `condition` holds for the state machine (checked after every join, every
+    /// refresh's end and every timeout), or when the calling task is cancelled.
+    nonisolated func waitUntil(_ condition: @escaping @Sendable (Machine) -> Bool) async {
         let id = state.withLock { state -> UInt64 in
             state.lastWatcherID += 1
             return state.lastWatcherID
@@ -196,14 +216,14 @@ public actor TokenRefreshCoordinator {
                 }
             }
             return issued
-        case .sendAndStartRefresh(let issued):
-            startRefreshTask()
+        case .sendAndStartRefresh(let issued, let refresh):
+            startRefresh(refresh)
             return issued
         case .wait(let id):
             notifyWatchers()
             return try await waitForRefresh(id)
-        case .startRefreshAndWait(let id):
-            startRefreshTask()
+        case .startRefreshAndWait(let id, let refresh):
+            startRefresh(refresh)
             notifyWatchers()
             return try await waitForRefresh(id)
         case .fail(let error):
@@ -211,9 +231,23 @@ public actor TokenRefreshCoordinator {
         }
     }
 
-    /// Runs the provider's refresh in a task of its own, so that no caller's cancellation reaches
-    /// it, and reports its end to the machine.
-    private nonisolated func startRefreshTask() {
+    /// Arms refresh `id`'s timeout, then runs the provider's refresh in a task of its own, so that
+    /// no caller's cancellation reaches it, and reports its end to the machine.
+    private nonisolated func startRefresh(_ id: Machine.RefreshID) {
+        if refreshTimeout > .zero {
+            // The deadline is taken now, at the start, so that a timer task that runs late still
+            // fires `refreshTimeout` after the start. The timer is registered before the refresh
+            // task exists, so that the refresh's end always finds (and cancels) it; a timer that
+            // has already fired (a tiny timeout) is not registered, so none is left behind.
+            let deadline = time.now() + refreshTimeout
+            let timer = Task { [time] in
+                do { try await time.sleep(deadline - time.now()) } catch { return }
+                refreshTimedOut(id)
+            }
+            state.withLock { state in
+                if state.machine.refreshInFlight == id { state.timers[id] = timer }
+            }
+        }
         Task {
             let result: Result<String, AuthError>
             do {
@@ -226,33 +260,55 @@ public actor TokenRefreshCoordinator {
             if case .success = result, let expiry = await provider.tokenExpiry() {
                 expiresAt = clockTime(of: expiry)
             }
-            finishRefresh(result, expiresAt: expiresAt)
+            finishRefresh(id, result, expiresAt: expiresAt)
         }
     }
 
-    private nonisolated func finishRefresh(_ result: Result<String, AuthError>, expiresAt: Duration?) {
-        let (ready, outcome) = state.withLock { state -> ([CheckedContinuation<WaitOutcome?, Never>], WaitOutcome) in
+    private nonisolated func finishRefresh(_ id: Machine.RefreshID, _ result: Result<String, AuthError>, expiresAt: Duration?) {
+        let (timer, ready, outcome) = state.withLock { state in
             let completion: Machine.Completion
             switch result {
             case .success(let token):
-                completion = state.machine.refreshSucceeded(token: token, expiresAt: expiresAt, now: time.now())
+                completion = state.machine.refreshSucceeded(id, token: token, expiresAt: expiresAt, now: time.now())
             case .failure(let error):
-                completion = state.machine.refreshFailed(error)
+                completion = state.machine.refreshFailed(id, error)
             }
-            var ready: [CheckedContinuation<WaitOutcome?, Never>] = []
-            ready.reserveCapacity(completion.waiters.count)
-            for id in completion.waiters {
-                if let continuation = state.continuations.removeValue(forKey: id) {
-                    ready.append(continuation)
-                } else {
-                    // Registered but not suspended yet: it takes the outcome when it suspends.
-                    state.parked[id] = completion.outcome
-                }
-            }
-            return (ready, completion.outcome)
+            let (ready, outcome) = Self.take(completion, from: &state)
+            return (state.timers.removeValue(forKey: id), ready, outcome)
+        }
+        // Disarmed before anyone is answered, so that no timer outlives the refresh it guards.
+        timer?.cancel()
+        for continuation in ready { continuation.resume(returning: outcome) }
+        notifyWatchers()
+    }
+
+    /// Refresh `id`'s timer fired: the machine abandons the refresh if it still runs, and its
+    /// waiters get `AuthError.refreshTimedOut`.
+    private nonisolated func refreshTimedOut(_ id: Machine.RefreshID) {
+        let (ready, outcome) = state.withLock { state in
+            state.timers[id] = nil
+            return Self.take(state.machine.refreshTimedOut(id), from: &state)
         }
         for continuation in ready { continuation.resume(returning: outcome) }
         notifyWatchers()
+    }
+
+    /// The continuations to resume with `completion`'s outcome; waiters registered but not yet
+    /// suspended find the outcome parked when they suspend.
+    private static func take(
+        _ completion: Machine.Completion, from state: inout State
+    ) -> ([CheckedContinuation<WaitOutcome?, Never>], WaitOutcome) {
+        var ready: [CheckedContinuation<WaitOutcome?, Never>] = []
+        ready.reserveCapacity(completion.waiters.count)
+        for id in completion.waiters {
+            if let continuation = state.continuations.removeValue(forKey: id) {
+                ready.append(continuation)
+            } else {
+                // Registered but not suspended yet: it takes the outcome when it suspends.
+                state.parked[id] = completion.outcome
+            }
+        }
+        return (ready, completion.outcome)
     }
 
     /// Suspends waiter `id` until its refresh ends; answers at once when the caller is cancelled.

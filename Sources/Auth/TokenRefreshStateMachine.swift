@@ -9,12 +9,16 @@
 /// - **generation**: every distinct token the coordinator hands out gets the next number (0 means
 ///   "no token yet"). A refreshed token always gets a new generation, even if the server returned
 ///   the same string.
-/// - **epoch**: how many refreshes have finished (succeeded or failed).
+/// - **epoch**: how many refreshes have finished (succeeded, failed or timed out).
 /// - **stamp**: the generation and epoch a request's token was handed out at. A 401 is judged by
 ///   it: it tells whether the request was sent with an older token than the current one, and
 ///   whether it was already on its way when a refresh failed.
+/// - **refresh id**: every refresh the machine starts gets the next number. Its result and its
+///   timeout are reported with it, so that a result arriving after the refresh was abandoned (it
+///   timed out) is told apart from the result of the refresh in flight.
 struct TokenRefreshStateMachine: Sendable {
     typealias WaiterID = UInt64
+    typealias RefreshID = UInt64
 
     struct Configuration: Sendable {
         /// At most this many refreshes may start within `window` (at least 1).
@@ -23,12 +27,19 @@ struct TokenRefreshStateMachine: Sendable {
         var window: Duration
         /// A token this close to its known expiry is refreshed in the background.
         var proactiveRefreshLead: Duration
+        /// How long after its start a refresh is abandoned (its waiters fail with
+        /// `AuthError.refreshTimedOut`); zero or negative: never.
+        var refreshTimeout: Duration
 
-        init(maxRefreshes: Int, window: Duration, proactiveRefreshLead: Duration) {
+        init(maxRefreshes: Int, window: Duration, proactiveRefreshLead: Duration, refreshTimeout: Duration = .seconds(30)) {
             self.maxRefreshes = max(1, maxRefreshes)
             self.window = window
             self.proactiveRefreshLead = max(.zero, proactiveRefreshLead)
+            self.refreshTimeout = refreshTimeout
         }
+
+        /// Whether refreshes time out at all.
+        var hasRefreshTimeout: Bool { refreshTimeout > .zero }
     }
 
     /// What the coordinator knew when it handed out a token (see the type's documentation).
@@ -73,18 +84,22 @@ struct TokenRefreshStateMachine: Sendable {
         /// Send now with this token, which is new to the coordinator; read its expiry from the
         /// provider and report it with `expiryRead(generation:expiresAt:now:)`.
         case sendAndReadExpiry(IssuedToken)
-        /// Send now with this token, and start a refresh in the background (nobody waits for it
-        /// yet); report its end with `refreshSucceeded` or `refreshFailed`.
-        case sendAndStartRefresh(IssuedToken)
+        /// Send now with this token, and start refresh `RefreshID` in the background (nobody
+        /// waits for it yet); report its end with `refreshSucceeded` or `refreshFailed`, and arm
+        /// its timeout (`refreshTimedOut`) when `Configuration.hasRefreshTimeout`.
+        case sendAndStartRefresh(IssuedToken, RefreshID)
         /// The caller joined the refresh in flight as this waiter: wait for its `Completion`.
         case wait(WaiterID)
-        /// The caller is the first waiter of a refresh that the coordinator must start now.
-        case startRefreshAndWait(WaiterID)
+        /// The caller is the first waiter of refresh `RefreshID`, which the coordinator must start
+        /// now (and arm its timeout, as for `sendAndStartRefresh`).
+        case startRefreshAndWait(WaiterID, RefreshID)
         /// Fail the caller with this error; nothing more is sent for its request.
         case fail(AuthError)
     }
 
-    /// The end of a refresh: answer these waiters (the ones still waiting) with `outcome`.
+    /// The end of a refresh: answer these waiters (the ones still waiting) with `outcome`. For
+    /// the late result of an abandoned refresh, `waiters` is empty and `outcome` tells whether its
+    /// token was adopted (`.success`) or dropped.
     struct Completion: Sendable {
         let waiters: [WaiterID]
         let outcome: Result<IssuedToken, AuthError>
@@ -103,6 +118,7 @@ struct TokenRefreshStateMachine: Sendable {
     }
 
     private struct Refresh: Sendable {
+        let id: RefreshID
         var waiters: Set<WaiterID>
         var reason: RefreshReason
         /// The generation that was current when the refresh started.
@@ -129,6 +145,9 @@ struct TokenRefreshStateMachine: Sendable {
 
     /// How many replaced tokens are remembered (by hash) to recognise a stale provider read.
     static let historyLimit = 8
+    /// How many abandoned (timed-out) refreshes are remembered, so that their late results can
+    /// still be used; the result of an older one is dropped (the provider has persisted it anyway).
+    static let abandonedLimit = 8
 
     let configuration: Configuration
     private var phase: Phase = .idle
@@ -142,6 +161,10 @@ struct TokenRefreshStateMachine: Sendable {
     /// Start times of the refreshes inside the loop guard's window, oldest first.
     private var refreshStarts: [Duration] = []
     private var lastWaiterID: WaiterID = 0
+    private var lastRefreshID: RefreshID = 0
+    /// Refreshes that timed out and may still return, oldest first, with the generation each was
+    /// meant to replace.
+    private var abandoned: [(id: RefreshID, generation: UInt64)] = []
 
     init(configuration: Configuration) {
         self.configuration = configuration
@@ -192,7 +215,7 @@ struct TokenRefreshStateMachine: Sendable {
             return .wait(join(upgradingTo: nil))
         case .idle, .modifying:
             guard mayStartRefresh(now: now) else { return .fail(excessiveRefresh) }
-            return .startRefreshAndWait(startRefresh(.explicit, now: now, withWaiter: true))
+            return startRefreshAndWait(.explicit, now: now)
         }
     }
 
@@ -204,12 +227,14 @@ struct TokenRefreshStateMachine: Sendable {
         current?.expiresAt = expiresAt
     }
 
-    /// The refresh in flight returned `token` (already checked to be non-empty and header-safe);
+    /// Refresh `id` returned `token` (already checked to be non-empty and header-safe);
     /// `expiresAt` is its expiry as the provider reported it, if any.
-    mutating func refreshSucceeded(token: String, expiresAt: Duration?, now: Duration) -> Completion {
-        guard case .refreshing(let refresh) = phase else {
-            // No refresh runs: the coordinator never reports one it did not start. Nothing to answer.
-            return Completion(waiters: [], outcome: .failure(.invalidToken))
+    ///
+    /// Usually `id` is the refresh in flight: its waiters get the token. If it was abandoned
+    /// because it timed out, its waiters have already been answered; see `lateRefreshSucceeded`.
+    mutating func refreshSucceeded(_ id: RefreshID, token: String, expiresAt: Duration?, now: Duration) -> Completion {
+        guard case .refreshing(let refresh) = phase, refresh.id == id else {
+            return lateRefreshSucceeded(id, token: token, expiresAt: expiresAt, now: now)
         }
         phase = .idle
         epoch += 1
@@ -231,16 +256,43 @@ struct TokenRefreshStateMachine: Sendable {
         return Completion(waiters: Array(refresh.waiters), outcome: .success(issue()))
     }
 
-    /// The refresh in flight failed with `error`. Its waiters get `error`; so does any request
-    /// already on its way with the same token whose 401 arrives later (see `needToken`).
-    mutating func refreshFailed(_ error: AuthError) -> Completion {
-        guard case .refreshing(let refresh) = phase else {
+    /// Refresh `id` failed with `error`. If it is the refresh in flight, its waiters get `error`;
+    /// so does any request already on its way with the same token whose 401 arrives later (see
+    /// `needToken`). The failure of an abandoned refresh changes nothing: its waiters and
+    /// stragglers already have `AuthError.refreshTimedOut`.
+    mutating func refreshFailed(_ id: RefreshID, _ error: AuthError) -> Completion {
+        guard case .refreshing(let refresh) = phase, refresh.id == id else {
+            abandoned.removeAll { $0.id == id }
             return Completion(waiters: [], outcome: .failure(error))
         }
         phase = .idle
         epoch += 1
         lastFailure = Failure(generation: refresh.generation, epoch: epoch, error: error)
         return Completion(waiters: Array(refresh.waiters), outcome: .failure(error))
+    }
+
+    /// Refresh `id` has run for `Configuration.refreshTimeout` (the coordinator's timer fired).
+    ///
+    /// If it is still the refresh in flight, it is **abandoned**: its waiters get
+    /// `AuthError.refreshTimedOut`, and so does a request already on its way with the token it was
+    /// meant to replace whose 401 arrives later (exactly like a failure, so a storm of stragglers
+    /// does not start a refresh each). The machine goes idle, so the next request that needs a
+    /// token may start a new refresh (loop guard permitting): a provider that hangs forever must
+    /// not wedge authentication forever. The provider's call is not cancelled (cancelling a
+    /// refresh half-way can lose a rotated refresh token); if it returns later, see
+    /// `lateRefreshSucceeded`.
+    ///
+    /// If the refresh has already ended, the timer lost the race with its result: nothing happens.
+    mutating func refreshTimedOut(_ id: RefreshID) -> Completion {
+        guard case .refreshing(let refresh) = phase, refresh.id == id else {
+            return Completion(waiters: [], outcome: .failure(refreshTimedOut))
+        }
+        phase = .idle
+        epoch += 1
+        lastFailure = Failure(generation: refresh.generation, epoch: epoch, error: refreshTimedOut)
+        abandoned.append((id, refresh.generation))
+        if abandoned.count > Self.abandonedLimit { abandoned.removeFirst(abandoned.count - Self.abandonedLimit) }
+        return Completion(waiters: Array(refresh.waiters), outcome: .failure(refreshTimedOut))
     }
 
     /// Waiter `id` was cancelled. It is forgotten; the refresh itself goes on (it may rotate a
@@ -282,6 +334,41 @@ struct TokenRefreshStateMachine: Sendable {
         return nil
     }
 
+    /// The id of the refresh in flight, if one runs.
+    var refreshInFlight: RefreshID? {
+        if case .refreshing(let refresh) = phase { return refresh.id }
+        return nil
+    }
+
+    /// How many abandoned (timed-out) refreshes may still report a late result.
+    var abandonedCount: Int { abandoned.count }
+
+    // MARK: - Late results
+
+    /// An abandoned refresh returned `token` after all. Its waiters were answered at the timeout,
+    /// so nobody is answered now; the token becomes current (a new generation, as for any
+    /// refresh) only if **no token was adopted since the refresh started**: neither a later
+    /// refresh's nor one the app set. A late result never replaces a newer token. Adopting it
+    /// while another refresh runs is what happens when the app changes the token meanwhile
+    /// (`tokenRead`): requests send it at once instead of waiting for that refresh, and that
+    /// refresh's own waiters still get that refresh's result.
+    private mutating func lateRefreshSucceeded(_ id: RefreshID, token: String, expiresAt: Duration?, now: Duration) -> Completion {
+        guard let index = abandoned.firstIndex(where: { $0.id == id }) else {
+            // Not a refresh this machine abandoned (the coordinator never reports one it did not
+            // start), or one forgotten past `abandonedLimit`. Nothing to answer.
+            return Completion(waiters: [], outcome: .failure(refreshTimedOut))
+        }
+        let replacing = abandoned.remove(at: index).generation
+        guard (current?.generation ?? 0) == replacing else {
+            // Something newer is current already: a late token must not overwrite it.
+            return Completion(waiters: [], outcome: .failure(refreshTimedOut))
+        }
+        lastFailure = nil
+        let unreliableExpiry = expiresAt.map { now >= $0 - configuration.proactiveRefreshLead } ?? false
+        adopt(token, expiresAt: expiresAt, expiryHandled: unreliableExpiry)
+        return Completion(waiters: [], outcome: .success(issue()))
+    }
+
     // MARK: - Transitions
 
     /// A request can send the current token, unless its expiry says otherwise or a refresh has
@@ -301,10 +388,10 @@ struct TokenRefreshStateMachine: Sendable {
                     return .send(issue())
                 }
                 if expired {
-                    return .startRefreshAndWait(startRefresh(.expired, now: now, withWaiter: true))
+                    return startRefreshAndWait(.expired, now: now)
                 }
-                startRefresh(.proactive, now: now, withWaiter: false)
-                return .sendAndStartRefresh(issue())
+                let started = startRefresh(.proactive, now: now, withWaiter: false)
+                return .sendAndStartRefresh(issue(), started.refresh)
             case .refreshing:
                 // A refresh (proactive or explicit) already runs. An expired token waits for it,
                 // and so will the requests after this one; one that is only near expiry is sent.
@@ -345,14 +432,15 @@ struct TokenRefreshStateMachine: Sendable {
                 return .fail(lastFailure.error)
             }
             guard mayStartRefresh(now: now) else { return .fail(excessiveRefresh) }
-            return .startRefreshAndWait(startRefresh(reason, now: now, withWaiter: true))
+            return startRefreshAndWait(reason, now: now)
         }
     }
 
-    /// Enters `.refreshing` and counts the start for the loop guard. Returns the first waiter's
-    /// id (0 when `withWaiter` is false).
-    @discardableResult
-    private mutating func startRefresh(_ reason: RefreshReason, now: Duration, withWaiter: Bool) -> WaiterID {
+    /// Enters `.refreshing` with a new refresh id and counts the start for the loop guard.
+    /// Returns the first waiter's id (0 when `withWaiter` is false) and the refresh's id.
+    private mutating func startRefresh(
+        _ reason: RefreshReason, now: Duration, withWaiter: Bool
+    ) -> (waiter: WaiterID, refresh: RefreshID) {
         var waiters = Set<WaiterID>()
         var first: WaiterID = 0
         if withWaiter {
@@ -361,8 +449,14 @@ struct TokenRefreshStateMachine: Sendable {
             waiters.insert(first)
         }
         if configuration.window > .zero { refreshStarts.append(now) }
-        phase = .refreshing(Refresh(waiters: waiters, reason: reason, generation: current?.generation ?? 0))
-        return first
+        lastRefreshID += 1
+        phase = .refreshing(Refresh(id: lastRefreshID, waiters: waiters, reason: reason, generation: current?.generation ?? 0))
+        return (first, lastRefreshID)
+    }
+
+    private mutating func startRefreshAndWait(_ reason: RefreshReason, now: Duration) -> Action {
+        let started = startRefresh(reason, now: now, withWaiter: true)
+        return .startRefreshAndWait(started.waiter, started.refresh)
     }
 
     /// Adds a waiter to the refresh in flight, optionally marking the current token as rejected.
@@ -387,6 +481,10 @@ struct TokenRefreshStateMachine: Sendable {
 
     private var excessiveRefresh: AuthError {
         .excessiveRefresh(refreshes: configuration.maxRefreshes, window: configuration.window)
+    }
+
+    private var refreshTimedOut: AuthError {
+        .refreshTimedOut(after: configuration.refreshTimeout)
     }
 
     private mutating func adopt(_ token: String, expiresAt: Duration?, expiryHandled: Bool) {

@@ -34,17 +34,30 @@ public actor OfflineQueueEngine {
         /// the queue tries again even if the monitor never reports a change — the monitor may say
         /// "connected" while sends fail (captive portal, data not allowed). Default 30 s.
         public var offlineRecheckInterval: Duration
+        /// What counts as a secret at enqueue: secret headers and the URL's fragment are stripped
+        /// from the stored entry, user-info and secret query or path parameters are refused.
+        /// Default `.standard`.
+        public var secretPolicy: QueueSecretPolicy
+        /// Called for each replay (not for the first attempt, which carries the caller's own
+        /// headers) to re-add headers the secret policy stripped, such as an API key; each
+        /// replaces a stored header of the same name. Tokens need no hook: replay through
+        /// `AuthenticatedRequestEngine`. Default `nil`.
+        public var replayHeaders: (@Sendable (QueueEntry) async -> [String: String])?
 
         public init(
             retryPolicy: any RetryPolicy = ExponentialRetryPolicy(maxRetries: .max, baseDelay: 1, maxDelay: 300, jitter: .equal),
             maxAttempts: Int? = nil,
             maximumRetryAfter: Duration = .seconds(3600),
-            offlineRecheckInterval: Duration = .seconds(30)
+            offlineRecheckInterval: Duration = .seconds(30),
+            secretPolicy: QueueSecretPolicy = .standard,
+            replayHeaders: (@Sendable (QueueEntry) async -> [String: String])? = nil
         ) {
             self.retryPolicy = retryPolicy
             self.maxAttempts = maxAttempts.map { max(1, $0) }
             self.maximumRetryAfter = max(.zero, maximumRetryAfter)
             self.offlineRecheckInterval = max(.milliseconds(1), offlineRecheckInterval)
+            self.secretPolicy = secretPolicy
+            self.replayHeaders = replayHeaders
         }
     }
 
@@ -111,7 +124,9 @@ public actor OfflineQueueEngine {
     /// - Returns: `.sent` when a 2xx came back at once, `.queued(id:)` when it was stored.
     /// - Throws: `NetworkError` for a failure that retrying cannot fix (4xx other than 408/429,
     ///   501, an invalid request…) — nothing is queued then; `OfflineQueueError.full`,
-    ///   `.storage` (disk full, unwritable folder), `.sensitiveQueryParameter`.
+    ///   `.storage` (disk full, unwritable folder); `.credentialsInURL`,
+    ///   `.sensitiveQueryParameter`, `.sensitivePathParameter` (see `QueueSecretPolicy`; nothing is
+    ///   sent then).
     @discardableResult
     public func enqueue(_ request: some QueueableRequest) async throws -> EnqueueResult {
         try await enqueue(request, attemptFirst: true)
@@ -122,9 +137,8 @@ public actor OfflineQueueEngine {
     @discardableResult
     public func enqueue(_ request: some QueueableRequest, attemptFirst: Bool) async throws -> EnqueueResult {
         _ = try request.makeURLRequest()  // invalid requests are thrown, never stored
-        if let name = QueueEntry.sensitiveQueryParameter(in: request.url) {
-            throw OfflineQueueError.sensitiveQueryParameter(name)
-        }
+        // Refuses URLs with credentials; strips the fragment, and secret headers from what is stored.
+        let request = try configuration.secretPolicy.storable(request)
         let key = request.idempotencyKey  // read once: first attempt and every replay share it
 
         // Enqueues that share an ordering or coalescing key go one at a time, in arrival order:
@@ -498,7 +512,7 @@ public actor OfflineQueueEngine {
             return .permanent(.invalidRequest(reason: "unknown method \(entry.method)"))
         }
         inFlight.insert(entry.id)
-        let outcome = await attempt(request, previousAttempts: entry.attempts)
+        let outcome = await attempt(request.addingReplayHeaders(for: entry, from: configuration.replayHeaders), previousAttempts: entry.attempts)
         inFlight.remove(entry.id)
         let stillQueued = store.entry(id: entry.id) != nil
         // A newer edit of the same coalescing key, queued while this one was being sent, replaces
@@ -595,18 +609,6 @@ public actor OfflineQueueEngine {
         subscribers.finishAll()
         loopTask?.cancel()
         timerTask?.cancel()
-    }
-}
-
-extension ReplayRequest {
-    /// For the first attempt only: the caller's own secret headers (Authorization, Cookie) go out
-    /// with the request even though they are never stored.
-    mutating func keepSecretHeaders(from request: some NetworkRequest) {
-        var merged = headers
-        for (name, value) in request.headers where QueueEntry.secretHeaders.contains(name.lowercased()) {
-            merged[name] = value
-        }
-        self = ReplayRequest(url: url, method: method, headers: merged, body: body, timeout: timeout)
     }
 }
 

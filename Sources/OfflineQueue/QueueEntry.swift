@@ -3,10 +3,13 @@ import RequestEngine
 
 /// One queued request as stored on disk (`<id>.json`) and held in the queue's index.
 ///
-/// Secrets are never stored: `Authorization`, `Proxy-Authorization` and `Cookie` headers are
-/// dropped when an entry is made (a replaying sender such as `AuthenticatedRequestEngine` injects
-/// a fresh token at send time), and a URL with a credential-like query parameter is refused at
-/// enqueue (`OfflineQueueError.sensitiveQueryParameter`).
+/// Secrets are never stored. At enqueue, the queue's `QueueSecretPolicy` strips secret headers
+/// (`Authorization`, `Cookie`, `X-Api-Key`, …; a replaying sender such as
+/// `AuthenticatedRequestEngine` injects a fresh token at send time, and
+/// `OfflineQueueEngine.Configuration.replayHeaders` re-adds others) and the URL's fragment, and
+/// refuses URLs with user-info or credential-like query or path parameters
+/// (`OfflineQueueError.credentialsInURL`, `.sensitiveQueryParameter`, `.sensitivePathParameter`).
+/// `Authorization`, `Proxy-Authorization` and `Cookie` are dropped whenever an entry is made.
 public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     /// The file format version written by this library.
     public static let currentFormatVersion = 1
@@ -147,29 +150,14 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         return decoder
     }
 
-    /// Header names never written to disk.
-    static let secretHeaders: Set<String> = ["authorization", "proxy-authorization", "cookie"]
+    /// Header names never written to disk, whatever the queue's `QueueSecretPolicy` says.
+    static let secretHeaders: Set<String> = QueueSecretPolicy.alwaysSecretHeaderNames
 
     static func storableHeaders(_ headers: [String: String]) -> [String: String] {
         headers.filter { name, _ in
             let lowered = name.lowercased()
             return !secretHeaders.contains(lowered) && lowered != HTTPHeader.idempotencyKey.lowercased()
         }
-    }
-
-    /// Query parameter names that look like credentials (compared case-insensitively, also as
-    /// suffixes such as `access_token` or `x-api-key`).
-    static let sensitiveQueryNames = ["token", "secret", "password", "passwd", "api_key", "apikey", "api-key", "signature", "sig", "auth", "credential", "session"]
-
-    static func sensitiveQueryParameter(in url: URL) -> String? {
-        guard let items = URLComponents(url: url, resolvingAgainstBaseURL: false)?.queryItems else { return nil }
-        for item in items {
-            let name = item.name.lowercased()
-            if sensitiveQueryNames.contains(where: { name == $0 || name.hasSuffix("_" + $0) || name.hasSuffix("-" + $0) || name.hasSuffix($0) && $0.count >= 5 }) {
-                return item.name
-            }
-        }
-        return nil
     }
 }
 

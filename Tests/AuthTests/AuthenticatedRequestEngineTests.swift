@@ -74,6 +74,27 @@ struct AuthenticatedRequestEngineTests {
         #expect(sent.value(forHTTPHeaderField: "X-Request-ID") == "42")
     }
 
+    // MARK: Refresh timeout
+
+    @Test func a401ThenARefreshThatNeverReturnsFailsWithRefreshTimedOutOnceTheClockPassesTheTimeout() async throws {
+        let clock = ManualClock()
+        let gate = Gate()  // the provider's refresh hangs until the end of the test
+        let scripted = ScriptedNetworkSession([.status(401), .ok()])
+        let coordinator = TokenRefreshCoordinator(provider: TestTokenProvider(current: "expired", gate: gate), clock: clock)
+        let engine = AuthenticatedRequestEngine(requestEngine: AsyncRequestEngine(session: scripted), coordinator: coordinator)
+        let caller = Task { await thrownError { try await engine.send(TestRequest()) } }
+        await coordinator.waitForWaiters(1)
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(29))
+        #expect(coordinator.waiterCount == 1)
+        clock.advance(by: .seconds(1))
+        let error = await caller.value
+        #expect(error?.label == "refreshTimedOut(30.0 seconds)")
+        #expect(error is AuthError)
+        #expect(scripted.callCount == 1)  // no retry without a new token
+        gate.open()
+    }
+
     // MARK: 401
 
     @Test func a401RefreshesOnceAndRetriesOnceWithTheNewToken() async throws {

@@ -227,6 +227,7 @@ extension Error {
             case .refreshFailed: return "refreshFailed(?)"
             case .invalidToken: return "invalidToken"
             case .excessiveRefresh(let refreshes, _): return "excessiveRefresh(\(refreshes))"
+            case .refreshTimedOut(let timeout): return "refreshTimedOut(\(timeout))"
             }
         case is CancellationError:
             return "CancellationError"

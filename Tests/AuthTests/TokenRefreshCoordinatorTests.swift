@@ -172,4 +172,138 @@ struct TokenRefreshCoordinatorTests {
         #expect(coordinator.currentGeneration == 0)  // not adopted
         #expect(!coordinator.isRefreshing)
     }
+
+    // MARK: Refresh timeout (a provider whose refreshToken() never returns unless released)
+
+    @Test func aRefreshThatNeverReturnsFailsEveryWaiterWithRefreshTimedOutOnceTheClockPassesTheTimeout() async throws {
+        let clock = ManualClock()
+        let gate = Gate()  // never opened until the end: the provider hangs
+        let provider = TestTokenProvider(current: "old", gate: gate)
+        let coordinator = TokenRefreshCoordinator(provider: provider, refreshTimeout: .seconds(10), clock: clock)
+        let tasks = (0..<3).map { _ in Task { await thrownError { _ = try await coordinator.refresh() } } }
+        await coordinator.waitForWaiters(3)
+        await clock.waitForSleepers(1)  // the refresh's timer
+        clock.advance(by: .seconds(9))
+        #expect(coordinator.waiterCount == 3)  // not yet
+        clock.advance(by: .seconds(1))
+        for task in tasks { #expect(await task.value?.label == "refreshTimedOut(10.0 seconds)") }
+        #expect(!coordinator.isRefreshing)
+        #expect(provider.refreshCount == 1)
+        gate.open()
+        await provider.waitForRefreshCompletion()
+        #expect(!provider.sawCancellation)  // abandoned, never cancelled
+    }
+
+    @Test func aWaiterThatJoinsLateFailsAtTheRefreshsDeadlineNotATimeoutLater() async throws {
+        let clock = ManualClock()
+        let gate = Gate()
+        let provider = TestTokenProvider(current: "old", gate: gate)
+        let coordinator = TokenRefreshCoordinator(provider: provider, refreshTimeout: .seconds(10), clock: clock)
+        let early = Task { await thrownError { _ = try await coordinator.refresh() } }
+        await coordinator.waitForWaiters(1)
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(6))
+        let late = Task { await thrownError { _ = try await coordinator.refresh() } }
+        await coordinator.waitForWaiters(2)
+        clock.advance(by: .seconds(4))  // 10 s after the start, 4 s after the late waiter joined
+        #expect(await early.value?.label == "refreshTimedOut(10.0 seconds)")
+        #expect(await late.value?.label == "refreshTimedOut(10.0 seconds)")
+        #expect(clock.sleeperCount == 0)
+        gate.open()
+    }
+
+    @Test func theAbandonedRefreshsLateTokenIsKeptWhenNothingNewerWasIssued() async throws {
+        let clock = ManualClock()
+        let gate = Gate()
+        let provider = TestTokenProvider(current: "old", gate: gate)
+        let coordinator = TokenRefreshCoordinator(provider: provider, refreshTimeout: .seconds(10), clock: clock)
+        #expect(try await coordinator.tokenForRequest().token == "old")
+        let waiter = Task { await thrownError { _ = try await coordinator.refresh() } }
+        await coordinator.waitForWaiters(1)
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(10))
+        #expect(await waiter.value?.label == "refreshTimedOut(10.0 seconds)")
+
+        gate.open()  // the hung call returns after all
+        await coordinator.waitUntil { $0.abandonedCount == 0 }
+        #expect(coordinator.currentGeneration == 2)
+        provider.setCurrent("old")  // even if the provider had not persisted it, the coordinator has it
+        #expect(try await coordinator.tokenForRequest().token == "fresh-1")
+        #expect(provider.refreshCount == 1)
+    }
+
+    @Test func theAbandonedRefreshsLateTokenNeverReplacesOneObtainedByALaterRefresh() async throws {
+        let clock = ManualClock()
+        let hung = Gate()
+        let provider = TestTokenProvider(current: "old", behaviour: .returns("newer"), gate: hung)
+        let coordinator = TokenRefreshCoordinator(provider: provider, refreshTimeout: .seconds(10), clock: clock)
+        _ = try await coordinator.tokenForRequest()
+        let first = Task { await thrownError { _ = try await coordinator.refresh() } }
+        await coordinator.waitForWaiters(1)
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(10))
+        #expect(await first.value?.label == "refreshTimedOut(10.0 seconds)")
+
+        // The next refresh is not held behind the hung one, and succeeds.
+        provider.setGate(nil)
+        #expect(try await coordinator.refresh() == "newer")
+        #expect(coordinator.currentGeneration == 2)
+
+        // Now the first call returns, with an older token.
+        provider.setBehaviour(.returns("older"))
+        hung.open()
+        await coordinator.waitUntil { $0.abandonedCount == 0 }
+        #expect(coordinator.currentGeneration == 2)
+        provider.setCurrent("old")  // a stale read gets the newest token the coordinator knows
+        #expect(try await coordinator.tokenForRequest().token == "newer")
+        #expect(provider.refreshCount == 2)
+    }
+
+    @Test func refreshesThatTimeOutStillCountForTheLoopGuard() async throws {
+        let clock = ManualClock()
+        let gate = Gate()
+        let provider = TestTokenProvider(current: "old", gate: gate)
+        let coordinator = TokenRefreshCoordinator(provider: provider, maxRefreshes: 2, window: .seconds(60), refreshTimeout: .seconds(10), clock: clock)
+        for round in 1...2 {
+            let waiter = Task { await thrownError { _ = try await coordinator.refresh() } }
+            await coordinator.waitForWaiters(1)
+            await clock.waitForSleepers(1)
+            clock.advance(by: .seconds(10))
+            #expect(await waiter.value?.label == "refreshTimedOut(10.0 seconds)")
+            #expect(provider.refreshCount == round)
+        }
+        // Two hung refreshes within 60 s: the third is refused at once, nothing hangs or loops.
+        #expect(await thrownError { _ = try await coordinator.refresh() }?.label == "excessiveRefresh(2)")
+        #expect(provider.refreshCount == 2)
+        gate.open()
+    }
+
+    @Test func aRefreshThatEndsInTimeDisarmsItsTimer() async throws {
+        let clock = ManualClock()
+        let provider = TestTokenProvider(current: "old")
+        let coordinator = TokenRefreshCoordinator(provider: provider, clock: clock)
+        #expect(try await coordinator.refresh() == "fresh-1")
+        #expect(clock.sleeperCount == 0)
+        clock.advance(by: .seconds(60))
+        #expect(try await coordinator.tokenForRequest().token == "fresh-1")
+    }
+
+    @Test func aZeroRefreshTimeoutWaitsAsLongAsTheRefreshTakes() async throws {
+        let clock = ManualClock()
+        let gate = Gate()
+        let provider = TestTokenProvider(current: "old", gate: gate)
+        let coordinator = TokenRefreshCoordinator(provider: provider, refreshTimeout: .zero, clock: clock)
+        let waiter = Task { try await coordinator.refresh() }
+        await coordinator.waitForWaiters(1)
+        #expect(clock.sleeperCount == 0)  // no timer armed
+        clock.advance(by: .seconds(3_600))
+        #expect(coordinator.waiterCount == 1)
+        gate.open()
+        #expect(try await waiter.value == "fresh-1")
+    }
+
+    @Test func theRefreshTimedOutDescriptionNamesTheTimeoutAndNoSecret() {
+        let description = String(describing: AuthError.refreshTimedOut(after: .seconds(30)))
+        #expect(description == "token refresh did not finish within 30.0 seconds: abandoned")
+    }
 }

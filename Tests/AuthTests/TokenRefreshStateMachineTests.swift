@@ -63,7 +63,7 @@ struct TokenRefreshStateMachineTests {
     @Test func concurrent401sForOneGenerationShareOneRefresh() {
         var machine = Self.machineWithOldToken()
         let stamp = Machine.Stamp(generation: 1, epoch: 0)
-        guard case .startRefreshAndWait(let first) = machine.unauthorized(stamp, now: .zero) else { Issue.record("no start"); return }
+        guard case .startRefreshAndWait(let first, _) = machine.unauthorized(stamp, now: .zero) else { Issue.record("no start"); return }
         var joined: [Machine.WaiterID] = []
         for _ in 0..<99 {
             guard case .wait(let id) = machine.unauthorized(stamp, now: .zero) else { Issue.record("did not join"); return }
@@ -252,7 +252,7 @@ struct TokenRefreshStateMachineTests {
     @Test func aCancelledWaiterLeavesButTheRefreshGoesOnForTheOthers() {
         var machine = Self.machineWithOldToken()
         let stamp = Machine.Stamp(generation: 1, epoch: 0)
-        guard case .startRefreshAndWait(let first) = machine.unauthorized(stamp, now: .zero),
+        guard case .startRefreshAndWait(let first, _) = machine.unauthorized(stamp, now: .zero),
               case .wait(let second) = machine.unauthorized(stamp, now: .zero)
         else { Issue.record("setup"); return }
         let leftOnce = machine.waiterLeft(first)
@@ -274,7 +274,7 @@ struct TokenRefreshStateMachineTests {
         machine.expiryRead(generation: 1, expiresAt: .seconds(300), now: .zero)
         guard case .send = Self.read(&machine, "old", at: .seconds(239)) else { Issue.record("too early"); return }
         let action = Self.read(&machine, "old", at: .seconds(240))
-        guard case .sendAndStartRefresh(let issued) = action else { Issue.record("\(action)"); return }
+        guard case .sendAndStartRefresh(let issued, _) = action else { Issue.record("\(action)"); return }
         #expect(issued.token == "old")
         #expect(machine.refreshReason == .proactive)
         #expect(machine.waiterCount == 0)
@@ -329,13 +329,223 @@ struct TokenRefreshStateMachineTests {
         guard case .send = Self.read(&machine, "new", at: .seconds(100)) else { Issue.record("applied a stale expiry"); return }
     }
 
+    // MARK: Refresh timeout
+
+    /// Starts a refresh for a 401 to the current token, as a request would; returns its first
+    /// waiter and its id.
+    static func start401Refresh(_ machine: inout Machine, at now: Duration = .zero) -> (waiter: Machine.WaiterID, refresh: Machine.RefreshID)? {
+        let action = machine.unauthorized(machine.stamp, now: now)
+        guard case .startRefreshAndWait(let waiter, let refresh) = action else { Issue.record("no start: \(action)"); return nil }
+        return (waiter, refresh)
+    }
+
+    @Test func theRefreshTimeoutDefaultsToThirtySecondsAndZeroOrLessDisablesIt() {
+        #expect(Machine.Configuration(maxRefreshes: 5, window: .seconds(30), proactiveRefreshLead: .seconds(60)).refreshTimeout == .seconds(30))
+        #expect(Machine.Configuration(maxRefreshes: 5, window: .seconds(30), proactiveRefreshLead: .seconds(60)).hasRefreshTimeout)
+        #expect(!Machine.Configuration(maxRefreshes: 5, window: .seconds(30), proactiveRefreshLead: .seconds(60), refreshTimeout: .zero).hasRefreshTimeout)
+        #expect(!Machine.Configuration(maxRefreshes: 5, window: .seconds(30), proactiveRefreshLead: .seconds(60), refreshTimeout: .seconds(-1)).hasRefreshTimeout)
+    }
+
+    @Test func everyRefreshGetsItsOwnID() {
+        var machine = Self.machineWithOldToken()
+        guard let first = Self.start401Refresh(&machine) else { return }
+        #expect(machine.refreshInFlight == first.refresh)
+        _ = machine.refreshFailed(first.refresh, .invalidToken)
+        #expect(machine.refreshInFlight == nil)
+        _ = Self.read(&machine, "old")
+        guard let second = Self.start401Refresh(&machine) else { return }
+        #expect(second.refresh != first.refresh)
+        #expect(machine.refreshInFlight == second.refresh)
+    }
+
+    @Test func aTimedOutRefreshFailsEveryWaiterWithRefreshTimedOutAndTheMachineGoesIdle() {
+        var machine = Self.machineWithOldToken()
+        guard let started = Self.start401Refresh(&machine) else { return }
+        var waiters = [started.waiter]
+        for _ in 0..<2 {
+            guard case .wait(let id) = machine.unauthorized(.init(generation: 1, epoch: 0), now: .seconds(5)) else { Issue.record("did not join"); return }
+            waiters.append(id)
+        }
+        let completion = machine.refreshTimedOut(started.refresh)
+        #expect(Set(completion.waiters) == Set(waiters))
+        guard case .failure(let error) = completion.outcome else { Issue.record("succeeded"); return }
+        #expect(error.label == "refreshTimedOut(30.0 seconds)")
+        #expect(!machine.isRefreshing)
+        #expect(machine.currentGeneration == 1)  // the current token is unchanged
+        #expect(machine.stamp.epoch == 1)  // a timeout ends the refresh, like a failure
+        #expect(machine.abandonedCount == 1)
+    }
+
+    @Test func aTimerThatFiresAfterItsRefreshEndedChangesNothing() {
+        var machine = Self.machineWithOldToken()
+        guard let first = Self.start401Refresh(&machine) else { return }
+        _ = machine.refreshSucceeded(first.refresh, token: "new", expiresAt: nil, now: .seconds(1))
+        // The result won the race; the timer fires anyway.
+        let late = machine.refreshTimedOut(first.refresh)
+        #expect(late.waiters.isEmpty)
+        #expect(machine.abandonedCount == 0)
+        #expect(Self.issued(Self.read(&machine, "new")).token == "new")
+        // Nor does it abandon a later refresh that is in flight.
+        guard let second = Self.start401Refresh(&machine, at: .seconds(2)) else { return }
+        #expect(machine.refreshTimedOut(first.refresh).waiters.isEmpty)
+        #expect(machine.refreshInFlight == second.refresh)
+        #expect(machine.waiterCount == 1)
+    }
+
+    @Test func a401InFlightDuringATimedOutRefreshSharesItsErrorAndALaterRequestMayStartANewRefresh() {
+        var machine = Self.machineWithOldToken()
+        let inFlight = Self.issued(Self.read(&machine, "old"))
+        guard let first = Self.start401Refresh(&machine) else { return }
+        _ = machine.refreshTimedOut(first.refresh)
+        let straggler = machine.unauthorized(inFlight.stamp, now: .seconds(31))
+        guard case .fail(let error) = straggler else { Issue.record("\(straggler)"); return }
+        #expect(error.label == "refreshTimedOut(30.0 seconds)")
+        #expect(!machine.isRefreshing)
+        // A request that starts after the timeout (its stamp is taken now) may try again: the hung
+        // refresh wedges nothing.
+        guard let second = Self.start401Refresh(&machine, at: .seconds(33)) else { return }
+        #expect(second.refresh != first.refresh)
+    }
+
+    @Test func aLateResultOfAnAbandonedRefreshIsAdoptedWhenNothingNewerWasIssued() {
+        var machine = Self.machineWithOldToken()
+        guard let started = Self.start401Refresh(&machine) else { return }
+        _ = machine.refreshTimedOut(started.refresh)
+        let late = machine.refreshSucceeded(started.refresh, token: "late", expiresAt: nil, now: .seconds(40))
+        #expect(late.waiters.isEmpty)  // they were answered at the timeout
+        guard case .success(let issued) = late.outcome else { Issue.record("dropped"); return }
+        #expect(issued == .init(token: "late", stamp: .init(generation: 2, epoch: 1)))
+        #expect(machine.abandonedCount == 0)
+        // A provider that did not persist it still gets it for the next request.
+        #expect(Self.issued(Self.read(&machine, "old", at: .seconds(41))).token == "late")
+    }
+
+    @Test func aLateResultNeverReplacesATokenObtainedByALaterRefresh() {
+        var machine = Self.machineWithOldToken()
+        guard let first = Self.start401Refresh(&machine) else { return }
+        _ = machine.refreshTimedOut(first.refresh)
+        _ = Self.read(&machine, "old", at: .seconds(31))
+        guard let second = Self.start401Refresh(&machine, at: .seconds(31)) else { return }
+        _ = machine.refreshSucceeded(second.refresh, token: "newer", expiresAt: nil, now: .seconds(32))
+        #expect(machine.currentGeneration == 2)
+
+        let late = machine.refreshSucceeded(first.refresh, token: "older", expiresAt: nil, now: .seconds(33))
+        guard case .failure = late.outcome else { Issue.record("a late token replaced a newer one"); return }
+        #expect(late.waiters.isEmpty)
+        #expect(machine.currentGeneration == 2)
+        #expect(machine.abandonedCount == 0)
+        #expect(Self.issued(Self.read(&machine, "newer", at: .seconds(34))).token == "newer")
+    }
+
+    @Test func aLateResultNeverReplacesATokenTheAppSetMeanwhile() {
+        var machine = Self.machineWithOldToken()
+        guard let started = Self.start401Refresh(&machine) else { return }
+        _ = machine.refreshTimedOut(started.refresh)
+        _ = Self.read(&machine, "signed-in-again", at: .seconds(31))  // generation 2
+        let late = machine.refreshSucceeded(started.refresh, token: "late", expiresAt: nil, now: .seconds(32))
+        guard case .failure = late.outcome else { Issue.record("a late token replaced a newer one"); return }
+        #expect(machine.currentGeneration == 2)
+        #expect(machine.newestToken(for: "old") == "signed-in-again")
+    }
+
+    @Test func aLateResultWhileALaterRefreshRunsIsUsedButDoesNotAnswerThatRefreshsWaiters() {
+        var machine = Self.machineWithOldToken()
+        guard let first = Self.start401Refresh(&machine) else { return }
+        _ = machine.refreshTimedOut(first.refresh)
+        _ = Self.read(&machine, "old", at: .seconds(31))
+        guard let second = Self.start401Refresh(&machine, at: .seconds(31)) else { return }
+
+        let late = machine.refreshSucceeded(first.refresh, token: "late", expiresAt: nil, now: .seconds(32))
+        #expect(late.waiters.isEmpty)
+        #expect(machine.currentGeneration == 2)
+        #expect(machine.refreshInFlight == second.refresh)
+        #expect(machine.waiterCount == 1)
+        // New requests send the late token rather than wait for a refresh of a token nobody uses now.
+        guard case .send(let sent) = Self.read(&machine, "old", at: .seconds(33)) else { Issue.record("waited"); return }
+        #expect(sent.token == "late")
+        // The later refresh still answers its own waiter, and its (newer) token becomes current.
+        let completion = machine.refreshSucceeded(second.refresh, token: "newest", expiresAt: nil, now: .seconds(34))
+        #expect(completion.waiters == [second.waiter])
+        guard case .success(let issued) = completion.outcome else { Issue.record("failed"); return }
+        #expect(issued.token == "newest")
+        #expect(issued.stamp.generation == 3)
+    }
+
+    @Test func aLateFailureOfAnAbandonedRefreshChangesNothing() {
+        var machine = Self.machineWithOldToken()
+        guard let first = Self.start401Refresh(&machine) else { return }
+        _ = machine.refreshTimedOut(first.refresh)
+        _ = Self.read(&machine, "old", at: .seconds(31))
+        guard let second = Self.start401Refresh(&machine, at: .seconds(31)) else { return }
+        let late = machine.refreshFailed(first.refresh, .refreshFailed(underlying: RefreshFailure(id: 4)))
+        #expect(late.waiters.isEmpty)
+        #expect(machine.refreshInFlight == second.refresh)
+        #expect(machine.waiterCount == 1)
+        #expect(machine.abandonedCount == 0)
+    }
+
+    @Test func theLoopGuardCountsRefreshesThatTimedOut() {
+        var machine = Self.machineWithOldToken(maxRefreshes: 2, window: .seconds(60))
+        for start in [0, 10] {
+            _ = Self.read(&machine, "old", at: .seconds(start))
+            guard let started = Self.start401Refresh(&machine, at: .seconds(start)) else { return }
+            _ = machine.refreshTimedOut(started.refresh)
+        }
+        _ = Self.read(&machine, "old", at: .seconds(20))
+        let refused = machine.unauthorized(machine.stamp, now: .seconds(20))
+        guard case .fail(let error) = refused else { Issue.record("\(refused)"); return }
+        #expect(error.label == "excessiveRefresh(2)")
+    }
+
+    @Test func aProactiveRefreshThatTimesOutLeavesTheCurrentTokenInUse() {
+        var machine = Self.machineWithOldToken()
+        machine.expiryRead(generation: 1, expiresAt: .seconds(100), now: .zero)
+        guard case .sendAndStartRefresh(_, let refresh) = Self.read(&machine, "old", at: .seconds(50)) else { Issue.record("no proactive refresh"); return }
+        let completion = machine.refreshTimedOut(refresh)
+        #expect(completion.waiters.isEmpty)
+        guard case .send(let issued) = Self.read(&machine, "old", at: .seconds(81)) else { Issue.record("held"); return }
+        #expect(issued.token == "old")
+    }
+
+    @Test func onlyTheLastEightAbandonedRefreshesAreRemembered() {
+        var machine = Self.machineWithOldToken(window: .zero)
+        var ids: [Machine.RefreshID] = []
+        for _ in 0..<(Machine.abandonedLimit + 1) {
+            _ = Self.read(&machine, "old")
+            guard let started = Self.start401Refresh(&machine) else { return }
+            _ = machine.refreshTimedOut(started.refresh)
+            ids.append(started.refresh)
+        }
+        #expect(machine.abandonedCount == Machine.abandonedLimit)
+        guard case .failure = machine.refreshSucceeded(ids[0], token: "forgotten", expiresAt: nil, now: .zero).outcome else {
+            Issue.record("a forgotten refresh was adopted"); return
+        }
+        #expect(machine.currentGeneration == 1)
+        guard case .success = machine.refreshSucceeded(ids[ids.count - 1], token: "remembered", expiresAt: nil, now: .zero).outcome else {
+            Issue.record("a remembered refresh was dropped"); return
+        }
+        #expect(machine.currentGeneration == 2)
+    }
+
     static func issued(_ action: Machine.Action) -> Machine.IssuedToken {
         switch action {
-        case .send(let issued), .sendAndReadExpiry(let issued), .sendAndStartRefresh(let issued):
+        case .send(let issued), .sendAndReadExpiry(let issued), .sendAndStartRefresh(let issued, _):
             return issued
         default:
             Issue.record("expected a token to send, got \(action)")
             return .init(token: "", stamp: .init(generation: 0, epoch: 0))
         }
+    }
+}
+
+extension TokenRefreshStateMachine {
+    /// The refresh in flight returned `token` (for tests where only one refresh ever runs).
+    mutating func refreshSucceeded(token: String, expiresAt: Duration?, now: Duration) -> Completion {
+        refreshSucceeded(refreshInFlight ?? 0, token: token, expiresAt: expiresAt, now: now)
+    }
+
+    /// The refresh in flight failed (for tests where only one refresh ever runs).
+    mutating func refreshFailed(_ error: AuthError) -> Completion {
+        refreshFailed(refreshInFlight ?? 0, error)
     }
 }
