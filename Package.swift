@@ -18,12 +18,14 @@ let package = Package(
         .executable(name: "resilience-demo", targets: ["resilience-demo"]),
     ],
     targets: [
+        // Shared plumbing (file system, blocking I/O pool), not a product.
+        .target(name: "ResilienceCore"),
         .target(name: "Retry"),
         .target(name: "RequestEngine", dependencies: ["Retry"]),
         .target(name: "CNetlink"),
         .target(
             name: "OfflineQueue",
-            dependencies: ["RequestEngine", "Retry", .target(name: "CNetlink", condition: .when(platforms: [.linux]))]
+            dependencies: ["RequestEngine", "Retry", "ResilienceCore", .target(name: "CNetlink", condition: .when(platforms: [.linux]))]
         ),
         .target(name: "Auth", dependencies: ["RequestEngine"]),
         .target(name: "Observability", dependencies: ["RequestEngine"]),

@@ -236,7 +236,7 @@ extension DiskQueueStore {
         case .notRegular(let kind): return .corrupt("not a regular file (\(kind))")
         case .tooLarge(let size): return .corrupt("larger than \(maximumEntrySize) bytes (\(size))")
         case .vanished: return .vanished
-        case .failed(let operation, let code): return .unreadable(operation: operation, errno: code)
+        case .failed(let error): return .unreadable(operation: error.operation, errno: error.errno)
         }
         let fast = buffer.withUnsafeBufferPointer { QueueEntryDecoder.decode(UnsafeBufferPointer(rebasing: $0[0..<length])) }
         guard let decoded = fast ?? (try? decoder.decode(QueueEntry.self, from: Data(buffer[0..<length]))) else {

@@ -43,12 +43,12 @@ public enum RetryAfter: Hashable, Sendable {
 }
 
 /// The three HTTP-date forms of RFC 9110 §5.6.7, parsed by hand: no `DateFormatter`, no locale.
-enum HTTPDate {
+package enum HTTPDate {
     private static let months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
     private static let shortDays = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
     private static let longDays = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
 
-    static func parse(_ text: String, now: Date = Date()) -> Date? {
+    package static func parse(_ text: String, now: Date = Date()) -> Date? {
         let tokens = text.split(separator: " ", omittingEmptySubsequences: true).map { String($0) }
         if tokens.count == 6, tokens[0].hasSuffix(","), tokens[5] == "GMT",
            shortDays.contains(tokens[0].dropLast().lowercased()) {

@@ -1,12 +1,11 @@
 import Foundation
-import Retry
 
 /// A small pool of dedicated threads for blocking file I/O (`fsync` can block for milliseconds).
 ///
 /// Swift's cooperative thread pool has one thread per core and must never block, and GCD on Linux
-/// does not add threads when workers block, so durable writes run here. Concurrent enqueues then
+/// does not add threads when workers block, so durable writes run here. Concurrent writers then
 /// fsync in parallel, which is what makes group commit pay off.
-final class BlockingIOPool: Sendable {
+package final class BlockingIOPool: Sendable {
     private struct State {
         var jobs: [@Sendable () -> Void] = []
         var started = 0
@@ -18,14 +17,14 @@ final class BlockingIOPool: Sendable {
     private nonisolated(unsafe) var state = State()
     private let maxThreads: Int
 
-    static let shared = BlockingIOPool(maxThreads: 32)
+    package static let shared = BlockingIOPool(maxThreads: 32)
 
-    init(maxThreads: Int) {
+    package init(maxThreads: Int) {
         self.maxThreads = max(1, maxThreads)
     }
 
     /// Runs `body` on a pool thread and returns its result.
-    func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    package func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             submit {
                 do { continuation.resume(returning: try body()) } catch { continuation.resume(throwing: error) }
@@ -34,7 +33,7 @@ final class BlockingIOPool: Sendable {
     }
 
     /// Runs `job` on a pool thread without waiting for it.
-    func submit(_ job: @escaping @Sendable () -> Void) {
+    package func submit(_ job: @escaping @Sendable () -> Void) {
         condition.lock()
         state.jobs.append(job)
         // A worker that was signalled but has not woken yet still counts as idle, so compare the

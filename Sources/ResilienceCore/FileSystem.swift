@@ -1,0 +1,247 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A failed system call on a file or folder: which call, on which path, and its `errno`. Each
+/// layer maps it onto its own typed error (`OfflineQueueError.storage`, …).
+package struct FileSystemError: Error, Equatable, Sendable {
+    package let operation: String
+    package let path: String
+    package let errno: Int32
+
+    package init(operation: String, path: String, errno: Int32) {
+        self.operation = operation
+        self.path = path
+        self.errno = errno
+    }
+
+    /// Out of descriptors or memory, or interrupted: may clear up on its own.
+    package var isTransient: Bool {
+        errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == EAGAIN || errno == EINTR || errno == ENOBUFS
+    }
+}
+
+/// The POSIX file operations the storage layers share: writes that become visible atomically (temp
+/// file, optional fsync, rename), reads that only ever read a regular file and never more than a
+/// limit, directory listing and an exclusive `flock` on a folder.
+package enum FileSystem {
+    /// Writes `data` to `tempPath` (created `O_EXCL`, mode 0600), fsyncs it when `sync` is true, and
+    /// renames it onto `path`: a reader sees the old file or the complete new one, never a part.
+    /// Without `sync` a power loss may leave the new name with incomplete content (readers must
+    /// check), a crash of the process may not. On any failure the temp file is removed.
+    package static func writeFile(_ data: Data, to path: String, via tempPath: String, sync: Bool) throws(FileSystemError) {
+        let fd = open(tempPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw failure("create", tempPath) }
+        var failed: FileSystemError?
+        data.withUnsafeBytes { (buffer: UnsafeRawBufferPointer) in
+            var offset = 0
+            while offset < buffer.count, let base = buffer.baseAddress {
+                let written = write(fd, base + offset, buffer.count - offset)
+                if written < 0 {
+                    if errno == EINTR { continue }
+                    failed = failure("write", tempPath)
+                    return
+                }
+                offset += written
+            }
+        }
+        if sync, failed == nil, fsync(fd) != 0 { failed = failure("fsync", tempPath) }
+        if close(fd) != 0, failed == nil { failed = failure("close", tempPath) }
+        if failed == nil, rename(tempPath, path) != 0 { failed = failure("rename", path) }
+        if let failed {
+            unlink(tempPath)
+            throw failed
+        }
+    }
+
+    /// fsyncs a directory so that renames and unlinks in it survive a crash.
+    package static func syncDirectory(_ path: String) throws(FileSystemError) {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw failure("open directory", path) }
+        defer { close(fd) }
+        guard fsync(fd) == 0 else { throw failure("fsync directory", path) }
+    }
+
+    /// Removes a file; a file that is already gone is not an error.
+    package static func removeFile(_ path: String) throws(FileSystemError) {
+        guard unlink(path) == 0 || errno == ENOENT else { throw failure("unlink", path) }
+    }
+
+    /// Renames a file (same file system).
+    package static func moveFile(_ from: String, to: String) throws(FileSystemError) {
+        guard rename(from, to) == 0 else { throw failure("rename", from) }
+    }
+
+    /// Creates a directory with mode 0700 if it does not exist; something else under the name is
+    /// an `ENOTDIR` error.
+    package static func makeDirectory(_ path: String) throws(FileSystemError) {
+        if mkdir(path, 0o700) != 0 && errno != EEXIST { throw failure("mkdir", path) }
+        var info = stat()
+        guard stat(path, &info) == 0 else { throw failure("stat", path) }
+        guard (info.st_mode & S_IFMT) == S_IFDIR else {
+            throw FileSystemError(operation: "mkdir", path: path, errno: ENOTDIR)
+        }
+    }
+
+    /// Whether `path` names something other than a directory (a file, a link), without following links.
+    package static func isNonDirectory(_ path: String) -> Bool {
+        var info = stat()
+        return lstat(path, &info) == 0 && (info.st_mode & S_IFMT) != S_IFDIR
+    }
+
+    /// Whether anything exists at `path` (a dangling link counts).
+    package static func exists(_ path: String) -> Bool {
+        var info = stat()
+        return lstat(path, &info) == 0
+    }
+
+    /// Opens a directory for the `…(named:in:)` reads; close it with `close(_:)`.
+    package static func openDirectory(_ path: String) throws(FileSystemError) -> Int32 {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw failure("open directory", path) }
+        return fd
+    }
+
+    /// Names in a directory (without "." and "..").
+    package static func listDirectory(_ path: String) throws(FileSystemError) -> [String] {
+        guard let dir = opendir(path) else { throw failure("opendir", path) }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafePointer(to: entry.pointee.d_name) { pointer in
+                pointer.withMemoryRebound(to: CChar.self, capacity: Int(NAME_MAX) + 1) { String(cString: $0) }
+            }
+            if name != "." && name != ".." { names.append(name) }
+        }
+        return names
+    }
+
+    /// What locking a folder found.
+    package enum LockResult {
+        /// The folder is ours while this descriptor stays open.
+        case locked(Int32)
+        /// Another descriptor holds it.
+        case busy
+    }
+
+    /// Opens `path` (a directory) and takes an exclusive `flock` on it, held until the descriptor
+    /// is closed (or the process ends, however it ends). While another descriptor holds it, tries
+    /// again every 5 ms for up to `patience` (a child process being spawned briefly holds a copy
+    /// of every descriptor, close-on-exec ones included, until its `exec`), then returns `.busy`.
+    package static func lockDirectory(_ path: String, patience: Duration) throws(FileSystemError) -> LockResult {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw failure("open directory", path) }
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: patience)
+        while flock(fd, LOCK_EX | LOCK_NB) != 0 {
+            let code = errno
+            if code == EINTR { continue }
+            if code == EWOULDBLOCK, clock.now < deadline {
+                usleep(5_000)
+                continue
+            }
+            close(fd)
+            if code == EWOULDBLOCK { return .busy }
+            throw FileSystemError(operation: "flock", path: path, errno: code)
+        }
+        return .locked(fd)
+    }
+
+    /// What reading one file found.
+    package enum Read: Equatable {
+        /// The file's bytes are in the buffer, this many.
+        case bytes(Int)
+        /// Not a regular file (a symbolic link, FIFO, socket, device or directory): never read.
+        /// A verdict on the file, not an I/O error.
+        case notRegular(String)
+        /// A regular file larger than the limit: not read (its size).
+        case tooLarge(Int)
+        /// The name no longer exists (removed between the listing and the read).
+        case vanished
+        /// A system call failed: a fact about the process or the disk (EMFILE, EIO, EACCES…),
+        /// never a verdict on the file's content.
+        case failed(FileSystemError)
+    }
+
+    /// Reads the file `name` in the directory open as `directory` into `buffer` (grown as needed,
+    /// reused across calls), at most `maximumSize` bytes — or only the first `prefix` bytes when
+    /// given (then `tooLarge` is never returned for a file longer than `prefix`).
+    ///
+    /// Only a regular file is read: the name is checked with `fstatat` without following links,
+    /// opened with `O_NOFOLLOW | O_NONBLOCK` (a FIFO planted under the name can neither block the
+    /// open nor the read) and checked again with `fstat`. `info` receives the file's `stat`.
+    package static func readRegularFile(
+        named name: String,
+        in directory: Int32,
+        maximumSize: Int,
+        prefix: Int? = nil,
+        into buffer: inout [UInt8],
+        info: inout stat
+    ) -> Read {
+        guard fstatat(directory, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
+            let code = errno
+            return code == ENOENT ? .vanished : .failed(FileSystemError(operation: "stat", path: name, errno: code))
+        }
+        if let kind = nonRegularKind(info.st_mode) { return .notRegular(kind) }
+        if prefix == nil, Int(info.st_size) > maximumSize { return .tooLarge(Int(info.st_size)) }
+        let fd = openat(directory, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else {
+            let code = errno
+            switch code {
+            case ENOENT: return .vanished
+            case ELOOP: return .notRegular("symbolic link")  // replaced by a link since the stat
+            case ENXIO: return .notRegular("socket")
+            default: return .failed(FileSystemError(operation: "open", path: name, errno: code))
+            }
+        }
+        defer { close(fd) }
+        guard fstat(fd, &info) == 0 else { return .failed(FileSystemError(operation: "fstat", path: name, errno: errno)) }
+        if let kind = nonRegularKind(info.st_mode) { return .notRegular(kind) }
+        // One byte more than the limit tells a file that grew past it.
+        let limit = prefix.map { min($0, maximumSize) } ?? (maximumSize + 1)
+        let wanted = min(limit, max(4096, Int(info.st_size) + 1))
+        if buffer.count < wanted { buffer = [UInt8](repeating: 0, count: wanted) }
+        var length = 0
+        while true {
+            if length == buffer.count {
+                guard buffer.count < limit else { break }
+                buffer.append(contentsOf: [UInt8](repeating: 0, count: min(buffer.count, limit - buffer.count)))
+            }
+            let got = buffer.withUnsafeMutableBytes { raw -> Int in
+                guard let base = raw.baseAddress else { return 0 }
+                return read(fd, base + length, min(raw.count, limit) - length)
+            }
+            if got < 0 {
+                if errno == EINTR { continue }
+                return .failed(FileSystemError(operation: "read", path: name, errno: errno))
+            }
+            if got == 0 { break }
+            length += got
+            if length == limit { break }
+        }
+        if prefix == nil, length > maximumSize { return .tooLarge(length) }
+        return .bytes(length)
+    }
+
+    /// The kind of a non-regular file, or nil for a regular one.
+    private static func nonRegularKind(_ mode: mode_t) -> String? {
+        switch mode & S_IFMT {
+        case S_IFREG: return nil
+        case S_IFLNK: return "symbolic link"
+        case S_IFIFO: return "FIFO"
+        case S_IFSOCK: return "socket"
+        case S_IFCHR, S_IFBLK: return "device"
+        case S_IFDIR: return "directory"
+        default: return "special file"
+        }
+    }
+
+    private static func failure(_ operation: String, _ path: String) -> FileSystemError {
+        FileSystemError(operation: operation, path: path, errno: errno)
+    }
+}
