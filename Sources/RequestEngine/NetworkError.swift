@@ -54,7 +54,8 @@ public enum TransportFailure: String, Sendable, Hashable, Codable {
     /// Nothing listens, or the host refused the connection (`URLError.cannotConnectToHost`).
     case cannotConnectToHost
     /// The connection was reset or dropped before the response completed
-    /// (`URLError.networkConnectionLost`; on Linux also libcurl's "Empty reply from server").
+    /// (`URLError.networkConnectionLost`; on Linux also libcurl's "Empty reply from server" and
+    /// "transfer closed with N bytes remaining to read", a body shorter than its `Content-Length`).
     case connectionLost
     /// The host name could not be resolved (`cannotFindHost`, `dnsLookupFailed`).
     case dnsFailure
@@ -99,6 +100,10 @@ extension NetworkError {
             // libcurl (Linux) reports a connection closed before any reply byte as "Empty reply from
             // server" under badServerResponse; Apple platforms report networkConnectionLost.
             self = Self.isEmptyReply(urlError) ? .transport(.connectionLost) : .invalidResponse
+        case .unknown:
+            // libcurl (Linux) reports a body cut short by the connection closing (CURLE_PARTIAL_FILE)
+            // under code -1 with its own message; Apple platforms report networkConnectionLost.
+            self = Self.isTruncatedBody(urlError) ? .transport(.connectionLost) : .underlying(urlError)
         case .unsupportedURL, .cannotParseResponse, .zeroByteResource, .cannotDecodeRawData,
              .cannotDecodeContentData:
             // The engine validates URLs before sending, so unsupportedURL here means libcurl rejected
@@ -107,6 +112,17 @@ extension NetworkError {
         default:
             self = .underlying(urlError)
         }
+    }
+
+    /// libcurl's messages for CURLE_PARTIAL_FILE: "transfer closed with 500 bytes remaining to
+    /// read" (a body shorter than its `Content-Length`) and "transfer closed with outstanding read
+    /// data remaining" (a chunked body without its last chunk).
+    private static func isTruncatedBody(_ error: URLError) -> Bool {
+        #if os(Linux) || os(Android) || os(Windows)
+        return error.localizedDescription.range(of: "transfer closed with", options: [.caseInsensitive, .anchored]) != nil
+        #else
+        return false
+        #endif
     }
 
     private static func isEmptyReply(_ error: URLError) -> Bool {
