@@ -23,12 +23,16 @@ public enum NetworkError: Error, Sendable {
     /// The request cannot be sent as built (bad URL scheme, no host, a header value with CR/LF,
     /// a non-positive timeout). Nothing was sent.
     case invalidRequest(reason: String)
+    /// The response body exceeded `limit` bytes (`AsyncRequestEngine.Options.maximumResponseBodySize`
+    /// or the request's `maximumResponseBodySize`): the transfer was stopped and nothing of the body
+    /// is returned. Not retryable: the same request would get the same body.
+    case responseTooLarge(limit: Int)
     /// Any other error from the session.
     case underlying(any Error)
 
     /// Whether trying again may succeed: 5xx except 501, 408, 429, `noConnection`, `timedOut` and
     /// transport failures other than TLS. Never `cancelled`, other 4xx, `invalidResponse`,
-    /// `invalidRequest`, `circuitOpen` or `underlying`.
+    /// `invalidRequest`, `circuitOpen`, `responseTooLarge` or `underlying`.
     public var isRetryable: Bool {
         switch self {
         case .httpError(let statusCode, _):
@@ -37,7 +41,7 @@ public enum NetworkError: Error, Sendable {
             return true
         case .transport(let failure):
             return failure != .secureConnectionFailed
-        case .cancelled, .invalidResponse, .circuitOpen, .invalidRequest, .underlying:
+        case .cancelled, .invalidResponse, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying:
             return false
         }
     }
@@ -147,6 +151,7 @@ extension NetworkError: CustomStringConvertible {
         case .invalidResponse: return "invalid (non-HTTP) response"
         case .circuitOpen: return "circuit breaker open"
         case .invalidRequest(let reason): return "invalid request: \(reason)"
+        case .responseTooLarge(let limit): return "response body larger than \(limit) bytes"
         case .underlying(let error):
             if let urlError = error as? URLError { return "URL error \(urlError.code.rawValue)" }
             return "underlying error: \(type(of: error))"

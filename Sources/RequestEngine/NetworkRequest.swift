@@ -22,12 +22,19 @@ public protocol NetworkRequest: Sendable {
     /// enforces it on its own clock (each retry gets a fresh timeout). Defaults to 30.
     /// `.infinity` means no limit; zero, negative or NaN is rejected as `NetworkError.invalidRequest`.
     var timeout: TimeInterval { get }
+    /// The largest response body, in bytes, this request accepts; a larger one fails with
+    /// `NetworkError.responseTooLarge(limit:)`. Defaults to `nil`: the engine's
+    /// `AsyncRequestEngine.Options.maximumResponseBodySize` (16 MiB unless configured) applies.
+    /// A value here replaces the engine's, larger or smaller (`Int.max` lifts the limit for this
+    /// request); a negative value is rejected as `NetworkError.invalidRequest`.
+    var maximumResponseBodySize: Int? { get }
 }
 
 extension NetworkRequest {
     public var headers: [String: String] { [:] }
     public var body: Data? { nil }
     public var timeout: TimeInterval { 30 }
+    public var maximumResponseBodySize: Int? { nil }
 }
 
 /// Header names the library reads or writes.
