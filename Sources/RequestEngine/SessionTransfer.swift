@@ -38,7 +38,7 @@ final class SessionTransfer: Sendable {
     }
 
     /// Where plain `URLSession`s hand their tasks' cancels.
-    static let sharedCanceller = DispatchQueue(label: "Resilience.URLSession.cancel", qos: .utility)
+    static let sharedCanceller = DispatchQueue(label: "Resilience.URLSession.cancel")
 
     /// Makes the task with `makeTask` (made, maybe registered, never resumed by it), starts it and
     /// waits for the answer. A cancelled caller gets `URLError(.cancelled)` at once.

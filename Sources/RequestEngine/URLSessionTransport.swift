@@ -57,7 +57,7 @@ public final class URLSessionTransport: NetworkSession {
         queue.maxConcurrentOperationCount = 1
         self.delegate = delegate
         self.session = URLSession(configuration: configuration, delegate: delegate, delegateQueue: queue)
-        self.canceller = DispatchQueue(label: "Resilience.URLSessionTransport.cancel", qos: .utility)
+        self.canceller = DispatchQueue(label: "Resilience.URLSessionTransport.cancel")
         self.makeTask = makeTask
     }
 
