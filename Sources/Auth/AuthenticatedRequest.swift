@@ -14,6 +14,7 @@ struct AuthenticatedRequest<Wrapped: NetworkRequest>: NetworkRequest {
     var method: HTTPMethod { wrapped.method }
     var body: Data? { wrapped.body }
     var timeout: TimeInterval { wrapped.timeout }
+    var maximumResponseBodySize: Int? { wrapped.maximumResponseBodySize }
 
     /// `wrapped` with header `name` set to `value`; any header of the same name in another letter
     /// case is dropped, so exactly one token header goes out.

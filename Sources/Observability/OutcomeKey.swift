@@ -38,7 +38,7 @@ struct OutcomeKey: Hashable, Sendable, Comparable {
         case .invalidResponse: reason = 7
         case .circuitOpen: reason = 8
         case .invalidRequest: reason = 9
-        case .underlying: reason = 10
+        case .responseTooLarge, .underlying: reason = 10
         }
         rawValue = -1 - Int16(reason)
     }

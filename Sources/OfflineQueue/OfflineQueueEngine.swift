@@ -376,7 +376,8 @@ public actor OfflineQueueEngine {
                 return .offline
             case .cancelled:
                 return .stop
-            case .invalidRequest:
+            case .invalidRequest, .responseTooLarge:
+                // Sent again, the request would fail the same way.
                 return .permanent(error)
             default:
                 if Task.isCancelled { return .stop }

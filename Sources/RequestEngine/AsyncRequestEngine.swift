@@ -20,6 +20,8 @@ import FoundationNetworking
 ///   delay, capped at `Options.maximumRetryAfter`. Policy delays are sanitised: negative or NaN → 0,
 ///   infinite or huge → `Options.maximumRetryDelay`. Without a policy nothing is retried.
 /// - **Timeout**: each attempt is limited to the request's `timeout`, measured on the engine's clock.
+/// - **Body size**: a response body above `Options.maximumResponseBodySize` (16 MiB by default) or the
+///   request's own `maximumResponseBodySize` fails with `NetworkError.responseTooLarge(limit:)`.
 /// - **Deduplication**: concurrent sends of GET, HEAD and OPTIONS (configurable) with the same
 ///   `RequestIdentity` share one network call and its result.
 /// - **Cancellation**: a cancelled caller gets `NetworkError.cancelled` at once; a shared call is
@@ -37,17 +39,29 @@ public actor AsyncRequestEngine: RequestSending {
         public var deduplicatedMethods: Set<HTTPMethod>
         /// Whether `Retry-After` on 429/503 replaces the policy's delay. Default true.
         public var honorsRetryAfter: Bool
+        /// The largest response body accepted, in bytes; a larger one fails with
+        /// `NetworkError.responseTooLarge(limit:)` (not retried). Default 16 MiB; `nil` for no
+        /// limit; negative values count as 0. A request's own `maximumResponseBodySize` replaces it.
+        /// `URLSessionTransport` (the default session) stops the transfer as soon as the limit is
+        /// crossed; other sessions may check only once the body has arrived
+        /// (`NetworkSession.data(for:maximumBodySize:)`).
+        public var maximumResponseBodySize: Int?
+
+        /// The default `maximumResponseBodySize`: 16 MiB.
+        public static let defaultMaximumResponseBodySize = 16 * 1024 * 1024
 
         public init(
             maximumRetryAfter: Duration = .seconds(60),
             maximumRetryDelay: Duration = RetryPolicyDelay.defaultMaximum,
             deduplicatedMethods: Set<HTTPMethod> = [.get, .head, .options],
-            honorsRetryAfter: Bool = true
+            honorsRetryAfter: Bool = true,
+            maximumResponseBodySize: Int? = Options.defaultMaximumResponseBodySize
         ) {
             self.maximumRetryAfter = max(.zero, maximumRetryAfter)
             self.maximumRetryDelay = max(.zero, maximumRetryDelay)
             self.deduplicatedMethods = deduplicatedMethods
             self.honorsRetryAfter = honorsRetryAfter
+            self.maximumResponseBodySize = maximumResponseBodySize.map { max(0, $0) }
         }
     }
 
@@ -75,7 +89,8 @@ public actor AsyncRequestEngine: RequestSending {
     private nonisolated let retries: Bool
 
     /// - Parameters:
-    ///   - session: the transport; `URLSession.shared` by default.
+    ///   - session: the transport; `URLSessionTransport.shared` by default. A plain `URLSession`
+    ///     works too, but checks the body limit only once the whole body has arrived.
     ///   - retryPolicy: when and how long to wait before retrying; `nil` (the default) never retries.
     ///   - eventSink: receives `RequestEvent`s; `nil` emits nothing.
     ///   - retryBudget: caps retries across all requests of this engine; `nil` means no cap.
@@ -83,7 +98,7 @@ public actor AsyncRequestEngine: RequestSending {
     ///   - options: caps and deduplication settings.
     ///   - clock: the clock timeouts and backoff sleeps run on (inject `ManualClock` in tests).
     public init(
-        session: any NetworkSession = URLSession.shared,
+        session: any NetworkSession = URLSessionTransport.shared,
         retryPolicy: (any RetryPolicy)? = nil,
         eventSink: (any RequestEventSink)? = nil,
         retryBudget: RetryBudget? = nil,
@@ -151,19 +166,24 @@ public actor AsyncRequestEngine: RequestSending {
         let headers = request.headers
         let body = request.body
         let timeout = request.timeout
+        let bodyLimit = request.maximumResponseBodySize
         // Read before any lock: the clock is the caller's (a test clock takes a lock of its own).
         let traceID = makeTraceID()
         let started = observed ? time.now() : .zero  // read only for `succeeded`'s duration
         let priority = Task.currentPriority
         guard deduplicated.contains(method) else {
-            let execution = plan(url, method, headers, body, timeout, traceID, started, priority, key: nil)
+            let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, key: nil)
             let call = SharedCall(engine: self, execution: execution)
             call.start()
             return (call, SharedCall.firstWaiterID, nil)
         }
-        let key = SingleFlightTable.Key(RequestIdentity(method: method, url: url, headers: headers, body: body))
+        // Requests with different body limits never share a call: one could fail where the other must not.
+        let key = SingleFlightTable.Key(
+            RequestIdentity(method: method, url: url, headers: headers, body: body),
+            maximumBodySize: bodyLimit ?? options.maximumResponseBodySize
+        )
         let (call, waiter, joined) = inFlight.joinOrStart(key) {
-            SharedCall(engine: self, execution: plan(url, method, headers, body, timeout, traceID, started, priority, key: key))
+            SharedCall(engine: self, execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, key: key))
         }
         guard joined else {
             call.start()
@@ -188,6 +208,7 @@ public actor AsyncRequestEngine: RequestSending {
         _ headers: [String: String],
         _ body: Data?,
         _ timeout: TimeInterval,
+        _ bodyLimit: Int?,
         _ traceID: UUID,
         _ started: Duration,
         _ priority: TaskPriority,
@@ -201,12 +222,16 @@ public actor AsyncRequestEngine: RequestSending {
             urlRequest = URLRequest(url: url)
             invalid = error
         }
+        if invalid == nil, let bodyLimit, bodyLimit < 0 {
+            invalid = .invalidRequest(reason: "maximumResponseBodySize must not be negative")
+        }
         return Execution(
             url: url,
             method: method,
             urlRequest: urlRequest,
             invalid: invalid,
             timeout: timeout.isFinite ? .clamped(seconds: timeout, upperBound: .seconds(Int64.max / 2)) : nil,
+            maximumBodySize: bodyLimit ?? options.maximumResponseBodySize,
             mayRetry: retries && (method.isIdempotent || HeaderValidation.containsIdempotencyKey(headers)),
             traceID: traceID,
             started: started,
@@ -299,11 +324,11 @@ public actor AsyncRequestEngine: RequestSending {
         permit: CircuitBreaker.Permit?
     ) async -> Result<(Data, HTTPURLResponse), NetworkError>? {
         guard let timeout = call.execution.timeout else {
-            return await Self.call(call.execution.urlRequest, on: session)
+            return await Self.call(call.execution, on: session)
         }
         call.open(attempt: attempt, permit: permit)
         watchdog.schedule(call, attempt: attempt, after: timeout)
-        let result = await Self.call(call.execution.urlRequest, on: session)
+        let result = await Self.call(call.execution, on: session)
         watchdog.cancel(call, attempt: attempt)
         guard call.claim(attempt: attempt) else {
             droppedLateAnswer.withLock { $0 }?()
@@ -313,11 +338,11 @@ public actor AsyncRequestEngine: RequestSending {
     }
 
     private static func call(
-        _ urlRequest: URLRequest,
+        _ execution: Execution,
         on session: any NetworkSession
     ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
         do {
-            let (data, response) = try await session.data(for: urlRequest)
+            let (data, response) = try await session.data(for: execution.urlRequest, maximumBodySize: execution.maximumBodySize)
             guard let http = response as? HTTPURLResponse else { return .failure(.invalidResponse) }
             return .success((data, http))
         } catch {
@@ -389,7 +414,7 @@ public actor AsyncRequestEngine: RequestSending {
             switch error {
             case .transport, .timedOut, .invalidResponse: return .failure
             case .httpError: return error.isRetryable ? .failure : .success
-            case .noConnection, .cancelled, .circuitOpen, .invalidRequest, .underlying: return .ignored
+            case .noConnection, .cancelled, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying: return .ignored
             }
         }
     }

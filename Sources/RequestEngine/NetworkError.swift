@@ -23,12 +23,16 @@ public enum NetworkError: Error, Sendable {
     /// The request cannot be sent as built (bad URL scheme, no host, a header value with CR/LF,
     /// a non-positive timeout). Nothing was sent.
     case invalidRequest(reason: String)
+    /// The response body exceeded `limit` bytes (`AsyncRequestEngine.Options.maximumResponseBodySize`
+    /// or the request's `maximumResponseBodySize`): the transfer was stopped and nothing of the body
+    /// is returned. Not retryable: the same request would get the same body.
+    case responseTooLarge(limit: Int)
     /// Any other error from the session.
     case underlying(any Error)
 
     /// Whether trying again may succeed: 5xx except 501, 408, 429, `noConnection`, `timedOut` and
     /// transport failures other than TLS. Never `cancelled`, other 4xx, `invalidResponse`,
-    /// `invalidRequest`, `circuitOpen` or `underlying`.
+    /// `invalidRequest`, `circuitOpen`, `responseTooLarge` or `underlying`.
     public var isRetryable: Bool {
         switch self {
         case .httpError(let statusCode, _):
@@ -37,7 +41,7 @@ public enum NetworkError: Error, Sendable {
             return true
         case .transport(let failure):
             return failure != .secureConnectionFailed
-        case .cancelled, .invalidResponse, .circuitOpen, .invalidRequest, .underlying:
+        case .cancelled, .invalidResponse, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying:
             return false
         }
     }
@@ -54,7 +58,8 @@ public enum TransportFailure: String, Sendable, Hashable, Codable {
     /// Nothing listens, or the host refused the connection (`URLError.cannotConnectToHost`).
     case cannotConnectToHost
     /// The connection was reset or dropped before the response completed
-    /// (`URLError.networkConnectionLost`; on Linux also libcurl's "Empty reply from server").
+    /// (`URLError.networkConnectionLost`; on Linux also libcurl's "Empty reply from server" and
+    /// "transfer closed with N bytes remaining to read", a body shorter than its `Content-Length`).
     case connectionLost
     /// The host name could not be resolved (`cannotFindHost`, `dnsLookupFailed`).
     case dnsFailure
@@ -99,6 +104,10 @@ extension NetworkError {
             // libcurl (Linux) reports a connection closed before any reply byte as "Empty reply from
             // server" under badServerResponse; Apple platforms report networkConnectionLost.
             self = Self.isEmptyReply(urlError) ? .transport(.connectionLost) : .invalidResponse
+        case .unknown:
+            // libcurl (Linux) reports a body cut short by the connection closing (CURLE_PARTIAL_FILE)
+            // under code -1 with its own message; Apple platforms report networkConnectionLost.
+            self = Self.isTruncatedBody(urlError) ? .transport(.connectionLost) : .underlying(urlError)
         case .unsupportedURL, .cannotParseResponse, .zeroByteResource, .cannotDecodeRawData,
              .cannotDecodeContentData:
             // The engine validates URLs before sending, so unsupportedURL here means libcurl rejected
@@ -107,6 +116,17 @@ extension NetworkError {
         default:
             self = .underlying(urlError)
         }
+    }
+
+    /// libcurl's messages for CURLE_PARTIAL_FILE: "transfer closed with 500 bytes remaining to
+    /// read" (a body shorter than its `Content-Length`) and "transfer closed with outstanding read
+    /// data remaining" (a chunked body without its last chunk).
+    private static func isTruncatedBody(_ error: URLError) -> Bool {
+        #if os(Linux) || os(Android) || os(Windows)
+        return error.localizedDescription.range(of: "transfer closed with", options: [.caseInsensitive, .anchored]) != nil
+        #else
+        return false
+        #endif
     }
 
     private static func isEmptyReply(_ error: URLError) -> Bool {
@@ -131,6 +151,7 @@ extension NetworkError: CustomStringConvertible {
         case .invalidResponse: return "invalid (non-HTTP) response"
         case .circuitOpen: return "circuit breaker open"
         case .invalidRequest(let reason): return "invalid request: \(reason)"
+        case .responseTooLarge(let limit): return "response body larger than \(limit) bytes"
         case .underlying(let error):
             if let urlError = error as? URLError { return "URL error \(urlError.code.rawValue)" }
             return "underlying error: \(type(of: error))"

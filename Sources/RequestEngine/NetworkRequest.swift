@@ -22,12 +22,19 @@ public protocol NetworkRequest: Sendable {
     /// enforces it on its own clock (each retry gets a fresh timeout). Defaults to 30.
     /// `.infinity` means no limit; zero, negative or NaN is rejected as `NetworkError.invalidRequest`.
     var timeout: TimeInterval { get }
+    /// The largest response body, in bytes, this request accepts; a larger one fails with
+    /// `NetworkError.responseTooLarge(limit:)`. Defaults to `nil`: the engine's
+    /// `AsyncRequestEngine.Options.maximumResponseBodySize` (16 MiB unless configured) applies.
+    /// A value here replaces the engine's, larger or smaller (`Int.max` lifts the limit for this
+    /// request); a negative value is rejected as `NetworkError.invalidRequest`.
+    var maximumResponseBodySize: Int? { get }
 }
 
 extension NetworkRequest {
     public var headers: [String: String] { [:] }
     public var body: Data? { nil }
     public var timeout: TimeInterval { 30 }
+    public var maximumResponseBodySize: Int? { nil }
 }
 
 /// Header names the library reads or writes.
@@ -45,8 +52,10 @@ extension NetworkRequest {
     }
 
     /// Builds the `URLRequest` the session sends, or throws `NetworkError.invalidRequest` for a URL
-    /// that is not absolute `http`/`https` with a host, a header name or value that could split the
-    /// header block (CR, LF, NUL, or a name with separators), or a non-positive timeout.
+    /// that is not absolute `http`/`https` with a host and a port in 0–65535, a header name or
+    /// value that could split the header block (CR, LF, NUL, or a name with separators), or a
+    /// non-positive timeout. The scheme is case-insensitive (RFC 3986): `HTTP://…` is sent as
+    /// `http://…`.
     public func makeURLRequest() throws(NetworkError) -> URLRequest {
         try URLRequestBuilder.make(url: url, method: method, headers: headers, body: body, timeout: timeout)
     }
@@ -62,19 +71,30 @@ enum URLRequestBuilder {
         body: Data?,
         timeout: TimeInterval
     ) throws(NetworkError) -> URLRequest {
-        guard let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https" else {
+        guard let typedScheme = url.scheme else {
+            throw .invalidRequest(reason: "URL scheme must be http or https")
+        }
+        let scheme = typedScheme.lowercased()
+        guard scheme == "http" || scheme == "https" else {
             throw .invalidRequest(reason: "URL scheme must be http or https")
         }
         guard let host = url.host, !host.isEmpty else {
             throw .invalidRequest(reason: "URL has no host")
         }
+        // Foundation parses any number of digits as the port; URLSession then fails with badURL.
+        if let port = url.port, !(0...65_535).contains(port) {
+            throw .invalidRequest(reason: "URL port must be in 0-65535")
+        }
         guard !timeout.isNaN, timeout > 0 else {
             throw .invalidRequest(reason: "timeout must be positive")
         }
+        // Schemes are case-insensitive (RFC 3986 §3.1), but URLSession picks its protocol by the
+        // scheme as written and rejects `HTTP` as an unsupported URL: send it lower-cased.
+        let target = typedScheme == scheme ? url : try lowercasingScheme(of: url, typed: typedScheme, as: scheme)
         // URLSession's own timeout is a backstop; the engine enforces `timeout` itself. Given to the
         // initialiser: setting it afterwards copies the request's storage.
         var urlRequest = URLRequest(
-            url: url,
+            url: target,
             cachePolicy: .useProtocolCachePolicy,
             timeoutInterval: timeout.isFinite ? timeout + 1 : 7 * 24 * 3600
         )
@@ -91,6 +111,15 @@ enum URLRequestBuilder {
             urlRequest.setValue(value, forHTTPHeaderField: name)
         }
         return urlRequest
+    }
+
+    /// `url` with its scheme, written `typed`, replaced by `scheme` (the same letters in lower case).
+    private static func lowercasingScheme(of url: URL, typed: String, as scheme: String) throws(NetworkError) -> URL {
+        let absolute = url.absoluteString
+        guard absolute.hasPrefix(typed), let lowered = URL(string: scheme + absolute.dropFirst(typed.count)) else {
+            throw .invalidRequest(reason: "URL scheme must be http or https")
+        }
+        return lowered
     }
 }
 

@@ -3,18 +3,52 @@ import Foundation
 import FoundationNetworking
 #endif
 
-/// The one call the engine needs from a transport. `URLSession` conforms on Linux and Apple
-/// platforms; tests use `ScriptedNetworkSession` from `ResilienceTesting`.
+/// The one call the engine needs from a transport. `URLSessionTransport` (the engine's default)
+/// and `URLSession` conform on Linux and Apple platforms; tests use `ScriptedNetworkSession` from
+/// `ResilienceTesting`.
 ///
-/// Implementations must honour task cancellation promptly (URLSession does): the engine cancels
-/// the call when its timeout fires or when every caller waiting on it is cancelled.
+/// Implementations must honour task cancellation promptly (both conformers here do, without
+/// blocking the cancelling thread): the engine cancels the call when its timeout fires or when
+/// every caller waiting on it is cancelled.
 public protocol NetworkSession: Sendable {
     func data(for request: URLRequest) async throws -> (Data, URLResponse)
+
+    /// Like `data(for:)`, but a body larger than `maximumBodySize` bytes (`nil`: no limit) fails
+    /// with `NetworkError.responseTooLarge(limit:)`. The engine calls this one.
+    ///
+    /// The default implementation calls `data(for:)` and checks the size once the whole body has
+    /// arrived, so it bounds what the caller gets, not what the transfer holds meanwhile. A
+    /// transport that can see the body as it arrives should stop the transfer as soon as the limit
+    /// is crossed, as `URLSessionTransport` does.
+    func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse)
+}
+
+extension NetworkSession {
+    public func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse) {
+        let (data, response) = try await data(for: request)
+        if let maximumBodySize, data.count > maximumBodySize {
+            throw NetworkError.responseTooLarge(limit: maximumBodySize)
+        }
+        return (data, response)
+    }
 }
 
 extension URLSession: NetworkSession {
-    /// `data(for:delegate:)` with no delegate, so URLSession satisfies `NetworkSession` exactly.
+    /// Loads `request` with a completion-handler data task, like Foundation's `data(for:delegate:)`,
+    /// except that cancelling the calling task never blocks the cancelling thread: the caller gets
+    /// `URLError(.cancelled)` at once and the task's `cancel()` runs later on a serial queue (on
+    /// Linux, `URLSessionTask.cancel()` waits for the session's work queue, which a busy transfer
+    /// can hold for seconds).
+    ///
+    /// The body is collected by Foundation, so a size limit (`data(for:maximumBodySize:)`) can only
+    /// be checked once it has arrived whole. To stop an oversized body while it is received, use
+    /// `URLSessionTransport(configuration: session.configuration)` instead.
     public func data(for request: URLRequest) async throws -> (Data, URLResponse) {
-        try await data(for: request, delegate: nil)
+        let transfer = SessionTransfer(limit: nil, canceller: SessionTransfer.sharedCanceller)
+        return try await transfer.run {
+            dataTask(with: request) { data, response, error in
+                transfer.complete(data: data ?? Data(), response: response, error: error)
+            }
+        }
     }
 }

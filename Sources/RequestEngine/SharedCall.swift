@@ -224,6 +224,8 @@ struct Execution: Sendable {
     let invalid: NetworkError?
     /// Each attempt's limit on the engine's clock; nil for no limit.
     let timeout: Duration?
+    /// The largest response body accepted, in bytes (the request's, else the engine's); nil for no limit.
+    let maximumBodySize: Int?
     /// A retry policy exists and the method is idempotent or carries an `Idempotency-Key`.
     let mayRetry: Bool
     let traceID: UUID

@@ -14,14 +14,20 @@ import Retry
 /// other way round. On a miss the new call is made under the stripe's lock: that builds its
 /// `URLRequest` and takes no other lock (the engine reads the clock and the priority before).
 final class SingleFlightTable: Sendable {
-    /// A request identity with its hash computed once.
+    /// A request identity and its body limit, with the hash computed once.
     struct Key: Hashable, Sendable {
         let identity: RequestIdentity
+        /// The call's effective body limit: calls with different limits are never shared.
+        let maximumBodySize: Int?
         let hash: Int
 
-        init(_ identity: RequestIdentity) {
+        init(_ identity: RequestIdentity, maximumBodySize: Int? = nil) {
             self.identity = identity
-            hash = identity.hashValue
+            self.maximumBodySize = maximumBodySize
+            var hasher = Hasher()
+            hasher.combine(identity)
+            hasher.combine(maximumBodySize)
+            hash = hasher.finalize()
         }
 
         func hash(into hasher: inout Hasher) {
@@ -29,7 +35,7 @@ final class SingleFlightTable: Sendable {
         }
 
         static func == (lhs: Key, rhs: Key) -> Bool {
-            lhs.hash == rhs.hash && lhs.identity == rhs.identity
+            lhs.hash == rhs.hash && lhs.maximumBodySize == rhs.maximumBodySize && lhs.identity == rhs.identity
         }
     }
 

@@ -42,6 +42,14 @@ private enum LoopbackCloseMode {
     case reset
 }
 
+/// An endless chunked body being written: the framed chunk, and when the next one may go.
+private struct LoopbackEndlessBody {
+    let frame: [UInt8]
+    /// Zero: as fast as the socket takes them.
+    let interval: Duration
+    var next: ContinuousClock.Instant
+}
+
 /// One accepted TCP connection; touched only by the loop thread.
 private final class LoopbackConnection {
     let id: Int
@@ -56,6 +64,8 @@ private final class LoopbackConnection {
     var closeAfterFlush: LoopbackCloseMode?
     /// Set once our write side is shut: input is discarded until EOF or this deadline.
     var drainDeadline: ContinuousClock.Instant?
+    /// Set once an endless body's head is queued: chunks follow until the connection closes.
+    var endlessBody: LoopbackEndlessBody?
     var isClosed = false
 
     init(id: Int, fd: Int32) {
@@ -64,6 +74,10 @@ private final class LoopbackConnection {
     }
 
     var hasPendingOutput: Bool { outputOffset < output.count }
+
+    /// Whether the socket is polled for writability: output is pending, or an endless body goes as
+    /// fast as the client reads.
+    var wantsToWrite: Bool { hasPendingOutput || endlessBody?.interval == .zero }
 
     var heldIDs: [Int] {
         queue.compactMap { item in
@@ -123,7 +137,7 @@ final class LoopbackEventLoop {
             pollSet.append(pollfd(fd: listenFD, events: acceptPausedUntil == nil ? Int16(POLLIN) : 0, revents: 0))
             for (id, connection) in connections {
                 var events = Int16(POLLIN)
-                if connection.hasPendingOutput { events |= Int16(POLLOUT) }
+                if connection.wantsToWrite { events |= Int16(POLLOUT) }
                 pollSet.append(pollfd(fd: connection.fd, events: events, revents: 0))
                 pollIDs.append(id)
             }
@@ -373,22 +387,52 @@ final class LoopbackEventLoop {
                 connection.output.append(contentsOf: response.body.prefix(response.body.count / 2))
             }
             connection.closeAfterFlush = .graceful
+        case .endlessChunkedBody(let chunk, let interval):
+            connection.output.append(contentsOf: head(for: queued, closing: false, chunked: true))
+            guard !queued.isHEAD else {
+                connection.closeAfterFlush = .graceful
+                return
+            }
+            let frame = Array(String(chunk.count, radix: 16).utf8) + [0x0D, 0x0A] + Array(chunk) + [0x0D, 0x0A]
+            connection.endlessBody = LoopbackEndlessBody(frame: frame, interval: interval, next: clock.now)
         }
     }
 
-    /// Writes as much output as the socket takes; once all is out, performs a pending close.
+    /// How many chunks of an as-fast-as-possible endless body one flush writes before the loop
+    /// serves other connections (writability brings it back).
+    private static let endlessChunksPerFlush = 16
+
+    /// Writes as much output as the socket takes (and an endless body's next chunks); once all is
+    /// out, performs a pending close.
     private func flush(_ connection: LoopbackConnection) {
         guard !connection.isClosed else { return }
-        while connection.hasPendingOutput {
-            switch LoopbackSocket.send(connection.fd, connection.output, from: connection.outputOffset) {
-            case .transferred(let count):
-                connection.outputOffset += count
-            case .wouldBlock:
-                return
-            case .endOfFile, .failed:
-                closeConnection(connection)
-                return
+        var chunks = 0
+        while true {
+            while connection.hasPendingOutput {
+                switch LoopbackSocket.send(connection.fd, connection.output, from: connection.outputOffset) {
+                case .transferred(let count):
+                    connection.outputOffset += count
+                case .wouldBlock:
+                    return
+                case .endOfFile, .failed:
+                    closeConnection(connection)
+                    return
+                }
             }
+            guard var endless = connection.endlessBody else { break }
+            if endless.interval > .zero {
+                let now = clock.now
+                guard endless.next <= now else { return }  // a timer is armed for `next`
+                endless.next = now.advanced(by: endless.interval)
+                addTimer(endless.next, for: connection)
+                connection.endlessBody = endless
+            } else {
+                chunks += 1
+                if chunks > Self.endlessChunksPerFlush { return }
+            }
+            connection.output.removeAll(keepingCapacity: true)
+            connection.output.append(contentsOf: endless.frame)
+            connection.outputOffset = 0
         }
         if !connection.output.isEmpty {
             connection.output.removeAll(keepingCapacity: connection.output.count <= 64 * 1024)
@@ -424,7 +468,7 @@ final class LoopbackEventLoop {
 
     // MARK: Serialisation
 
-    private func head(for queued: LoopbackQueuedResponse, closing: Bool) -> [UInt8] {
+    private func head(for queued: LoopbackQueuedResponse, closing: Bool, chunked: Bool = false) -> [UInt8] {
         let response = queued.response
         var hasDate = false
         var hasLength = false
@@ -440,7 +484,9 @@ final class LoopbackEventLoop {
         var text = "HTTP/1.1 \(response.status) \(Self.reasonPhrase(for: response.status))\r\n"
         if !hasDate { text += "Date: \(httpDate())\r\n" }
         // RFC 9110 §8.6: no Content-Length in 1xx and 204 responses.
-        if !hasLength && !(100..<200).contains(response.status) && response.status != 204 {
+        if chunked {
+            text += "Transfer-Encoding: chunked\r\n"
+        } else if !hasLength && !(100..<200).contains(response.status) && response.status != 204 {
             text += "Content-Length: \(response.body.count)\r\n"
         }
         for (name, value) in response.headers.sorted(by: { $0.key < $1.key }) {

@@ -8,7 +8,8 @@ import Darwin
 #endif
 
 /// A real HTTP/1.1 server on 127.0.0.1 for integration tests, with scripted responses and
-/// injected faults (delays, held responses, abrupt closes, resets, garbage, truncated bodies).
+/// injected faults (delays, held responses, abrupt closes, resets, garbage, truncated and endless
+/// bodies).
 ///
 /// It listens on an ephemeral port and serves from one background thread with non-blocking sockets
 /// and `poll()`, so thousands of concurrent connections cost no threads. HTTP/1.1 connections are

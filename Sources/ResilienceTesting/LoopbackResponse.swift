@@ -3,10 +3,12 @@ import Foundation
 /// What `LoopbackHTTPServer` answers to one request: a normal HTTP response, or an injected fault.
 ///
 /// Responses are values: build one with the initialiser or a factory (`.ok`, `.status`, `.json`,
-/// `.closeWithoutResponse`, `.reset`, `.raw`, `.partialBodyThenClose`) and refine it with
+/// `.closeWithoutResponse`, `.reset`, `.raw`, `.partialBodyThenClose`, `.endlessChunkedBody`) and
+/// refine it with
 /// `delayed(by:)` and `held()`.
 public struct LoopbackResponse: Sendable, Equatable {
-    /// The status code written in the status line (`.http` and `.partialBodyThenClose` only).
+    /// The status code written in the status line (`.http`, `.partialBodyThenClose` and
+    /// `.endlessChunkedBody` only).
     public var status: Int
     /// Extra response headers, written as given. The server adds `Date` and `Content-Length`
     /// unless present here (any letter case), and `Connection: close` when it closes the connection.
@@ -37,6 +39,12 @@ public struct LoopbackResponse: Sendable, Equatable {
         /// Writes the status line and headers announcing `Content-Length` of the whole body, then
         /// only the first half of the body (rounded down), then closes the connection.
         case partialBodyThenClose
+        /// Writes the status line and headers with `Transfer-Encoding: chunked` (no
+        /// `Content-Length`), then `chunk` as one chunk after another, never the last chunk: as fast
+        /// as the client reads when `interval` is zero, else one chunk per `interval`. It stops only
+        /// when the client closes the connection (or the server shuts down), which the server then
+        /// counts in `openConnections`. A HEAD request gets the head alone.
+        case endlessChunkedBody(chunk: Data, interval: Duration)
     }
 
     /// A normal (`.http`) response, written at once (after `delay`) and not held.
@@ -90,6 +98,19 @@ public struct LoopbackResponse: Sendable, Equatable {
     public static func partialBodyThenClose(status: Int = 200, headers: [String: String] = [:], body: Data) -> LoopbackResponse {
         var response = LoopbackResponse(status: status, headers: headers, body: body)
         response.kind = .partialBodyThenClose
+        return response
+    }
+
+    /// A body that never ends (see `Kind.endlessChunkedBody`): `chunk` (non-empty; 16 KiB of `a` by
+    /// default) again and again, as fast as the client reads, or one per `interval`.
+    public static func endlessChunkedBody(
+        status: Int = 200,
+        headers: [String: String] = [:],
+        chunk: Data = Data(repeating: UInt8(ascii: "a"), count: 16 * 1024),
+        interval: Duration = .zero
+    ) -> LoopbackResponse {
+        var response = LoopbackResponse(status: status, headers: headers)
+        response.kind = .endlessChunkedBody(chunk: chunk.isEmpty ? Data([UInt8(ascii: "a")]) : chunk, interval: max(.zero, interval))
         return response
     }
 

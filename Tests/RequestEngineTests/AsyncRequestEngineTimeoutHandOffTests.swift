@@ -225,7 +225,7 @@ extension SharedCall {
     static func unstarted() -> SharedCall {
         let url = URL(string: "https://api.example.test/resource")!
         let execution = Execution(
-            url: url, method: .get, urlRequest: URLRequest(url: url), invalid: nil, timeout: .seconds(5),
+            url: url, method: .get, urlRequest: URLRequest(url: url), invalid: nil, timeout: .seconds(5), maximumBodySize: nil,
             mayRetry: false, traceID: UUID(), started: .zero, priority: .medium, key: nil
         )
         return SharedCall(engine: AsyncRequestEngine(session: ScriptedNetworkSession([]), clock: ManualClock()), execution: execution)

@@ -29,6 +29,24 @@ struct NetworkErrorTests {
         #expect(error.isRetryable == retryable)
     }
 
+    /// What libcurl-based URLSession reports, verbatim, when the connection closes before the body
+    /// is complete: a body shorter than its `Content-Length`, a chunked body without its last chunk.
+    @Test(.enabled(if: runsOnCorelibsFoundation, "libcurl's messages, Linux only"), arguments: [
+        "transfer closed with 500 bytes remaining to read",
+        "transfer closed with outstanding read data remaining",
+    ])
+    func aBodyCutShortIsARetryableConnectionLoss(message: String) {
+        let error = NetworkError(mapping: URLError(.unknown, userInfo: [NSLocalizedDescriptionKey: message]))
+        #expect(error.caseName == "transport(connectionLost)")
+        #expect(error.isRetryable)
+    }
+
+    @Test func otherUnknownURLErrorsStayUnderlying() {
+        #expect(NetworkError(mapping: URLError(.unknown)).caseName == "underlying")
+        let other = URLError(.unknown, userInfo: [NSLocalizedDescriptionKey: "Failure when receiving data from the peer"])
+        #expect(NetworkError(mapping: other).caseName == "underlying")
+    }
+
     @Test func statusRetryability() {
         let retryable = (100...599).filter { NetworkError.httpError(statusCode: $0, data: nil).isRetryable }
         #expect(retryable == [408, 429, 500] + Array(502...599))
@@ -69,6 +87,40 @@ struct NetworkErrorTests {
             || recorder.timeline == ["started", "failed(invalid request: URL has no host,0)"])
     }
 
+    @Test(arguments: ["http://127.0.0.1:99999/x", "https://api.example.test:65536/", "http://api.example.test:4294967297/"])
+    func portsOutsideTheTCPRangeAreInvalidRequestsAndNothingIsSent(url: String) async throws {
+        let session = ScriptedNetworkSession([.ok()])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, eventSink: recorder, clock: ManualClock())
+        let request = TestRequest(url: try #require(URL(string: url)))
+        #expect(await networkError { try await engine.send(request) }?.caseName == "invalidRequest")
+        #expect(session.callCount == 0)
+        #expect(recorder.timeline == ["started", "failed(invalid request: URL port must be in 0-65535,0)"])
+    }
+
+    @Test func theHighestPortIsValid() throws {
+        let request = TestRequest(url: try #require(URL(string: "http://127.0.0.1:65535/x")))
+        #expect(try request.makeURLRequest().url?.port == 65535)
+    }
+
+    @Test(arguments: [
+        ("HTTP://api.example.test/a?b=1#f", "http://api.example.test/a?b=1#f"),
+        ("Https://api.example.test:8443/%20x", "https://api.example.test:8443/%20x"),
+        ("hTTp://user@api.example.test/", "http://user@api.example.test/"),
+        ("http://api.example.test/Path", "http://api.example.test/Path"),
+    ])
+    func schemesInAnyCaseAreValidAndSentLowerCased(url: String, sent: String) throws {
+        let request = TestRequest(url: try #require(URL(string: url)))
+        #expect(try request.makeURLRequest().url?.absoluteString == sent)
+    }
+
+    @Test func anUpperCaseSchemeReachesTheSessionLowerCased() async throws {
+        let session = ScriptedNetworkSession([.ok()])
+        let engine = AsyncRequestEngine(session: session, clock: ManualClock())
+        try await engine.send(TestRequest(url: try #require(URL(string: "HTTPS://api.example.test/upper"))))
+        #expect(session.requests.map { $0.url?.absoluteString } == ["https://api.example.test/upper"])
+    }
+
     @Test func headerInjectionIsRejected() async {
         let session = ScriptedNetworkSession([.ok()])
         let engine = AsyncRequestEngine(session: session, clock: ManualClock())
@@ -97,3 +149,12 @@ struct NetworkErrorTests {
         #expect(HTTPMethod.allCases.filter(\.isIdempotent) == [.get, .put, .delete, .head, .options])
     }
 }
+
+/// Whether Foundation here is swift-corelibs-foundation (libcurl-based URLSession).
+let runsOnCorelibsFoundation: Bool = {
+    #if canImport(FoundationNetworking)
+    true
+    #else
+    false
+    #endif
+}()

@@ -18,6 +18,7 @@ struct TestRequest: NetworkRequest {
     var headers: [String: String] = [:]
     var body: Data? = nil
     var timeout: TimeInterval = .infinity
+    var maximumResponseBodySize: Int? = nil
 
     init(_ path: String = "/resource", method: HTTPMethod = .get, headers: [String: String] = [:], body: Data? = nil, timeout: TimeInterval = .infinity) {
         url = URL(string: "https://api.example.test\(path)")!
@@ -153,6 +154,7 @@ extension NetworkError {
         case .invalidResponse: return "invalidResponse"
         case .circuitOpen: return "circuitOpen"
         case .invalidRequest: return "invalidRequest"
+        case .responseTooLarge(let limit): return "responseTooLarge(\(limit))"
         case .underlying: return "underlying"
         }
     }

@@ -345,6 +345,44 @@ struct LoopbackHTTPServerTests {
         #expect(log[0].connectionID == log[1].connectionID)
     }
 
+    @Test(arguments: [Duration.zero, .milliseconds(1)])
+    func anEndlessChunkedBodyFlowsUntilTheClientCloses(interval: Duration) async throws {
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        server.route("/endless", .endlessChunkedBody(chunk: Data("0123456789".utf8), interval: interval))
+
+        let (response, body) = try await onBackgroundThread { () -> (RawHTTPResponse, Data) in
+            let client = try RawHTTPClient(port: server.port)
+            defer { client.close() }
+            try client.send("GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")
+            return (try client.readResponse(), try client.read(exactly: 15 * 50))  // 50 chunks
+        }
+
+        #expect(response.status == 200)
+        #expect(response.headers["transfer-encoding"] == "chunked")
+        #expect(response.headers["content-length"] == nil)
+        #expect(body == Data(String(repeating: "a\r\n0123456789\r\n", count: 50).utf8))
+        await server.waitForOpenConnections(atMost: 0)  // the client closed: the server stopped writing
+        #expect(server.hits("/endless") == 1)
+    }
+
+    @Test func anEndlessBodyAnswersHEADWithTheHeadAlone() async throws {
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        server.route("/endless", .endlessChunkedBody())
+
+        let (head, rest) = try await onBackgroundThread { () -> (RawHTTPResponse, Data) in
+            let client = try RawHTTPClient(port: server.port)
+            defer { client.close() }
+            try client.send("HEAD /endless HTTP/1.1\r\nHost: x\r\n\r\n")
+            return (try client.readResponse(isHEAD: true), try client.readToEnd())
+        }
+
+        #expect(head.status == 200)
+        #expect(head.headers["transfer-encoding"] == "chunked")
+        #expect(rest.isEmpty)
+    }
+
     @Test func headResponseCarriesContentLengthButNoBody() async throws {
         let server = try LoopbackHTTPServer()
         defer { server.shutdown() }
@@ -802,6 +840,15 @@ private final class RawHTTPClient: @unchecked Sendable {
         let body = Data(buffer[0..<length])
         buffer.removeFirst(length)
         return RawHTTPResponse(status: status, headers: headers, body: body)
+    }
+
+    /// The next `count` bytes (after a response's head), waiting for them; throws at EOF.
+    func read(exactly count: Int) throws -> Data {
+        while buffer.count < count {
+            if try !fill() { throw Failure(call: "read (EOF after \(buffer.count) bytes)", errno: 0) }
+        }
+        defer { buffer.removeFirst(count) }
+        return Data(buffer[0..<count])
     }
 
     /// Everything until the server closes the connection.

@@ -1,0 +1,182 @@
+import Foundation
+import Testing
+import Retry
+import ResilienceTesting
+@testable import RequestEngine
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// The two URLSession-based sessions the engine can use.
+enum SessionKind: String, Sendable, CaseIterable, CustomTestStringConvertible {
+    /// `URLSessionTransport`: sees the body while it arrives.
+    case transport
+    /// A plain `URLSession`: its body is collected by Foundation.
+    case plainURLSession
+
+    func make(_ configuration: URLSessionConfiguration = .ephemeral) -> any NetworkSession {
+        switch self {
+        case .transport: URLSessionTransport(configuration: configuration)
+        case .plainURLSession: URLSession(configuration: configuration)
+        }
+    }
+
+    var testDescription: String { rawValue }
+}
+
+/// Body limits, bodies cut short, upper-case schemes and mass cancellation, end-to-end through the
+/// real URLSession to a real HTTP server on 127.0.0.1. "The server saw the connection close" is
+/// how these tests know a transfer really stopped: the server counts the client's close.
+@Suite("URLSessionTransport and URLSession against LoopbackHTTPServer", .timeLimit(.minutes(2)))
+struct TransportIntegrationTests {
+    let server: LoopbackHTTPServer
+    let transport: URLSessionTransport
+
+    init() throws {
+        server = try LoopbackHTTPServer()
+        transport = URLSessionTransport(configuration: .ephemeral)
+    }
+
+    // MARK: Body size limit
+
+    @Test func anEndlessBodyStopsAtTheEnginesLimitAndIsNotRetried() async throws {
+        server.route("/endless", .endlessChunkedBody())  // 16 KiB chunks, as fast as the client reads
+        let engine = AsyncRequestEngine(
+            session: transport,
+            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 2, interval: 0),
+            options: .init(maximumResponseBodySize: 256 * 1024)
+        )
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/endless"))) }
+        #expect(error?.caseName == "responseTooLarge(262144)")
+        #expect(server.hits("/endless") == 1)
+        await server.waitForOpenConnections(atMost: 0)  // the client closed it: the transfer stopped
+    }
+
+    @Test func anEndlessBodyStopsAtTheRequestsLimit() async throws {
+        server.route("/ticks", .endlessChunkedBody(chunk: Data(repeating: 0x74, count: 4096), interval: .milliseconds(1)))
+        let engine = AsyncRequestEngine(session: transport)  // 16 MiB: the request's 64 KiB replaces it
+        var request = TestRequest(url: server.url("/ticks"))
+        request.maximumResponseBodySize = 64 * 1024
+        let error = await networkError { try await engine.send(request) }
+        #expect(error?.caseName == "responseTooLarge(65536)")
+        await server.waitForOpenConnections(atMost: 0)
+    }
+
+    @Test func theDefaultEngineStopsAnEndlessBodyAt16MiB() async throws {
+        server.route("/endless", .endlessChunkedBody(chunk: Data(repeating: 0x65, count: 64 * 1024)))
+        let engine = AsyncRequestEngine()  // URLSessionTransport.shared, 16 MiB
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/endless"))) }
+        #expect(error?.caseName == "responseTooLarge(16777216)")
+        await server.waitForOpenConnections(atMost: 0)
+    }
+
+    @Test func aContentLengthOverTheLimitIsRejectedBeforeTheBodyIsRead() async throws {
+        // The head announces 1 GB, 3 bytes follow, and the server keeps the connection open: a
+        // client that waited for the body would wait for ever.
+        server.route("/huge", LoopbackResponse(status: 200, headers: ["Content-Length": "1000000000"], body: Data("abc".utf8)))
+        let engine = AsyncRequestEngine(session: transport, options: .init(maximumResponseBodySize: 1024 * 1024))
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/huge"))) }
+        #expect(error?.caseName == "responseTooLarge(1048576)")
+        await server.waitForOpenConnections(atMost: 0)
+    }
+
+    @Test func aHEADResponsesContentLengthIsNotABody() async throws {
+        server.route("/huge", LoopbackResponse(status: 200, headers: ["Content-Length": "1000000000"]))
+        let engine = AsyncRequestEngine(session: transport, options: .init(maximumResponseBodySize: 1024))
+        let (data, response) = try await engine.send(TestRequest(url: server.url("/huge"), method: .head))
+        #expect(data.isEmpty)
+        #expect(response.expectedContentLength == 1_000_000_000)
+    }
+
+    @Test(arguments: SessionKind.allCases)
+    func aBodyWithinTheLimitArrivesWhole(kind: SessionKind) async throws {
+        let payload = Data((0..<(3 * 1024 * 1024 + 17)).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+        server.route("/blob", LoopbackResponse(status: 200, body: payload))
+        let engine = AsyncRequestEngine(session: kind.make(), options: .init(maximumResponseBodySize: payload.count))
+        #expect(try await engine.send(TestRequest(url: server.url("/blob"))).0 == payload)
+    }
+
+    @Test func aPlainURLSessionChecksTheLimitOnceTheBodyHasArrived() async throws {
+        server.route("/blob", LoopbackResponse(status: 200, body: Data(count: 64 * 1024)))
+        let engine = AsyncRequestEngine(session: URLSession(configuration: .ephemeral), options: .init(maximumResponseBodySize: 1024))
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/blob"))) }
+        #expect(error?.caseName == "responseTooLarge(1024)")
+    }
+
+    @Test func redirectsAreFollowedByTheTransport() async throws {
+        server.route("/old", .status(302, headers: ["Location": "/new"]))
+        server.route("/new", .ok("moved here"))
+        let (data, response) = try await AsyncRequestEngine(session: transport).send(TestRequest(url: server.url("/old")))
+        #expect(String(decoding: data, as: UTF8.self) == "moved here")
+        #expect(response.url?.path == "/new")
+    }
+
+    // MARK: Timeouts and cancellation stop the transfer
+
+    @Test func aTimeoutDuringAnEndlessTrickleEndsTheTransfer() async throws {
+        server.route("/trickle", .endlessChunkedBody(chunk: Data("tick\n".utf8), interval: .milliseconds(5)))
+        let engine = AsyncRequestEngine(session: transport, options: .init(maximumResponseBodySize: nil))
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/trickle"), timeout: 0.3)) }
+        #expect(error?.caseName == "timedOut")
+        await server.waitForOpenConnections(atMost: 0)
+    }
+
+    @Test(arguments: SessionKind.allCases)
+    func aCallerCancelledDuringAnEndlessBodyIsAnsweredAndTheTransferEnds(kind: SessionKind) async throws {
+        server.route("/endless", .endlessChunkedBody(chunk: Data(repeating: 0x63, count: 1024), interval: .milliseconds(2)))
+        let engine = AsyncRequestEngine(session: kind.make(), options: .init(maximumResponseBodySize: nil))
+        let task = Task { await networkError { try await engine.send(TestRequest(url: server.url("/endless"))) } }
+        await server.waitForHits("/endless", atLeast: 1)
+        task.cancel()
+        #expect(await task.value?.caseName == "cancelled")
+        await server.waitForOpenConnections(atMost: 0)
+    }
+
+    @Test(arguments: SessionKind.allCases)
+    func cancellingManyInFlightRequestsAnswersEveryCallerAndClosesEveryConnection(kind: SessionKind) async throws {
+        let count = 200
+        server.route("/held/*", LoopbackResponse.ok().held())
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.httpMaximumConnectionsPerHost = count
+        let engine = AsyncRequestEngine(session: kind.make(configuration))
+        let callers = (0..<count).map { index in
+            Task { await networkError { try await engine.send(TestRequest(url: server.url("/held/\(index)"))) } }
+        }
+        await server.waitForHits("/held/*", atLeast: count)  // every request is on the wire, held
+        for caller in callers { caller.cancel() }
+        var answers: [String] = []
+        for caller in callers { answers.append(await caller.value?.caseName ?? "success") }
+        #expect(answers == Array(repeating: "cancelled", count: count))
+        await server.waitForOpenConnections(atMost: 0)
+        #expect(server.heldCount() == 0)
+    }
+
+    // MARK: Bodies cut short, schemes in upper case
+
+    @Test(arguments: SessionKind.allCases)
+    func aBodyShorterThanItsContentLengthIsARetriedConnectionLoss(kind: SessionKind) async throws {
+        server.route("/short", [.partialBodyThenClose(body: Data(repeating: 0x78, count: 1000)), .ok("whole")])
+        let engine = AsyncRequestEngine(session: kind.make(), retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0))
+        let (data, _) = try await engine.send(TestRequest(url: server.url("/short")))
+        #expect(String(decoding: data, as: UTF8.self) == "whole")
+        #expect(server.hits("/short") == 2)
+    }
+
+    @Test(arguments: SessionKind.allCases)
+    func aChunkedBodyWithoutItsLastChunkIsAConnectionLoss(kind: SessionKind) async throws {
+        server.route("/cut", .raw(Data("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n".utf8)))
+        let engine = AsyncRequestEngine(session: kind.make())
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/cut"))) }
+        #expect(error?.caseName == "transport(connectionLost)")
+    }
+
+    @Test(arguments: SessionKind.allCases)
+    func anUpperCaseSchemeReachesTheServer(kind: SessionKind) async throws {
+        server.route("/upper", .ok("found"))
+        let url = try #require(URL(string: "HTTP://127.0.0.1:\(server.port)/upper"))
+        let (data, response) = try await AsyncRequestEngine(session: kind.make()).send(TestRequest(url: url))
+        #expect(String(decoding: data, as: UTF8.self) == "found")
+        #expect(response.statusCode == 200)
+        #expect(server.hits("/upper") == 1)
+    }
+}
