@@ -47,4 +47,76 @@ public enum Migration {
     public static func recordDirectly(_ metrics: RequestMetricsCollector) {
         metrics.record(.started(traceID: UUID(), url: SnippetContext.url("/x"), method: .get))
     }
+
+    /// The table's other changes, run against the snippet server and a scratch folder. Returns
+    /// what each observed.
+    public static func otherChanges(scratch: URL) async throws -> [String: Bool] {
+        var seen: [String: Bool] = [:]
+
+        // A POST retried only with an Idempotency-Key header.
+        let retried = try await AsyncRequestEngine(retryPolicy: MyPolicy()).send(KeyedPost(key: UUID().uuidString))
+        seen["keyed POST sent"] = retried.1.statusCode == 200
+
+        // Unauthenticated calls through a plain engine.
+        let request = FetchUserRequest(url: userURL)
+        let (_, plain) = try await AsyncRequestEngine().send(request)
+        seen["plain engine sends without a token"] = plain.statusCode > 0
+
+        // One store per folder, or wait for the owner; one error type for the queue.
+        let folder = scratch.appendingPathComponent("migration")
+        let store = try await DiskQueueStore.open(directory: folder, lockTimeout: .seconds(5))
+        do {
+            _ = try DiskQueueStore(directory: folder)
+            seen["second store refused"] = false
+        } catch let error as OfflineQueueError {
+            seen["second store refused"] = error == .folderInUse(path: folder.path) && !error.isDiskFull
+        }
+
+        // Entries saved in time order are replayed in time order.
+        let now = Date()
+        let entries = (0..<3).map { QueueEntry(FreshKeyedRequest(), enqueuedAt: now.addingTimeInterval(Double(-$0))) }
+        for entry in entries.sorted(by: { $0.enqueuedAt < $1.enqueuedAt }) { try await store.save(entry) }
+        seen["time order kept"] = await store.load().map(\.enqueuedAt) == entries.map(\.enqueuedAt).sorted()
+
+        // A first attempt answered 503 is stored, not thrown; bounded retries.
+        let queue = OfflineQueueEngine(
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+            store: store,
+            configuration: .init(maxAttempts: 5)
+        )
+        guard case .sent = try await queue.enqueue(BusyServerRequest()) else {
+            seen["503 stored"] = await queue.pendingCount() == 4
+            return seen
+        }
+        seen["503 stored"] = false
+        return seen
+    }
+
+    /// A `switch` over the new cases, and the dropped connection's own case.
+    public static func describe(_ error: NetworkError) -> String {
+        switch error {
+        case .transport(.connectionLost): return "connection lost"
+        case .httpError(let status, _): return "HTTP \(status)"
+        case .noConnection, .timedOut, .cancelled: return "offline, slow or cancelled"
+        case .transport, .invalidResponse, .circuitOpen, .invalidRequest, .underlying: return "other"
+        }
+    }
+}
+
+/// A policy class: `final`, `Sendable`, `let` properties.
+final class MyPolicy: RetryPolicy, Sendable {
+    let delays: [TimeInterval] = [0.01, 0.02]
+    func delay(forAttempt attempt: Int) -> TimeInterval? { attempt < delays.count ? delays[attempt] : nil }
+}
+
+struct KeyedPost: NetworkRequest {
+    let key: String
+    var url: URL { SnippetContext.url("/user") }
+    let method: HTTPMethod = .post
+    var headers: [String: String] { ["Idempotency-Key": key] }
+}
+
+struct BusyServerRequest: QueueableRequest {
+    var url: URL { SnippetContext.url("/busy") }
+    let method: HTTPMethod = .post
 }

@@ -13,6 +13,7 @@ import ResilienceTesting
     } catch {
         check("published: no unexpected error", false, "\(error)")
     }
+    await runMigrationTableChecks(server, scratch: scratch)
 }
 
 @MainActor private func runPublishedChecksThrowing(_ server: LoopbackHTTPServer, scratch: URL) async throws {
@@ -142,6 +143,18 @@ import ResilienceTesting
     let forced = await Migration.forcedFlush(queue: offlineQueue)
     check("difference: flush() follows the monitor; flush(ignoringReachability: true) sends anyway",
           respected.delivered.isEmpty && respected.endedOffline && forced == 1 && server.hits("/queued") == 1, "forced delivered \(forced)")
+}
+
+@MainActor func runMigrationTableChecks(_ server: LoopbackHTTPServer, scratch: URL) async {
+    server.route("/busy", .status(503))
+    server.route("/user", .ok("me"))
+    do {
+        let seen = try await Migration.otherChanges(scratch: scratch)
+        check("difference: the table's other one-line changes compile and behave", seen.count == 5 && seen.values.allSatisfy { $0 }, "\(seen)")
+    } catch {
+        check("difference: the table's other one-line changes compile and behave", false, "\(error)")
+    }
+    check("difference: a dropped connection has its own case", Migration.describe(.transport(.connectionLost)) == "connection lost", "")
 }
 
 private struct FetchUser: NetworkRequest {
