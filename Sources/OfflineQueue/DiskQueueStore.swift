@@ -231,12 +231,13 @@ public final class DiskQueueStore: Sendable {
     /// its priority's line if its id is new — FIFO is save order, not `enqueuedAt` order — and
     /// keeps its place if its id is already queued, in the line of its new priority if that
     /// changed. An entry read from a store (`load()`, `items`) keeps the place it had. No
-    /// `maxQueueSize` applies here.
+    /// `maxQueueSize` applies here. `Authorization`, `Proxy-Authorization`, `Cookie` and
+    /// `Idempotency-Key` headers are never written, however the entry was made.
     ///
     /// - Throws: `OfflineQueueError.storage` (a full disk, an unwritable folder),
     ///   `.unstorable` (an entry too large to store, or whose `sequence` is out of range).
     public func save(_ entry: QueueEntry) async throws {
-        try await insert(try placed(entry), limit: nil, replacing: nil)
+        try await insert(try placed(entry.withStorableHeaders()), limit: nil, replacing: nil)
     }
 
     /// `entry` with its place in line (see `save(_:)`); keeps the store's counter above every

@@ -101,6 +101,19 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     /// initializer); `DiskQueueStore.save(_:)` gives it its place. The store's own numbers start at 1.
     static let unplacedSequence: UInt64 = 0
 
+    /// This entry without the headers no entry may keep (`storableHeaders`): an entry decoded by a
+    /// caller, or built by hand, may carry them; the store never writes them.
+    func withStorableHeaders() -> QueueEntry {
+        let kept = Self.storableHeaders(headers)
+        guard kept.count != headers.count else { return self }
+        return QueueEntry(
+            id: id, url: url, method: method, headers: kept, body: body, timeout: timeout,
+            enqueuedAt: enqueuedAt, ttl: ttl, priority: priority, idempotencyKey: idempotencyKey,
+            orderingKey: orderingKey, coalescingKey: coalescingKey, sequence: sequence, attempts: attempts,
+            nextAttemptAt: nextAttemptAt, lastError: lastError, revision: revision, formatVersion: formatVersion
+        )
+    }
+
     /// This entry with another `sequence` (its place in line).
     func placed(at sequence: UInt64) -> QueueEntry {
         QueueEntry(

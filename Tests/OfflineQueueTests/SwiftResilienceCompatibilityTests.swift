@@ -144,6 +144,24 @@ struct SwiftResilienceCompatibilityTests {
         #expect(await h.store.count() == 0)
     }
 
+    @Test func savingAnEntryBuiltOrDecodedWithSecretHeadersWritesNone() async throws {
+        let directory = TemporaryDirectory()
+        let store = try DiskQueueStore(directory: directory.url)
+        let plain = QueueEntry(Mutation("/x"))
+        let withSecrets = QueueEntry(
+            id: plain.id, url: plain.url, method: plain.method,
+            headers: ["Authorization": "Bearer secret", "cookie": "s=1", "Idempotency-Key": "k", "Accept": "text/plain"],
+            body: nil, timeout: 30, enqueuedAt: Date(), ttl: 60, priority: 0, idempotencyKey: "key",
+            orderingKey: nil, coalescingKey: nil, sequence: 0, attempts: 0, nextAttemptAt: nil, lastError: nil,
+            revision: 0, formatVersion: QueueEntry.currentFormatVersion
+        )
+        let decoded = try JSONDecoder().decode(QueueEntry.self, from: JSONEncoder().encode(withSecrets))
+        try await store.save(decoded)
+        let file = try String(decoding: Data(contentsOf: directory.url.appendingPathComponent("\(plain.id.uuidString).json")), as: UTF8.self)
+        #expect(!file.contains("secret") && !file.contains("s=1") && !file.lowercased().contains("cookie"))
+        #expect(store.entry(id: plain.id)?.headers == ["Accept": "text/plain"])
+    }
+
     @Test func anEntryWithASequenceOutOfRangeIsRefused() async throws {
         let directory = TemporaryDirectory()
         let store = try DiskQueueStore(directory: directory.url)
