@@ -92,6 +92,18 @@ public enum Migration {
         return seen
     }
 
+    /// A credential moved from the URL into a header, re-added at each replay; a monitor of one's
+    /// own forwarding its events to the shipped one.
+    public static func secretsAndMonitors(folder: URL, key: String, isUp: Bool) async throws -> OfflineQueueEngine {
+        let monitor = ManualReachabilityMonitor(isConnected: false)
+        await monitor.setConnected(isUp)
+        return OfflineQueueEngine(
+            reachabilityMonitor: monitor,
+            store: try DiskQueueStore(directory: folder),
+            configuration: .init(replayHeaders: { _ in ["X-Api-Key": key] })
+        )
+    }
+
     /// A `switch` over the new cases, and the dropped connection's own case.
     public static func describe(_ error: NetworkError) -> String {
         switch error {

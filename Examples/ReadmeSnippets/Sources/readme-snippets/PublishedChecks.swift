@@ -154,6 +154,13 @@ import ResilienceTesting
     } catch {
         check("difference: the table's other one-line changes compile and behave", false, "\(error)")
     }
+    do {
+        let queue = try await Migration.secretsAndMonitors(folder: scratch.appendingPathComponent("replay"), key: "k-1", isUp: true)
+        let report = await queue.flush()
+        check("difference: a queue with replayHeaders and a forwarded monitor runs", !report.endedOffline, "\(report.remaining) left")
+    } catch {
+        check("difference: a queue with replayHeaders and a forwarded monitor runs", false, "\(error)")
+    }
     check("difference: a dropped connection has its own case", Migration.describe(.transport(.connectionLost)) == "connection lost", "")
 }
 
