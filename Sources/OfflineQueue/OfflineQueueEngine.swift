@@ -18,6 +18,9 @@ import FoundationNetworking
 /// try await queue.enqueue(PostComment(...))    // sent now, or queued durably
 /// ```
 ///
+/// `try OfflineQueueEngine(reachabilityMonitor: monitor)` uses the default folder (SwiftResilience's
+/// spelling; it throws when that folder cannot be opened).
+///
 /// See Docs/OfflineQueue.md for the outcome table, the file format and the durability argument.
 public actor OfflineQueueEngine {
     /// Replay settings.
