@@ -1,10 +1,13 @@
 // swift-tools-version:6.0
 import PackageDescription
 
-// An outside package, as an adopter would write it: `ReadmeSnippets` depends only on the products
-// `Retry` and `RequestEngine` and holds the README / published SwiftResilience snippets unchanged.
+// An outside package, as an adopter would write it. Two libraries hold snippets unchanged:
+// - `ReadmeSnippets`, on the products `Retry` and `RequestEngine` only: this README's snippets;
+// - `PublishedReadme`, on the product `Resilience` only, with nothing but `import Resilience`:
+//   SwiftResilience's published README and public API, unchanged but for the import, to prove the
+//   drop-in claim, plus the one-line migrations of this README's "Coming from SwiftResilience".
 // The `readme-snippets` executable runs them against a real server on 127.0.0.1 and checks the
-// behaviour DESIGN.md promises. CI builds and runs it so the snippets cannot rot.
+// behaviour they promise. CI builds and runs it so the snippets cannot rot.
 let package = Package(
     name: "ReadmeSnippets",
     platforms: [.macOS(.v13), .iOS(.v16)],
@@ -17,10 +20,16 @@ let package = Package(
                 .product(name: "RequestEngine", package: "Resilience"),
             ]
         ),
+        .target(
+            name: "PublishedReadme",
+            dependencies: [.product(name: "Resilience", package: "Resilience")]
+        ),
         .executableTarget(
             name: "readme-snippets",
             dependencies: [
                 "ReadmeSnippets",
+                "PublishedReadme",
+                .product(name: "Resilience", package: "Resilience"),
                 .product(name: "ResilienceTesting", package: "Resilience"),
             ]
         ),

@@ -1,90 +1,153 @@
 #if canImport(BackgroundTasks) && !os(macOS) && !os(watchOS)
 import BackgroundTasks
+import Dispatch
 import Foundation
 import OfflineQueue
-import Retry
 
 /// Drains an `OfflineQueueEngine` in a `BGProcessingTask` (iOS, iPadOS, tvOS, visionOS), with the
-/// same cycle logic as `DrainService`: when the system expires the task, the pass is cancelled
-/// cooperatively and the entry in flight stays queued with its idempotency key.
+/// same cycle logic as `DrainService`: when the system expires the task, the cycle is cancelled
+/// cooperatively, the entry in flight stays queued with its idempotency key, and the task is
+/// completed with `success: false`.
 ///
 /// ```swift
-/// // In application(_:didFinishLaunchingWithOptions:), before it returns:
-/// let drainer = BackgroundQueueDrainer(identifier: "com.example.drain", queue: queue)
-/// drainer.register()
-/// // When entries are queued, or when the app moves to the background:
-/// try? drainer.schedule()
+/// // AppDelegate
+/// let drainer = BackgroundQueueDrainer(taskIdentifier: "com.example.queue-drain", engine: queue)
+///
+/// func application(_ app: UIApplication, didFinishLaunchingWithOptions …) -> Bool {
+///     drainer.register()            // before launching finishes
+///     return true
+/// }
+/// func applicationDidEnterBackground(_ application: UIApplication) {
+///     drainer.scheduleNextDrain()   // ask for background time
+/// }
 /// ```
 ///
 /// The identifier must be listed under `BGTaskSchedulerPermittedIdentifiers` in Info.plist, and
 /// `UIBackgroundModes` must include `processing`. Register once, before the app finishes
 /// launching: BGTaskScheduler raises an exception (it does not return `false`) for a late or
-/// repeated registration.
-/// This type is thin on purpose: the cycle itself is `DrainService`'s, tested on Linux.
+/// repeated registration. The scheduler is injectable (`BackgroundTaskScheduling`), so a test can
+/// launch and expire tasks by hand; the logic behind this thin type is tested on Linux.
 public final class BackgroundQueueDrainer: Sendable {
-    /// A `BGTask` crosses from its launch handler to the task that completes it. Unchecked because
-    /// BackgroundTasks does not mark it `Sendable`; it is safe because the only calls made on it
-    /// (`expirationHandler =`, then `setTaskCompleted(success:)` exactly once) are ones the system
-    /// itself makes and expects from arbitrary threads.
-    private struct TaskHandle: @unchecked Sendable {
-        let task: BGTask
-    }
-
+    /// The identifier registered with the scheduler (and listed in Info.plist).
     public let identifier: String
+    /// The queue drained by each task.
     public let queue: OfflineQueueEngine
-    /// The earliest the system may start the next task after `schedule()`.
+    /// The earliest the system may start a task after a request, in seconds (0: no lower bound).
     public let earliestBeginInterval: TimeInterval
     /// Whether the task may run only while the device is charging.
     public let requiresExternalPower: Bool
-    private let onReport: (@Sendable (DrainCycleReport) -> Void)?
+    private let handler: BackgroundDrainHandler
 
+    /// The identifier registered with the scheduler — SwiftResilience's name for `identifier`.
+    public var taskIdentifier: String { identifier }
+
+    /// SwiftResilience's initializer, with this library's options after it.
+    ///
+    /// - Parameters:
+    ///   - taskIdentifier: the identifier listed in Info.plist.
+    ///   - engine: the queue each task drains.
+    ///   - scheduler: `SystemBackgroundTaskScheduler.shared` (`BGTaskScheduler.shared`) by default;
+    ///     a test passes its own.
+    ///   - earliestBeginInterval: seconds from a request before the task may start; 0 (default)
+    ///     sets no earliest date, as SwiftResilience did.
+    ///   - requiresExternalPower: run only while charging (default `false`).
+    ///   - onReport: receives each cycle's report.
     public init(
+        taskIdentifier: String,
+        engine: OfflineQueueEngine,
+        scheduler: any BackgroundTaskScheduling = SystemBackgroundTaskScheduler.shared,
+        earliestBeginInterval: TimeInterval = 0,
+        requiresExternalPower: Bool = false,
+        onReport: (@Sendable (DrainCycleReport) -> Void)? = nil
+    ) {
+        handler = BackgroundDrainHandler(
+            identifier: taskIdentifier,
+            queue: engine,
+            scheduler: scheduler,
+            earliestBeginInterval: earliestBeginInterval,
+            requiresExternalPower: requiresExternalPower,
+            onReport: onReport
+        )
+        identifier = taskIdentifier
+        queue = engine
+        self.earliestBeginInterval = handler.earliestBeginInterval
+        self.requiresExternalPower = requiresExternalPower
+    }
+
+    /// Like `init(taskIdentifier:engine:…)` on the system scheduler, with a 15-minute
+    /// `earliestBeginInterval` by default.
+    public convenience init(
         identifier: String,
         queue: OfflineQueueEngine,
         earliestBeginInterval: TimeInterval = 15 * 60,
         requiresExternalPower: Bool = false,
         onReport: (@Sendable (DrainCycleReport) -> Void)? = nil
     ) {
-        self.identifier = identifier
-        self.queue = queue
-        self.earliestBeginInterval = max(0, earliestBeginInterval)
-        self.requiresExternalPower = requiresExternalPower
-        self.onReport = onReport
+        self.init(
+            taskIdentifier: identifier,
+            engine: queue,
+            earliestBeginInterval: earliestBeginInterval,
+            requiresExternalPower: requiresExternalPower,
+            onReport: onReport
+        )
     }
 
-    /// Registers the launch handler. Call it before the app finishes launching; returns `false`
-    /// when the identifier is not permitted by Info.plist.
+    /// Registers the launch handler. Call it before the app finishes launching. Returns `false`
+    /// when the system scheduler refused the identifier (not in Info.plist); an injected scheduler
+    /// reports nothing, and `true` is returned.
     @discardableResult
     public func register() -> Bool {
-        BGTaskScheduler.shared.register(forTaskWithIdentifier: identifier, using: nil) { [self] task in
-            self.handle(TaskHandle(task: task))
+        if let system = handler.scheduler as? SystemBackgroundTaskScheduler {
+            return system.registerReportingAcceptance(forTaskWithIdentifier: identifier, using: nil, launchHandler: handler.launchHandler)
         }
+        handler.register()
+        return true
     }
 
-    /// Asks the system for a processing task that needs the network.
+    /// Asks the system for a processing task that needs the network; a refusal is ignored (the queue
+    /// drains at the next launch instead) — SwiftResilience's call. `schedule()` throws it.
+    public func scheduleNextDrain() {
+        try? handler.schedule()
+    }
+
+    /// Asks the system for a processing task that needs the network (and external power if set),
+    /// no earlier than `earliestBeginInterval` from now.
+    ///
+    /// - Throws: the scheduler's refusal (`BGTaskScheduler.Error`: not permitted, too many pending
+    ///   requests, unavailable).
     public func schedule() throws {
-        let request = BGProcessingTaskRequest(identifier: identifier)
-        request.requiresNetworkConnectivity = true
-        request.requiresExternalPower = requiresExternalPower
-        request.earliestBeginDate = Date(timeIntervalSinceNow: earliestBeginInterval)
-        try BGTaskScheduler.shared.submit(request)
+        try handler.schedule()
+    }
+}
+
+/// `BGTaskScheduler.shared` behind `BackgroundTaskScheduling`: the default scheduler of
+/// `BackgroundQueueDrainer`.
+public final class SystemBackgroundTaskScheduler: BackgroundTaskScheduling, Sendable {
+    /// The one instance.
+    public static let shared = SystemBackgroundTaskScheduler()
+
+    private init() {}
+
+    public func register(
+        forTaskWithIdentifier identifier: String,
+        using queue: DispatchQueue?,
+        launchHandler: @escaping (any BackgroundTaskHandling) -> Void
+    ) {
+        _ = registerReportingAcceptance(forTaskWithIdentifier: identifier, using: queue, launchHandler: launchHandler)
     }
 
-    /// No budget of its own (the system's expiration is the budget), so no timer ever runs on it.
-    private static let unusedTime = TimeSource(ContinuousClock())
+    public func submit(_ taskRequest: BGTaskRequest) throws {
+        try BGTaskScheduler.shared.submit(taskRequest)
+    }
 
-    private func handle(_ handle: TaskHandle) {
-        let queue = self.queue
-        let onReport = self.onReport
-        let work = Task {
-            await DrainCycle.run(queue: queue, trigger: .background, budget: nil, time: Self.unusedTime)
-        }
-        handle.task.expirationHandler = { work.cancel() }
-        Task { [self] in
-            let report = await work.value
-            onReport?(report)
-            if report.remaining > 0 { try? self.schedule() }
-            handle.task.setTaskCompleted(success: !report.isFailure && !report.interrupted)
+    /// `register`, returning whether `BGTaskScheduler` accepted the identifier.
+    func registerReportingAcceptance(
+        forTaskWithIdentifier identifier: String,
+        using queue: DispatchQueue?,
+        launchHandler: @escaping (any BackgroundTaskHandling) -> Void
+    ) -> Bool {
+        BGTaskScheduler.shared.register(forTaskWithIdentifier: identifier, using: queue) { task in
+            launchHandler(task)
         }
     }
 }

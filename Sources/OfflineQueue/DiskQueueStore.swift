@@ -180,13 +180,20 @@ public final class DiskQueueStore: Sendable {
 
     // MARK: - Reading (from the index, never from the folder)
 
-    /// Every entry in replay order: priority descending, then FIFO.
-    public func load() async -> [QueueEntry] { orderedEntries() }
+    /// The entries that have not expired by the system clock, in replay order — what
+    /// SwiftResilience's `load()` returned. Expired entries stay in the store (and in `count()`)
+    /// until a pass or `deleteExpired()` sweeps them; `orderedEntries()` lists them too.
+    public func load() async -> [QueueEntry] {
+        let now = Date()
+        return orderedEntries().filter { !$0.isExpired(at: now) }
+    }
 
     /// The number of entries (expired ones included until they are swept).
     public func count() async -> Int { entryCount }
 
-    /// Every entry in replay order, without suspending.
+    /// Every entry, expired or not, in replay order (priority descending, then FIFO), without
+    /// suspending. This is the order a pass replays in; `load()` is the same list without the
+    /// expired entries.
     public func orderedEntries() -> [QueueEntry] { state.withLock { $0.index.ordered() } }
 
     /// The number of entries, without suspending.
@@ -218,9 +225,37 @@ public final class DiskQueueStore: Sendable {
 
     // MARK: - Writing
 
-    /// Stores `entry` durably (insert or replace). Published-API spelling of an insert without a limit.
+    /// Stores `entry` durably, adding it or replacing the entry with the same id (SwiftResilience's
+    /// `save`). Returns once the file is durable, like an enqueue.
+    ///
+    /// Its place in line: an entry made with `QueueEntry(_:id:enqueuedAt:)` goes to the back of
+    /// its priority's line if its id is new — FIFO is save order, not `enqueuedAt` order — and
+    /// keeps its place if its id is already queued, in the line of its new priority if that
+    /// changed. An entry read from a store (`load()`, `items`) keeps the place it had. No
+    /// `maxQueueSize` applies here. `Authorization`, `Proxy-Authorization`, `Cookie` and
+    /// `Idempotency-Key` headers are never written, however the entry was made.
+    ///
+    /// - Throws: `OfflineQueueError.storage` (a full disk, an unwritable folder),
+    ///   `.unstorable` (an entry too large to store, or whose `sequence` is out of range).
     public func save(_ entry: QueueEntry) async throws {
-        try await insert(entry, limit: nil, replacing: nil)
+        try await insert(try placed(entry.withStorableHeaders()), limit: nil, replacing: nil)
+    }
+
+    /// `entry` with its place in line (see `save(_:)`); keeps the store's counter above every
+    /// sequence it holds, so a number it hands out later is never one already in use.
+    private func placed(_ entry: QueueEntry) throws -> QueueEntry {
+        guard entry.sequence <= QueueEntry.maximumCounter else {
+            throw OfflineQueueError.unstorable(reason: "sequence \(entry.sequence) exceeds \(QueueEntry.maximumCounter)")
+        }
+        return state.withLock { state in
+            guard entry.sequence == QueueEntry.unplacedSequence else {
+                state.nextSequence = max(state.nextSequence, entry.sequence + 1)
+                return entry
+            }
+            if let queued = state.index[entry.id] { return entry.placed(at: queued.sequence) }
+            defer { state.nextSequence += 1 }
+            return entry.placed(at: state.nextSequence)
+        }
     }
 
     /// Removes an entry (a no-op if it is not there, or if its file cannot be deleted: it then

@@ -18,6 +18,9 @@ import FoundationNetworking
 /// try await queue.enqueue(PostComment(...))    // sent now, or queued durably
 /// ```
 ///
+/// `try OfflineQueueEngine(reachabilityMonitor: monitor)` uses the default folder (SwiftResilience's
+/// spelling; it throws when that folder cannot be opened).
+///
 /// See Docs/OfflineQueue.md for the outcome table, the file format and the durability argument.
 public actor OfflineQueueEngine {
     /// Replay settings.
@@ -111,6 +114,32 @@ public actor OfflineQueueEngine {
         self.configuration = configuration
         self.time = TimeSource(clock)
         self.wallClockOrigin = Date()
+    }
+
+    /// A queue on the default folder — SwiftResilience's `OfflineQueueEngine(reachabilityMonitor:)`:
+    /// the same as passing `store: try DiskQueueStore()`, whose folder is
+    /// `Application Support/Resilience/OfflineQueue` (on Linux `~/.local/share/Resilience/OfflineQueue`,
+    /// or under `$XDG_DATA_HOME`).
+    ///
+    /// - Throws: what opening that folder throws: `OfflineQueueError.folderInUse` when another
+    ///   store owns it (a second queue on the default folder, in this process or another — give
+    ///   each queue its own folder with `store:`), `OfflineQueueError.storage` when it cannot be
+    ///   created, locked or read. Nothing is ever silently dropped for want of a folder.
+    public init(
+        requestEngine: some RequestSending = AsyncRequestEngine(),
+        reachabilityMonitor: any ReachabilityMonitoring,
+        maxQueueSize: Int = 500,
+        configuration: Configuration = Configuration(),
+        clock: some Clock<Duration> = ContinuousClock()
+    ) throws {
+        self.init(
+            requestEngine: requestEngine,
+            reachabilityMonitor: reachabilityMonitor,
+            store: try DiskQueueStore(),
+            maxQueueSize: maxQueueSize,
+            configuration: configuration,
+            clock: clock
+        )
     }
 
     /// The current wall-clock time as the queue sees it: the moment the engine was made plus the
@@ -229,9 +258,22 @@ public actor OfflineQueueEngine {
     /// pass: the request in flight is cancelled and its entry stays queued with its attempt count
     /// unchanged (`wasCancelled` is set); a flush cancelled while it waits for another pass returns
     /// without sending anything.
+    ///
+    /// The pass follows the reachability monitor: while it says offline, nothing is sent (expired
+    /// entries are still swept) and the report says `endedOffline`. `flush(ignoringReachability:)`
+    /// sends anyway.
     @discardableResult
     public func flush() async -> FlushReport {
         await runPass(.flush)
+    }
+
+    /// Like `flush()`; with `ignoringReachability: true` the pass sends even while the monitor says
+    /// offline — for when something else vouches for the network (a background task the system
+    /// granted because the network is up, a monitor that lags behind). A send that finds no network
+    /// (`noConnection`) still ends the pass, leaving that entry untouched.
+    @discardableResult
+    public func flush(ignoringReachability: Bool) async -> FlushReport {
+        await runPass(.flush, ignoringReachability: ignoringReachability)
     }
 
     /// Starts draining automatically: a pass now if connected, one on every reconnect, and one when
@@ -432,7 +474,7 @@ public actor OfflineQueueEngine {
 
     // MARK: - Internals: passes
 
-    private func runPass(_ trigger: FlushReport.Trigger) async -> FlushReport {
+    private func runPass(_ trigger: FlushReport.Trigger, ignoringReachability: Bool = false) async -> FlushReport {
         var report = FlushReport(trigger: trigger)
         do {
             try await passGate.enter()
@@ -443,7 +485,8 @@ public actor OfflineQueueEngine {
             return report
         }
         defer { passGate.leave() }
-        let connected = await reachability.isConnected
+        let connected: Bool
+        if ignoringReachability { connected = true } else { connected = await reachability.isConnected }
         report.endedOffline = !connected
         var blockedKeys: Set<String> = []
         var handled: Set<UUID> = []

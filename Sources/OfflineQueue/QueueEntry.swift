@@ -1,5 +1,8 @@
 import Foundation
 import RequestEngine
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 
 /// One queued request as stored on disk (`<id>.json`) and held in the queue's index.
 ///
@@ -54,6 +57,72 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
 
     /// Whether the entry has expired at `now`.
     public func isExpired(at now: Date) -> Bool { now >= expiresAt }
+
+    /// Whether the entry has expired now, by the system clock (SwiftResilience's spelling of
+    /// `isExpired(at: Date())`). The queue itself judges expiry by its own clock,
+    /// `OfflineQueueEngine.now`, which a test may move with a `ManualClock`.
+    public var isExpired: Bool { isExpired(at: Date()) }
+
+    /// A snapshot of `request` for `DiskQueueStore.save(_:)` — SwiftResilience's initializer.
+    ///
+    /// The entry carries the request's URL, method, headers, body, timeout, TTL, priority and
+    /// ordering and coalescing keys, and reads `request.idempotencyKey` once. `Authorization`,
+    /// `Proxy-Authorization`, `Cookie` and any `Idempotency-Key` header are never kept (the key
+    /// travels in `idempotencyKey`); unlike `OfflineQueueEngine.enqueue`, no `QueueSecretPolicy` is
+    /// applied here, so strip other secrets before you save the entry yourself.
+    ///
+    /// Its place in line is given by the store when it is saved: a new id goes to the back of its
+    /// priority's line (FIFO is save order, not `enqueuedAt` order); an id already queued keeps
+    /// its place, moved to the line of its new priority if that changed.
+    ///
+    /// - Parameters:
+    ///   - id: the entry's identity and file name; a fresh UUID by default.
+    ///   - enqueuedAt: when the entry's TTL starts; now by default.
+    public init(_ request: some QueueableRequest, id: UUID = UUID(), enqueuedAt: Date = Date()) {
+        self.init(id: id, request: request, idempotencyKey: request.idempotencyKey, enqueuedAt: enqueuedAt,
+                  sequence: Self.unplacedSequence)
+    }
+
+    /// The request this entry replays, as a `URLRequest` (SwiftResilience's): `method`, `url`, the
+    /// stored headers, `body`, `timeout` as `timeoutInterval` (7 days when infinite), and
+    /// `Idempotency-Key: idempotencyKey`. It holds no token (tokens are never stored; the sender
+    /// adds one at send time) and is not validated: `NetworkRequest.makeURLRequest()` is the
+    /// checked path the queue itself uses.
+    public func asURLRequest() -> URLRequest {
+        var request = URLRequest(url: url, timeoutInterval: timeout.isFinite && timeout > 0 ? timeout : 7 * 24 * 3600)
+        request.httpMethod = method
+        request.httpBody = body
+        for (name, value) in headers { request.setValue(value, forHTTPHeaderField: name) }
+        request.setValue(idempotencyKey, forHTTPHeaderField: HTTPHeader.idempotencyKey)
+        return request
+    }
+
+    /// The `sequence` of an entry not yet placed in a store's line (made by the public
+    /// initializer); `DiskQueueStore.save(_:)` gives it its place. The store's own numbers start at 1.
+    static let unplacedSequence: UInt64 = 0
+
+    /// This entry without the headers no entry may keep (`storableHeaders`): an entry decoded by a
+    /// caller, or built by hand, may carry them; the store never writes them.
+    func withStorableHeaders() -> QueueEntry {
+        let kept = Self.storableHeaders(headers)
+        guard kept.count != headers.count else { return self }
+        return QueueEntry(
+            id: id, url: url, method: method, headers: kept, body: body, timeout: timeout,
+            enqueuedAt: enqueuedAt, ttl: ttl, priority: priority, idempotencyKey: idempotencyKey,
+            orderingKey: orderingKey, coalescingKey: coalescingKey, sequence: sequence, attempts: attempts,
+            nextAttemptAt: nextAttemptAt, lastError: lastError, revision: revision, formatVersion: formatVersion
+        )
+    }
+
+    /// This entry with another `sequence` (its place in line).
+    func placed(at sequence: UInt64) -> QueueEntry {
+        QueueEntry(
+            id: id, url: url, method: method, headers: headers, body: body, timeout: timeout,
+            enqueuedAt: enqueuedAt, ttl: ttl, priority: priority, idempotencyKey: idempotencyKey,
+            orderingKey: orderingKey, coalescingKey: coalescingKey, sequence: sequence, attempts: attempts,
+            nextAttemptAt: nextAttemptAt, lastError: lastError, revision: revision, formatVersion: formatVersion
+        )
+    }
 
     init(
         id: UUID = UUID(),

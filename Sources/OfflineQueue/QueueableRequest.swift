@@ -30,7 +30,9 @@ public protocol QueueableRequest: NetworkRequest {
     var priority: QueuePriority { get }
     /// Sent as the `Idempotency-Key` header on the first attempt and on every replay, so the server
     /// can apply the request once. The default is a fresh UUID: the queue reads it **once**, at
-    /// enqueue, and stores it with the entry.
+    /// enqueue, and stores it with the entry, so two identical requests are two mutations.
+    /// SwiftResilience derived its default from the method, URL and body instead; to get that, return
+    /// `derivedIdempotencyKey` (see `IdempotencyKey.derived(method:url:body:)`).
     var idempotencyKey: String { get }
     /// Entries with the same ordering key are replayed strictly in enqueue order, whatever their
     /// priority; a head that cannot be delivered yet holds back only its own followers. Default `nil`.

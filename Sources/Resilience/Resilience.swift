@@ -1,4 +1,10 @@
-// The umbrella module: `import Resilience` brings every layer in.
+// The umbrella module: `import Resilience` brings every layer in, and Foundation with it (`URL`,
+// `Data`, `URLRequest`, `HTTPURLResponse`): on Linux the last two live in FoundationNetworking, so
+// code written for SwiftResilience compiles with only `import Resilience` on every platform.
+@_exported import Foundation
+#if canImport(FoundationNetworking)
+@_exported import FoundationNetworking
+#endif
 @_exported import Auth
 @_exported import Drainer
 @_exported import Observability

@@ -40,5 +40,12 @@ let shared = await storm.value
 check("50 concurrent identical GETs share one call", shared.allSatisfy { $0 == .ok(status: 200, bytes: 6) } && server.hits("/shared") == 1,
       "\(server.hits("/shared")) upstream call(s)")
 
+// SwiftResilience's published README and public API, built against the `Resilience` product. The
+// default queue folder goes to a scratch data folder, not into the user's home.
+let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("readme-snippets-\(UUID().uuidString)", isDirectory: true)
+setenv("XDG_DATA_HOME", scratch.path, 1)
+await runPublishedChecks(server, scratch: scratch)
+try? FileManager.default.removeItem(at: scratch)
+
 print(failures == 0 ? "all snippet checks passed" : "\(failures) snippet check(s) failed")
 exit(failures == 0 ? 0 : 1)
