@@ -10,6 +10,7 @@ let package = Package(
         .library(name: "Retry", targets: ["Retry"]),
         .library(name: "RequestEngine", targets: ["RequestEngine"]),
         .library(name: "OfflineQueue", targets: ["OfflineQueue"]),
+        .library(name: "ResponseCache", targets: ["ResponseCache"]),
         .library(name: "Auth", targets: ["Auth"]),
         .library(name: "Observability", targets: ["Observability"]),
         .library(name: "Drainer", targets: ["Drainer"]),
@@ -27,6 +28,7 @@ let package = Package(
             name: "OfflineQueue",
             dependencies: ["RequestEngine", "Retry", "ResilienceCore", .target(name: "CNetlink", condition: .when(platforms: [.linux]))]
         ),
+        .target(name: "ResponseCache", dependencies: ["RequestEngine", "Retry", "ResilienceCore"]),
         .target(name: "Auth", dependencies: ["RequestEngine"]),
         .target(name: "Observability", dependencies: ["RequestEngine"]),
         .target(name: "Drainer", dependencies: ["OfflineQueue", "Retry"]),
@@ -41,6 +43,7 @@ let package = Package(
         .testTarget(name: "RequestEngineTests", dependencies: ["RequestEngine", "ResilienceTesting"]),
         .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceTesting"]),
         .testTarget(name: "OfflineQueueTests", dependencies: ["OfflineQueue", "ResilienceTesting"]),
+        .testTarget(name: "ResponseCacheTests", dependencies: ["ResponseCache", "ResilienceTesting"]),
         .testTarget(name: "AuthTests", dependencies: ["Auth", "OfflineQueue", "ResilienceTesting"]),
         .testTarget(name: "ObservabilityTests", dependencies: ["Observability", "ResilienceTesting"]),
         .testTarget(name: "DrainerTests", dependencies: ["Drainer", "OfflineQueue", "ResilienceTesting"]),

@@ -1,4 +1,5 @@
 import Foundation
+import ResilienceCore
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)

@@ -459,10 +459,3 @@ public final class DiskQueueStore: Sendable {
         try DurableFiles.makeDirectory(path)
     }
 }
-
-/// Wraps a value the compiler cannot prove Sendable, where the code using it guarantees
-/// exclusive access (each buffer slot is written by one iteration only).
-struct UncheckedSendable<Value>: @unchecked Sendable {
-    let value: Value
-    init(_ value: Value) { self.value = value }
-}

@@ -1,4 +1,9 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 import Retry
 
 /// For this package's own tests (package access): a fresh folder under the system temp directory,
@@ -85,5 +90,55 @@ package final class StreamCollector<Element: Sendable>: Sendable {
             }
             waiter?.resume()
         }
+    }
+}
+
+/// A size-limited tmpfs mounted for one test (Linux, root only).
+package struct SmallFileSystem {
+    package let path: String
+
+    /// Whether a tmpfs can be mounted here (tried once, on a scratch folder).
+    package static let isAvailable: Bool = {
+        let probe = TemporaryDirectory()
+        guard (try? FileManager.default.createDirectory(at: probe.url, withIntermediateDirectories: true)) != nil,
+              let mounted = SmallFileSystem(at: probe.url.path, kilobytes: 16) else { return false }
+        mounted.unmount()
+        return true
+    }()
+
+    package init?(at path: String, kilobytes: Int) {
+        #if os(Linux)
+        guard geteuid() == 0, mount("tmpfs", path, "tmpfs", 0, "size=\(kilobytes)k,mode=0700") == 0 else { return nil }
+        self.path = path
+        #else
+        return nil
+        #endif
+    }
+
+    /// Makes the file system read-only (or writable again); every write then fails with EROFS.
+    package func remount(readOnly: Bool) -> Bool {
+        #if os(Linux)
+        let flags = UInt(MS_REMOUNT) | (readOnly ? UInt(MS_RDONLY) : 0)
+        return mount("tmpfs", path, "tmpfs", flags, nil) == 0
+        #else
+        return false
+        #endif
+    }
+
+    /// Fills the file system with one file until a write fails with ENOSPC; returns its path.
+    package func fill() -> String {
+        let filler = path + "/filler"
+        let fd = open(filler, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        guard fd >= 0 else { return filler }
+        let chunk = [UInt8](repeating: 0x20, count: 512)
+        while chunk.withUnsafeBytes({ write(fd, $0.baseAddress, $0.count) }) > 0 {}
+        close(fd)
+        return filler
+    }
+
+    package func unmount() {
+        #if os(Linux)
+        umount2(path, 2)  // MNT_DETACH
+        #endif
     }
 }

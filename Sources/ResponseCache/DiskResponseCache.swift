@@ -1,0 +1,415 @@
+import Foundation
+import RequestEngine
+import ResilienceCore
+import Retry
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Responses kept on disk so a screen can show them offline: one file per stored response,
+/// written atomically, bounded by `maxBytes` with least-recently-used eviction, indexed in memory.
+///
+/// ```swift
+/// let cache = try DiskResponseCache(directory: cachesFolder.appendingPathComponent("responses"), maxBytes: 50 << 20)
+/// let engine = CachedRequestEngine(requestEngine: AsyncRequestEngine(), cache: cache, reachabilityMonitor: monitor)
+/// ```
+///
+/// What a caller can rely on (Docs/ResponseCache.md has the file format and every rule):
+/// - **Never a torn response.** Each file is written to a temp name and renamed, and carries its
+///   own lengths and a checksum; a file that does not match them (a power loss mid-write, a disk
+///   error, tampering) is never served: it is deleted and counted (`statistics.corruptRemoved`).
+/// - **Bounded.** The files never take more than `maxBytes` together: the least recently used are
+///   deleted first to make room, and a response larger than `maxBytes` is not stored.
+/// - **Reads never fail because of the disk.** A response that cannot be written (full disk,
+///   unwritable folder) is still returned to the caller; the failure is counted
+///   (`statistics.storeFailures`, `lastStoreFailure`).
+/// - **No secrets on disk.** File names are digests; a partition is stored only as a digest, and so
+///   are the request header values a response varies on (the engine decides what may be stored).
+/// - **One owner.** The cache holds an exclusive `flock` on its folder while it lives; a second cache
+///   on the same folder gets `ResponseCacheError.folderInUse`.
+/// - **Fast open.** Only each file's small summary is read when the cache opens (in parallel); the
+///   body is read, and its checksum checked, on the first hit. Files are mode 0600, the folder 0700.
+public final class DiskResponseCache: Sendable {
+    /// What the cache has done since it opened.
+    public struct Statistics: Sendable, Equatable {
+        /// Responses on disk now, and the bytes their files take.
+        public var entries = 0
+        public var bytes = 0
+        /// Lookups answered from the cache, and lookups that found nothing usable.
+        public var hits = 0
+        public var misses = 0
+        /// Responses written, and writes that failed (the response was still returned).
+        public var stored = 0
+        public var storeFailures = 0
+        /// The last write failure, if any.
+        public var lastStoreFailure: ResponseCacheError?
+        /// Responses not stored because they are larger than `maxBytes`.
+        public var tooLargeToStore = 0
+        /// Files found torn or corrupt (at open or when read), deleted, never served.
+        public var corruptRemoved = 0
+        /// Files deleted to stay under `maxBytes`.
+        public var evicted = 0
+    }
+
+    /// The cache folder.
+    public let directory: URL
+    /// The most bytes the cache's files take together.
+    public let maxBytes: Int
+    /// The most bytes of recently used responses also kept decoded in memory (hits on them read no file).
+    public let memoryBytes: Int
+
+    private struct WriteJob: Sendable {
+        let response: StoredResponse
+        let data: Data
+        /// `State.latest[key]` when the job was made; a newer store, a removal or `clear()`
+        /// changes it, and the job's file must then not stay.
+        let version: UInt64
+    }
+
+    private struct State: Sendable {
+        var index = CacheIndex()
+        /// Bytes of writes admitted but not yet in the index.
+        var reserved: [CacheDigest: Int] = [:]
+        /// The newest response waiting to be written, by key; a key has at most one writer at a time.
+        var queued: [CacheDigest: WriteJob] = [:]
+        var writing: Set<CacheDigest> = []
+        /// The version of each key's latest store or removal (`clear()` forgets them all), so a
+        /// write overtaken by a removal cannot bring its response back.
+        var latest: [CacheDigest: UInt64] = [:]
+        var nextVersion: UInt64 = 1
+        var memory: [CacheDigest: StoredResponse] = [:]
+        var memoryIndex = CacheIndex()
+        var statistics = Statistics()
+        var idleWaiters: [CheckedContinuation<Void, Never>] = []
+    }
+
+    private let state: Locked<State>
+    /// The folder's descriptor: holds the `flock`, and files are opened relative to it.
+    private let folder: Int32
+    private let path: String
+    private let pool = BlockingIOPool.shared
+
+    /// Opens (creating if needed, mode 0700) the cache folder, takes its lock, and indexes every
+    /// stored response in it (reading only each file's summary). Torn or corrupt files are deleted
+    /// and counted; leftover temp files are removed.
+    ///
+    /// - Parameters:
+    ///   - directory: the folder (use a caches folder: everything in it may be evicted).
+    ///   - maxBytes: the most bytes the files may take together (at least 0).
+    ///   - memoryBytes: the most bytes of recently used responses kept decoded in memory
+    ///     (default 4 MiB, never more than `maxBytes`).
+    /// - Throws: `ResponseCacheError.folderInUse` when another cache owns the folder;
+    ///   `ResponseCacheError.storage` when the folder cannot be created, locked, listed or read.
+    public init(directory: URL, maxBytes: Int, memoryBytes: Int = 4 << 20) throws {
+        self.directory = directory
+        self.maxBytes = max(0, maxBytes)
+        self.memoryBytes = min(max(0, memoryBytes), max(0, maxBytes))
+        path = directory.path
+        do {
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            let code = ((error as NSError).userInfo[NSUnderlyingErrorKey] as? NSError).map { Int32($0.code) } ?? EACCES
+            throw ResponseCacheError.storage(operation: "create directory", path: directory.path, errno: code)
+        }
+        let lock: FileSystem.LockResult
+        do {
+            try FileSystem.makeDirectory(directory.path)
+            lock = try FileSystem.lockDirectory(directory.path, patience: .milliseconds(200))
+        } catch {
+            throw ResponseCacheError.storage(operation: error.operation, path: error.path, errno: error.errno)
+        }
+        guard case .locked(let descriptor) = lock else { throw ResponseCacheError.folderInUse(path: directory.path) }
+        folder = descriptor
+        do {
+            let opened = try CacheFolder.open(folder: descriptor, path: directory.path)
+            var state = State()
+            for entry in opened.entries { state.index.insert(entry.summary, size: entry.size) }
+            state.statistics.corruptRemoved = opened.corruptRemoved
+            self.state = Locked(state)
+        } catch {
+            close(descriptor)
+            throw error
+        }
+        let excess = state.withLock { state in Self.evict(&state, toFit: self.maxBytes) }
+        for key in excess { try? FileSystem.removeFile(filePath(key)) }
+        state.withLock { Self.updateTotals(&$0) }
+    }
+
+    deinit {
+        close(folder)
+    }
+
+    // MARK: - Inspecting and managing
+
+    /// Counters since the cache opened, and its current size.
+    public var statistics: Statistics { state.withLock { $0.statistics } }
+
+    /// The number of stored responses.
+    public var count: Int { state.withLock { $0.index.count } }
+
+    /// The bytes the stored responses' files take.
+    public var totalBytes: Int { state.withLock { $0.index.totalBytes } }
+
+    /// Deletes every stored response (for example at log-out), in memory and on disk, including
+    /// writes still in flight. Throws `ResponseCacheError.storage` for a file it cannot delete (the
+    /// response is gone from the cache either way).
+    public func clear() throws {
+        state.withLock { state in
+            state.latest = [:]
+            state.index.removeAll()
+            state.memory = [:]
+            state.memoryIndex.removeAll()
+            state.queued = [:]
+            Self.updateTotals(&state)
+        }
+        var firstFailure: ResponseCacheError?
+        let names: [String]
+        do {
+            names = try FileSystem.listDirectory(path)
+        } catch {
+            throw ResponseCacheError.storage(operation: error.operation, path: error.path, errno: error.errno)
+        }
+        for name in names where CacheFolder.isCacheFile(name) {
+            do {
+                try FileSystem.removeFile(path + "/" + name)
+            } catch {
+                if firstFailure == nil { firstFailure = .storage(operation: error.operation, path: error.path, errno: error.errno) }
+            }
+        }
+        if let firstFailure { throw firstFailure }
+    }
+
+    /// Deletes the stored responses whose method and URL match `predicate` (for example what a
+    /// delivered mutation made stale); returns how many. URLs are as stored: without the values
+    /// of secret-like query parameters.
+    @discardableResult
+    public func invalidate(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> Int {
+        let summaries = state.withLock { state -> [StoredResponseSummary] in
+            var seen = Set<CacheDigest>()
+            return (state.index.items.values.map(\.summary) + state.memory.values.map(Self.summary))
+                .filter { seen.insert($0.key).inserted }
+        }
+        let matching = summaries.filter { summary in
+            guard let method = HTTPMethod(rawValue: summary.method), let url = URL(string: summary.url) else { return false }
+            return predicate(method, url)
+        }.map(\.key)
+        remove(matching)
+        return matching.count
+    }
+
+    /// Removes the responses stored under these keys, in memory and on disk.
+    func remove(_ keys: [CacheDigest]) {
+        guard !keys.isEmpty else { return }
+        state.withLock { state in
+            for key in keys {
+                state.latest[key] = state.nextVersion
+                state.nextVersion += 1
+                state.index.remove(key)
+                state.memory[key] = nil
+                state.memoryIndex.remove(key)
+                state.queued[key] = nil
+            }
+            Self.updateTotals(&state)
+        }
+        for key in keys { try? FileSystem.removeFile(filePath(key)) }
+    }
+
+    // MARK: - Reading
+
+    /// The response stored under `key`, if there is one and it reads back intact. A torn or
+    /// corrupt file is deleted and counted, and reads as a miss.
+    func response(for key: CacheDigest) -> StoredResponse? {
+        enum Found { case memory(StoredResponse), disk(size: Int), none }
+        let found = state.withLock { state -> Found in
+            if let response = state.memory[key] {
+                state.memoryIndex.touch(key)
+                state.index.touch(key)
+                state.statistics.hits += 1
+                return .memory(response)
+            }
+            if let item = state.index[key] { return .disk(size: item.size) }
+            state.statistics.misses += 1
+            return .none
+        }
+        switch found {
+        case .memory(let response): return response
+        case .none: return nil
+        case .disk(let size): return readFile(key, expectedSize: size)
+        }
+    }
+
+    private func readFile(_ key: CacheDigest, expectedSize: Int) -> StoredResponse? {
+        var buffer: [UInt8] = []
+        var info = stat()
+        let name = CacheFolder.fileName(key)
+        let read = FileSystem.readRegularFile(named: name, in: folder, maximumSize: max(expectedSize, maxBytes) + 1, into: &buffer, info: &info)
+        var decoded: StoredResponse?
+        var corrupt = false
+        switch read {
+        case .bytes(let length):
+            decoded = buffer.withUnsafeBytes { bytes in try? CacheFileFormat.decode(UnsafeRawBufferPointer(rebasing: bytes[0..<length])) }
+            if decoded?.key != key { decoded = nil }
+            corrupt = decoded == nil
+        case .notRegular, .tooLarge:
+            corrupt = true
+        case .vanished, .failed:
+            break  // gone (evicted or cleared meanwhile) or unreadable now: a miss, not a verdict
+        }
+        let response = decoded
+        state.withLock { state in
+            if let response {
+                state.statistics.hits += 1
+                state.index.touch(key)
+                Self.remember(response, in: &state, budget: memoryBytes)
+            } else {
+                state.statistics.misses += 1
+                if corrupt, state.index.remove(key) != nil {
+                    state.statistics.corruptRemoved += 1
+                    Self.updateTotals(&state)
+                }
+            }
+        }
+        if corrupt { try? FileSystem.removeFile(filePath(key)) }
+        if response != nil { _ = utimensat(folder, name, nil, 0) }  // recency survives a restart
+        return response
+    }
+
+    // MARK: - Writing
+
+    /// Stores `response` (replacing what `response.key` held): at once in memory, then in its file,
+    /// written in the background after the least recently used files are deleted to make room. A
+    /// write that fails is counted; the caller is never told (it already has its response).
+    func store(_ response: StoredResponse) {
+        let data = CacheFileFormat.encode(response)
+        guard data.count <= maxBytes else {
+            state.withLock { $0.statistics.tooLargeToStore += 1 }
+            return
+        }
+        let startWriter = state.withLock { state -> Bool in
+            Self.remember(response, in: &state, budget: memoryBytes)
+            let version = state.nextVersion
+            state.nextVersion += 1
+            state.latest[response.key] = version
+            state.queued[response.key] = WriteJob(response: response, data: data, version: version)
+            return state.writing.insert(response.key).inserted
+        }
+        if startWriter { pool.submit { [self] in writeLoop(response.key) } }
+    }
+
+    /// Returns once every write admitted so far has finished (tests, benchmarks, shutdown).
+    func waitForWrites() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let idle = state.withLock { state -> Bool in
+                guard state.writing.isEmpty else {
+                    state.idleWaiters.append(continuation)
+                    return false
+                }
+                return true
+            }
+            if idle { continuation.resume() }
+        }
+    }
+
+    /// Runs on an I/O pool thread: writes the newest queued response for `key` until none is left.
+    private func writeLoop(_ key: CacheDigest) {
+        while true {
+            let next = state.withLock { state -> (job: WriteJob, evict: [CacheDigest])? in
+                guard let job = state.queued.removeValue(forKey: key) else {
+                    state.writing.remove(key)
+                    return nil
+                }
+                guard state.latest[key] == job.version else { return (job, []) }  // removed since: not written
+                // Make room first, so the folder never holds more than maxBytes.
+                let current = state.index[key]?.size ?? 0
+                let reservedElsewhere = state.reserved.values.reduce(0, +)
+                let evict = Self.evict(&state, toFit: maxBytes - job.data.count - reservedElsewhere + current, sparing: key)
+                state.reserved[key] = job.data.count
+                return (job, evict)
+            }
+            guard let (job, evict) = next else { break }
+            for victim in evict { try? FileSystem.removeFile(filePath(victim)) }
+            var failure: FileSystemError?
+            let isCurrent = state.withLock { $0.latest[key] == job.version }
+            if isCurrent {
+                do {
+                    try FileSystem.writeFile(job.data, to: filePath(key), via: path + "/." + CacheFolder.fileName(key) + ".tmp", sync: false)
+                } catch {
+                    failure = error
+                }
+            }
+            let stale = state.withLock { state -> Bool in
+                state.reserved[key] = nil
+                // Removed or cleared while it was written (a newer store is queued and rewrites it).
+                guard state.latest[key] == job.version else { return state.queued[key] == nil }
+                if let failure {
+                    state.statistics.storeFailures += 1
+                    state.statistics.lastStoreFailure = .storage(operation: failure.operation, path: failure.path, errno: failure.errno)
+                } else {
+                    state.index.insert(Self.summary(job.response), size: job.data.count)
+                    state.statistics.stored += 1
+                }
+                Self.updateTotals(&state)
+                return false
+            }
+            if stale, failure == nil, isCurrent { try? FileSystem.removeFile(filePath(key)) }
+        }
+        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            guard state.writing.isEmpty else { return [] }
+            defer { state.idleWaiters = [] }
+            return state.idleWaiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    // MARK: - Internals
+
+    private func filePath(_ key: CacheDigest) -> String { path + "/" + CacheFolder.fileName(key) }
+
+    /// Removes least recently used entries from the index until its files take at most `limit`
+    /// bytes; returns their keys (the caller deletes the files).
+    private static func evict(_ state: inout State, toFit limit: Int, sparing spared: CacheDigest? = nil) -> [CacheDigest] {
+        var victims: [CacheDigest] = []
+        var total = state.index.totalBytes
+        for key in state.index.keysByRecency() where total > limit {
+            guard key != spared, let item = state.index[key] else { continue }
+            total -= item.size
+            victims.append(key)
+        }
+        for key in victims {
+            state.index.remove(key)
+            state.memory[key] = nil
+            state.memoryIndex.remove(key)
+        }
+        state.statistics.evicted += victims.count
+        return victims
+    }
+
+    /// Keeps a decoded copy of `response` among the most recently used, within `budget` bytes.
+    private static func remember(_ response: StoredResponse, in state: inout State, budget: Int) {
+        let size = response.body.count + 512
+        guard size <= budget else {
+            state.memory[response.key] = nil
+            state.memoryIndex.remove(response.key)
+            return
+        }
+        state.memory[response.key] = response
+        state.memoryIndex.insert(summary(response), size: size)
+        for key in state.memoryIndex.evictionCandidates(toFit: budget) {
+            state.memoryIndex.remove(key)
+            state.memory[key] = nil
+        }
+    }
+
+    private static func summary(_ response: StoredResponse) -> StoredResponseSummary {
+        StoredResponseSummary(key: response.key, method: response.method, url: response.url, partition: response.partition, storedAt: response.storedAt)
+    }
+
+    private static func updateTotals(_ state: inout State) {
+        state.statistics.entries = state.index.count
+        state.statistics.bytes = state.index.totalBytes
+    }
+}

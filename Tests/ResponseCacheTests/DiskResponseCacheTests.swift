@@ -1,0 +1,179 @@
+import Foundation
+import Testing
+import ResilienceTesting
+@testable import ResponseCache
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+func storedResponse(_ path: String, body: String = "body", storedAt: Date = Date(timeIntervalSinceReferenceDate: 800_000_000)) -> StoredResponse {
+    let url = "https://example.test" + path
+    return StoredResponse(
+        key: CacheDigest("GET\n" + url + "\n"),
+        method: "GET", url: url, partition: nil, storedAt: storedAt, statusCode: 200,
+        headers: ["Content-Type": "text/plain"], varyNames: [], varyDigest: nil, body: Data(body.utf8)
+    )
+}
+
+@Suite("DiskResponseCache: files, eviction, corruption, restart", .timeLimit(.minutes(1)))
+struct DiskResponseCacheTests {
+    private func cacheFiles(_ directory: TemporaryDirectory) -> [String] {
+        directory.fileNames.filter { $0.hasSuffix(".rc") }
+    }
+
+    @Test func aStoredResponseIsReadBackFromMemoryAndAfterAReopenFromItsFile() async throws {
+        let directory = TemporaryDirectory()
+        let response = storedResponse("/feed", body: "[1,2,3]")
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+            cache.store(response)
+            #expect(cache.response(for: response.key) == response)  // before the write finished
+            await cache.waitForWrites()
+            #expect(cache.count == 1)
+            #expect(cache.statistics.stored == 1)
+        }
+        #expect(cacheFiles(directory) == [response.key.hex + ".rc"])
+        let path = directory.url.appendingPathComponent(response.key.hex + ".rc").path
+        let mode = ((try FileManager.default.attributesOfItem(atPath: path))[.posixPermissions] as? NSNumber)?.intValue
+        #expect(mode == 0o600)
+        let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        #expect(reopened.count == 1)
+        #expect(reopened.response(for: response.key) == response)
+        #expect(reopened.response(for: CacheDigest("nothing")) == nil)
+        #expect(reopened.statistics.hits == 1 && reopened.statistics.misses == 1)
+    }
+
+    @Test func theFilesNeverTakeMoreThanMaxBytesAndTheLeastRecentlyUsedGoFirst() async throws {
+        let directory = TemporaryDirectory()
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 4_000, memoryBytes: 0)
+        let responses = (0..<5).map { storedResponse("/\($0)", body: String(repeating: "x", count: 700)) }
+        for response in responses.prefix(4) {
+            cache.store(response)
+            await cache.waitForWrites()
+        }
+        let size = cache.totalBytes / 4
+        #expect(cache.count == 4)
+        _ = cache.response(for: responses[0].key)  // now the most recently used
+        cache.store(responses[4])
+        await cache.waitForWrites()
+        // 5 files would not fit in 4 000 bytes: the least recently used (/1) went.
+        #expect(cache.totalBytes <= 4_000 && cache.totalBytes == size * 4)
+        #expect(cache.response(for: responses[1].key) == nil)
+        #expect(cache.response(for: responses[0].key) != nil)
+        #expect(Set(cacheFiles(directory)) == Set([0, 2, 3, 4].map { responses[$0].key.hex + ".rc" }))
+        #expect(cache.statistics.evicted == 1)
+        // Larger than the whole cache: never stored.
+        cache.store(storedResponse("/huge", body: String(repeating: "y", count: 5_000)))
+        await cache.waitForWrites()
+        #expect(cache.statistics.tooLargeToStore == 1)
+        #expect(cache.count == 4)
+    }
+
+    @Test func randomSizesNeverPushTheFolderOverMaxBytes() async throws {
+        let directory = TemporaryDirectory()
+        let maxBytes = 200_000
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: maxBytes, memoryBytes: 0)
+        var generator = SplitMix64(seed: 7)
+        for index in 0..<2_000 {
+            let size = Int.random(in: 0..<20_000, using: &generator)
+            cache.store(storedResponse("/\(index % 300)", body: String(repeating: "z", count: size)))
+            if index % 50 == 0 {
+                await cache.waitForWrites()
+                let onDisk = try folderBytes(directory)
+                #expect(onDisk <= maxBytes, "after \(index) stores: \(onDisk) bytes on disk")
+                #expect(onDisk == cache.totalBytes)
+            }
+        }
+        await cache.waitForWrites()
+        #expect(try folderBytes(directory) <= maxBytes)
+        #expect(try folderBytes(directory) == cache.totalBytes)
+    }
+
+    private func folderBytes(_ directory: TemporaryDirectory) throws -> Int {
+        try FileManager.default.contentsOfDirectory(atPath: directory.url.path).reduce(0) { total, name in
+            let attributes = try FileManager.default.attributesOfItem(atPath: directory.url.appendingPathComponent(name).path)
+            return total + ((attributes[.size] as? NSNumber)?.intValue ?? 0)
+        }
+    }
+
+    @Test func aTornOrCorruptFileIsNeverServedAndIsDeletedAndCounted() async throws {
+        let directory = TemporaryDirectory()
+        let good = storedResponse("/good"), torn = storedResponse("/torn"), flipped = storedResponse("/flipped", body: String(repeating: "f", count: 100))
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+            for response in [good, torn, flipped] { cache.store(response) }
+            await cache.waitForWrites()
+        }
+        // A power loss can leave a renamed file short, or with wrong bytes.
+        let tornPath = directory.url.appendingPathComponent(torn.key.hex + ".rc")
+        let tornData = try Data(contentsOf: tornPath)
+        try tornData.prefix(tornData.count - 3).write(to: tornPath)
+        let flippedPath = directory.url.appendingPathComponent(flipped.key.hex + ".rc")
+        var flippedData = try Data(contentsOf: flippedPath)
+        flippedData[flippedData.count - 10] ^= 0xFF  // in the body: only the checksum sees it
+        try flippedData.write(to: flippedPath)
+        try Data("garbage".utf8).write(to: directory.url.appendingPathComponent(CacheDigest("x").hex + ".rc"))
+        #expect(mkfifo(directory.url.appendingPathComponent(CacheDigest("fifo").hex + ".rc").path, 0o600) == 0)
+
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        // The torn file's size does not match its header: gone at open, with the garbage and the FIFO.
+        #expect(cache.statistics.corruptRemoved == 3)
+        #expect(cache.count == 2)
+        #expect(cache.response(for: torn.key) == nil)
+        // The flipped byte is only seen when the body is read: a miss, deleted, counted.
+        #expect(cache.response(for: flipped.key) == nil)
+        #expect(cache.statistics.corruptRemoved == 4)
+        #expect(cache.count == 1)
+        #expect(cache.response(for: good.key) == good)
+        #expect(cacheFiles(directory) == [good.key.hex + ".rc"])
+    }
+
+    @Test func clearAndInvalidateRemoveFromMemoryAndDisk() async throws {
+        let directory = TemporaryDirectory()
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        let feed = storedResponse("/feed"), item = storedResponse("/items/1"), other = storedResponse("/items/2")
+        for response in [feed, item, other] { cache.store(response) }
+        await cache.waitForWrites()
+        let removed = cache.invalidate { method, url in method == .get && url.path.hasPrefix("/items/") }
+        #expect(removed == 2)
+        #expect(cache.response(for: item.key) == nil && cache.response(for: other.key) == nil)
+        #expect(cacheFiles(directory) == [feed.key.hex + ".rc"])
+        cache.store(item)
+        try cache.clear()  // also the write still in flight
+        await cache.waitForWrites()
+        #expect(cache.count == 0)
+        #expect(cache.response(for: feed.key) == nil && cache.response(for: item.key) == nil)
+        #expect(cacheFiles(directory).isEmpty)
+    }
+
+    @Test func aSecondCacheOnTheSameFolderIsRefused() throws {
+        let directory = TemporaryDirectory()
+        let first = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        #expect(throws: ResponseCacheError.folderInUse(path: directory.url.path)) {
+            try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        }
+        #expect(first.count == 0)
+    }
+
+    @Test(.enabled(if: SmallFileSystem.isAvailable, "cannot mount a tmpfs here (needs Linux, root and mount(2))"))
+    func aFullDiskFailsTheWriteNotTheReadAndIsCounted() async throws {
+        let mountPoint = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: mountPoint.url, withIntermediateDirectories: true)
+        let mounted = try #require(SmallFileSystem(at: mountPoint.url.path, kilobytes: 64))
+        defer { mounted.unmount() }
+        let cache = try DiskResponseCache(directory: mountPoint.url.appendingPathComponent("cache"), maxBytes: 10 << 20, memoryBytes: 0)
+        _ = mounted.fill()
+        let response = storedResponse("/feed", body: String(repeating: "a", count: 8_000))
+        cache.store(response)
+        await cache.waitForWrites()
+        #expect(cache.statistics.storeFailures == 1)
+        if case .storage(_, _, let code)? = cache.statistics.lastStoreFailure {
+            #expect(code == ENOSPC)
+        } else {
+            Issue.record("no store failure recorded")
+        }
+        #expect(cache.count == 0)
+    }
+}
