@@ -2,13 +2,16 @@
 import PackageDescription
 
 // One package, one target per layer, no package dependencies.
-// Imports point down only: Retry <- RequestEngine <- {OfflineQueue, Auth, Observability}; Drainer <- OfflineQueue.
+// Imports point down only: Retry <- RequestEngine <- {Reachability, Auth, Observability};
+// {RequestEngine, Reachability} <- {OfflineQueue, ResponseCache}; Drainer <- OfflineQueue.
+// ResilienceCore holds shared plumbing and is not a product.
 let package = Package(
     name: "Resilience",
     platforms: [.macOS(.v13), .iOS(.v16), .tvOS(.v16), .watchOS(.v9), .visionOS(.v1)],
     products: [
         .library(name: "Retry", targets: ["Retry"]),
         .library(name: "RequestEngine", targets: ["RequestEngine"]),
+        .library(name: "Reachability", targets: ["Reachability"]),
         .library(name: "OfflineQueue", targets: ["OfflineQueue"]),
         .library(name: "ResponseCache", targets: ["ResponseCache"]),
         .library(name: "Auth", targets: ["Auth"]),
@@ -19,22 +22,25 @@ let package = Package(
         .executable(name: "resilience-demo", targets: ["resilience-demo"]),
     ],
     targets: [
-        // Shared plumbing (file system, blocking I/O pool), not a product.
         .target(name: "ResilienceCore"),
         .target(name: "Retry"),
         .target(name: "RequestEngine", dependencies: ["Retry"]),
         .target(name: "CNetlink"),
         .target(
-            name: "OfflineQueue",
-            dependencies: ["RequestEngine", "Retry", "ResilienceCore", .target(name: "CNetlink", condition: .when(platforms: [.linux]))]
+            name: "Reachability",
+            dependencies: ["RequestEngine", "Retry", .target(name: "CNetlink", condition: .when(platforms: [.linux]))]
         ),
-        .target(name: "ResponseCache", dependencies: ["RequestEngine", "Retry", "ResilienceCore"]),
+        .target(
+            name: "OfflineQueue",
+            dependencies: ["RequestEngine", "Retry", "ResilienceCore", "Reachability"]
+        ),
+        .target(name: "ResponseCache", dependencies: ["RequestEngine", "Reachability", "Retry", "ResilienceCore"]),
         .target(name: "Auth", dependencies: ["RequestEngine"]),
         .target(name: "Observability", dependencies: ["RequestEngine"]),
         .target(name: "Drainer", dependencies: ["OfflineQueue", "Retry"]),
         .target(
             name: "Resilience",
-            dependencies: ["Retry", "RequestEngine", "OfflineQueue", "Auth", "Observability", "Drainer"]
+            dependencies: ["Retry", "RequestEngine", "Reachability", "OfflineQueue", "ResponseCache", "Auth", "Observability", "Drainer"]
         ),
         .target(name: "ResilienceTesting", dependencies: ["Retry", "RequestEngine"]),
         .executableTarget(name: "resilience-demo", dependencies: ["Resilience", "ResilienceTesting"]),
@@ -42,6 +48,7 @@ let package = Package(
         .testTarget(name: "RetryTests", dependencies: ["Retry", "ResilienceTesting"]),
         .testTarget(name: "RequestEngineTests", dependencies: ["RequestEngine", "ResilienceTesting"]),
         .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceTesting"]),
+        .testTarget(name: "ReachabilityTests", dependencies: ["Reachability", "ResilienceTesting"]),
         .testTarget(name: "OfflineQueueTests", dependencies: ["OfflineQueue", "ResilienceTesting"]),
         .testTarget(name: "ResponseCacheTests", dependencies: ["ResponseCache", "ResilienceTesting"]),
         .testTarget(name: "AuthTests", dependencies: ["Auth", "OfflineQueue", "ResilienceTesting"]),

@@ -9,5 +9,7 @@
 @_exported import Drainer
 @_exported import Observability
 @_exported import OfflineQueue
+@_exported import Reachability
 @_exported import RequestEngine
+@_exported import ResponseCache
 @_exported import Retry

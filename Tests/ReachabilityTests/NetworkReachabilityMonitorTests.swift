@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import RequestEngine
 import ResilienceTesting
-@testable import OfflineQueue
+@testable import Reachability
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
