@@ -24,7 +24,7 @@ let package = Package(
     targets: [
         .target(name: "ResilienceCore"),
         .target(name: "Retry"),
-        .target(name: "RequestEngine", dependencies: ["Retry"]),
+        .target(name: "RequestEngine", dependencies: ["Retry", "ResilienceCore"]),
         .target(name: "CNetlink"),
         .target(
             name: "Reachability",

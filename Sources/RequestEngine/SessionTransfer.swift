@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import ResilienceCore
 import Retry
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -18,27 +19,30 @@ extension URLSessionTask: TransferTask {}
 /// session reports the response, bytes and completion, and a `TransferStateMachine` decides.
 ///
 /// Cancellation never blocks the cancelling thread: the caller is answered `URLError(.cancelled)`
-/// at once and the task's `cancel()` runs later on `canceller`, a serial queue. That matters on
-/// Linux, where `URLSessionTask.cancel()` waits (`workQueue.sync`) for the session's one serial
-/// queue, which is also where libcurl processes every transfer's incoming data: under load or a
-/// flood of body bytes a synchronous cancel held the cancelling thread — a thread of Swift's
-/// cooperative pool — for seconds. A serial queue, so a burst of cancels occupies one thread, not
-/// one each.
+/// at once and the task's `cancel()` runs later on `canceller`, a few dedicated threads. That
+/// matters on Linux, where `URLSessionTask.cancel()` waits (`workQueue.sync`) for the session's
+/// one serial queue, which is also where libcurl processes every transfer's incoming data: under
+/// load or a flood of body bytes a synchronous cancel held the cancelling thread — a thread of
+/// Swift's cooperative pool — for seconds. Not a `DispatchQueue`: on Linux Dispatch's worker
+/// threads are the cooperative pool's, about one per core and not added when one blocks, so a
+/// cancel blocked there starves every task.
 final class SessionTransfer: Sendable {
     private let machine: Locked<TransferStateMachine>
-    private let canceller: DispatchQueue
+    private let canceller: BlockingIOPool
 
     /// - Parameters:
     ///   - limit: the largest body accepted, in bytes; `nil` for no limit.
     ///   - expectsBody: false for HEAD, whose `Content-Length` describes a body that is not sent.
-    ///   - canceller: the serial queue the task's `cancel()` is handed to.
-    init(limit: Int?, expectsBody: Bool = true, canceller: DispatchQueue) {
+    ///   - canceller: the threads the task's `cancel()` is handed to.
+    init(limit: Int?, expectsBody: Bool = true, canceller: BlockingIOPool) {
         machine = Locked(TransferStateMachine(limit: limit, expectsBody: expectsBody))
         self.canceller = canceller
     }
 
-    /// Where plain `URLSession`s hand their tasks' cancels.
-    static let sharedCanceller = DispatchQueue(label: "Resilience.URLSession.cancel")
+    /// Where every transfer hands its task's cancel: up to four dedicated threads, started on
+    /// first use, so a burst of slow cancels occupies at most four threads and never one of the
+    /// cooperative pool's.
+    static let sharedCanceller = BlockingIOPool(maxThreads: 4, name: "resilience.request-engine.cancel")
 
     /// Makes the task with `makeTask` (made, maybe registered, never resumed by it), starts it and
     /// waits for the answer. A cancelled caller gets `URLError(.cancelled)` at once.
@@ -86,7 +90,7 @@ final class SessionTransfer: Sendable {
             continuation.resume(with: result)
         case .answerAndCancel(let continuation, let result, let task):
             continuation.resume(with: result)
-            canceller.async { task.cancel() }
+            canceller.submit { task.cancel() }
         }
     }
 }

@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import ResilienceCore
 import Retry
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -22,8 +23,9 @@ import FoundationNetworking
 ///   limit counts the body as delivered, after any content decoding. The transfer is then cancelled.
 /// - **Cancellation**: a cancelled caller (or an engine timeout) is answered `URLError(.cancelled)`
 ///   at once; from that instant the transfer's bytes are dropped, so memory stops growing even while
-///   the session takes its time to stop the transfer; the task's `cancel()` is handed to a serial
-///   queue of this transport, never run on the cancelling thread.
+///   the session takes its time to stop the transfer; the task's `cancel()` is handed to dedicated
+///   threads, never run on the cancelling thread (nor on Dispatch's, which on Linux are the
+///   cooperative pool's).
 /// - Redirects are followed, as by `URLSession`.
 ///
 /// Unlike a plain `URLSession` (which also conforms to `NetworkSession`), this transport sees the
@@ -36,7 +38,7 @@ public final class URLSessionTransport: NetworkSession {
     private let session: URLSession
     private let delegate: URLSessionTransportDelegate
     /// Where the tasks' `cancel()` calls run, one after another.
-    private let canceller: DispatchQueue
+    private let canceller: BlockingIOPool
     /// Makes (and does not resume) the task for a request; the real session's data task, or a
     /// test double.
     private let makeTask: @Sendable (URLSession, URLRequest) -> any TransferTask
@@ -57,7 +59,7 @@ public final class URLSessionTransport: NetworkSession {
         queue.maxConcurrentOperationCount = 1
         self.delegate = delegate
         self.session = URLSession(configuration: configuration, delegate: delegate, delegateQueue: queue)
-        self.canceller = DispatchQueue(label: "Resilience.URLSessionTransport.cancel")
+        self.canceller = SessionTransfer.sharedCanceller
         self.makeTask = makeTask
     }
 

@@ -16,11 +16,14 @@ package final class BlockingIOPool: Sendable {
     // Guarded by `condition` (not `Locked`), because workers must wait on it.
     private nonisolated(unsafe) var state = State()
     private let maxThreads: Int
+    private let name: String
 
-    package static let shared = BlockingIOPool(maxThreads: 32)
+    package static let shared = BlockingIOPool(maxThreads: 32, name: "resilience.blocking-io")
 
-    package init(maxThreads: Int) {
+    /// A pool of at most `maxThreads` threads, named `name`, started as jobs arrive (1 makes it serial).
+    package init(maxThreads: Int, name: String) {
         self.maxThreads = max(1, maxThreads)
+        self.name = name
     }
 
     /// Runs `body` on a pool thread and returns its result.
@@ -45,7 +48,7 @@ package final class BlockingIOPool: Sendable {
         condition.unlock()
         if spawn {
             let thread = Thread { [self] in self.work() }
-            thread.name = "resilience.offline-queue.io"
+            thread.name = name
             thread.start()
         }
     }
