@@ -1,0 +1,370 @@
+import Foundation
+import Testing
+import Reachability
+import RequestEngine
+import ResilienceTesting
+@testable import ResponseCache
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+struct Read: NetworkRequest {
+    var url: URL
+    var method: HTTPMethod = .get
+    var headers: [String: String] = [:]
+    var timeout: TimeInterval = .infinity
+
+    init(_ path: String, method: HTTPMethod = .get, headers: [String: String] = [:]) {
+        url = URL(string: "https://api.example.test" + path)!
+        self.method = method
+        self.headers = headers
+    }
+}
+
+/// A cached engine over a scripted session, a manual clock and a manual monitor.
+struct CacheHarness {
+    let directory = TemporaryDirectory()
+    let clock = ManualClock()
+    let session: ScriptedNetworkSession
+    let monitor: ManualReachabilityMonitor
+    let cache: DiskResponseCache
+    let engine: CachedRequestEngine
+
+    init(_ steps: [ScriptedNetworkSession.Step], connected: Bool = true, partition: String? = nil, cache: DiskResponseCache? = nil) throws {
+        session = ScriptedNetworkSession(steps)
+        monitor = ManualReachabilityMonitor(isConnected: connected)
+        self.cache = try cache ?? DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        engine = CachedRequestEngine(
+            requestEngine: AsyncRequestEngine(session: session, clock: clock),
+            cache: self.cache,
+            reachabilityMonitor: monitor,
+            partition: partition,
+            clock: clock
+        )
+    }
+
+    func body(_ response: CachedResponse) -> String { String(decoding: response.data, as: UTF8.self) }
+
+    /// Every byte the cache wrote, for secret checks.
+    func bytesOnDisk() async -> Data {
+        await cache.waitForWrites()
+        var all = Data()
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: directory.url.path)) ?? [] {
+            all += (try? Data(contentsOf: directory.url.appendingPathComponent(name))) ?? Data()
+        }
+        return all
+    }
+}
+
+extension Data {
+    func contains(_ text: String) -> Bool { range(of: Data(text.utf8)) != nil }
+}
+
+@Suite("CachedRequestEngine: modes, freshness, revalidation, Vary, secrets", .timeLimit(.minutes(1)))
+struct CachedRequestEngineTests {
+    // MARK: .online
+
+    @Test func aFreshStoredResponseIsServedWithoutTheNetwork() async throws {
+        let h = try CacheHarness([.ok("v1", headers: ["Cache-Control": "max-age=600"])])
+        let first = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(60))
+        #expect(first.source == .network && h.body(first) == "v1")
+        h.clock.advance(by: .seconds(59))
+        let second = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(60))
+        #expect(second.source == .cache && !second.isStale && h.body(second) == "v1")
+        #expect(second.response.statusCode == 200)
+        #expect(h.session.callCount == 1)
+        // The stricter of staleTime and max-age: after 60 s it is stale although max-age says 600.
+        h.clock.advance(by: .seconds(2))
+        _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(60))
+        #expect(h.session.callCount == 2)
+    }
+
+    @Test func aStaleResponseIsRevalidatedAndA304ServesTheStoredBodyWithoutTransferringIt() async throws {
+        let h = try CacheHarness([
+            .ok("big body", headers: ["ETag": "\"v1\"", "Last-Modified": "Tue, 24 Nov 2026 10:00:00 GMT"]),
+            .status(304, headers: ["ETag": "\"v1\"", "X-Refreshed": "yes"]),
+        ])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10))
+        h.clock.advance(by: .seconds(11))
+        let revalidated = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10))
+        #expect(revalidated.source == .cache && !revalidated.isStale && h.body(revalidated) == "big body")
+        #expect(revalidated.response.value(forHTTPHeaderField: "X-Refreshed") == "yes")
+        let sent = h.session.requests[1]
+        #expect(sent.value(forHTTPHeaderField: "If-None-Match") == "\"v1\"")
+        #expect(sent.value(forHTTPHeaderField: "If-Modified-Since") == "Tue, 24 Nov 2026 10:00:00 GMT")
+        // The 304 made it fresh again.
+        let again = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10))
+        #expect(again.source == .cache && h.session.callCount == 2)
+    }
+
+    @Test func whileOfflineAnOnlineReadWaitsSpendingNothingAndGoesOnWhenConnectivityReturns() async throws {
+        let h = try CacheHarness([.ok("v1")], connected: false)
+        let engine = h.engine
+        let read = Task { try await engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10)) }
+        while await h.monitor.subscriberCount == 0 { await Task.yield() }  // it waits on the monitor
+        #expect(h.session.callCount == 0)
+        await h.monitor.setConnected(true)
+        let answer = try await read.value
+        #expect(answer.source == .network && h.body(answer) == "v1")
+        #expect(h.session.callCount == 1)
+    }
+
+    @Test func aReadPausedOfflineEndsAtOnceWhenItsCallerIsCancelled() async throws {
+        let h = try CacheHarness([.ok("v1")], connected: false)
+        let engine = h.engine
+        let read = Task { try await engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10)) }
+        while await h.monitor.subscriberCount == 0 { await Task.yield() }
+        read.cancel()
+        await #expect(throws: NetworkError.self) { try await read.value }
+        #expect(h.session.callCount == 0)
+    }
+
+    @Test(arguments: [
+        ScriptedNetworkSession.Step.urlError(.cannotConnectToHost),
+        .urlError(.networkConnectionLost),
+        .urlError(.timedOut),
+        .status(503),
+        .status(502),
+    ])
+    func aFailingNetworkOrServerServesTheStoredResponseMarkedStale(failure: ScriptedNetworkSession.Step) async throws {
+        let h = try CacheHarness([.ok("v1"), failure])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10))
+        h.clock.advance(by: .seconds(30))
+        let answer = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10))
+        #expect(answer.source == .cache && answer.isStale && h.body(answer) == "v1")
+    }
+
+    @Test func mustRevalidateIsNeverServedStale() async throws {
+        let h = try CacheHarness([.ok("v1", headers: ["Cache-Control": "must-revalidate"]), .urlError(.cannotConnectToHost)])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10))
+        h.clock.advance(by: .seconds(30))
+        await #expect(throws: NetworkError.self) {
+            try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10))
+        }
+    }
+
+    @Test func aClientErrorIsPassedOnAndDoesNotReplaceTheStoredResponse() async throws {
+        let h = try CacheHarness([.ok("v1"), .status(404), .status(304)])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .zero)
+        let missing = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .zero)
+        #expect(missing.source == .network && missing.response.statusCode == 404)
+        let stillStored = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .zero)
+        #expect(stillStored.source == .cache && h.body(stillStored) == "v1")
+    }
+
+    // MARK: .offlineFirst
+
+    @Test func offlineFirstServesAStaleResponseAtOnceAndRevalidatesItInTheBackgroundWhenOnline() async throws {
+        let h = try CacheHarness([.ok("v1"), .ok("v2")])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .offlineFirst, staleTime: .seconds(10))
+        h.clock.advance(by: .seconds(11))
+        let stale = try await h.engine.response(for: Read("/feed"), mode: .offlineFirst, staleTime: .seconds(10))
+        #expect(stale.source == .cache && stale.isStale && h.body(stale) == "v1")
+        await h.engine.waitForBackgroundRevalidations()
+        #expect(h.session.callCount == 2)
+        let fresh = try await h.engine.response(for: Read("/feed"), mode: .offlineFirst, staleTime: .seconds(10))
+        #expect(fresh.source == .cache && !fresh.isStale && h.body(fresh) == "v2")
+    }
+
+    @Test func offlineFirstWhileOfflineServesTheStoredResponseAndSendsNothing() async throws {
+        let h = try CacheHarness([.ok("v1")])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .offlineFirst, staleTime: .seconds(10))
+        await h.monitor.setConnected(false)
+        h.clock.advance(by: .seconds(3600))
+        let stale = try await h.engine.response(for: Read("/feed"), mode: .offlineFirst, staleTime: .seconds(10))
+        #expect(stale.isStale && h.body(stale) == "v1")
+        await h.engine.waitForBackgroundRevalidations()
+        #expect(h.session.callCount == 1)
+    }
+
+    @Test func offlineFirstWithNothingStoredWaitsLikeOnline() async throws {
+        let h = try CacheHarness([.ok("v1")], connected: false)
+        let engine = h.engine
+        let read = Task { try await engine.response(for: Read("/feed"), mode: .offlineFirst, staleTime: .seconds(10)) }
+        while await h.monitor.subscriberCount == 0 { await Task.yield() }
+        #expect(h.session.callCount == 0)
+        await h.monitor.setConnected(true)
+        #expect(try await read.value.source == .network)
+    }
+
+    // MARK: .always
+
+    @Test func alwaysGoesToTheNetworkWhateverTheMonitorSaysAndThrowsItsFailures() async throws {
+        let h = try CacheHarness([.ok("v1", headers: ["Cache-Control": "max-age=600"]), .urlError(.cannotConnectToHost)], connected: false)
+        let first = try await h.engine.response(for: Read("/feed"), mode: .always, staleTime: .seconds(600))
+        #expect(first.source == .network)
+        await #expect(throws: NetworkError.self) {
+            try await h.engine.response(for: Read("/feed"), mode: .always, staleTime: .seconds(600))
+        }
+        #expect(h.session.callCount == 2)
+    }
+
+    // MARK: HTTP rules
+
+    @Test func noStoreOnEitherSideIsNeverStoredAndNoCacheSkipsTheStoredResponse() async throws {
+        let h = try CacheHarness([.ok("secret", headers: ["Cache-Control": "no-store"]), .ok("v1"), .ok("v2"), .ok("v3")])
+        _ = try await h.engine.response(for: Read("/a"), mode: .online, staleTime: .seconds(60))
+        _ = try await h.engine.response(for: Read("/b", headers: ["Cache-Control": "no-store"]), mode: .online, staleTime: .seconds(60))
+        await h.cache.waitForWrites()
+        #expect(h.cache.count == 0)
+        _ = try await h.engine.response(for: Read("/c"), mode: .online, staleTime: .seconds(60))
+        let forced = try await h.engine.response(for: Read("/c", headers: ["Cache-Control": "no-cache"]), mode: .online, staleTime: .seconds(60))
+        #expect(forced.source == .network && h.body(forced) == "v3")
+        #expect(!(await h.bytesOnDisk()).contains("secret"))
+    }
+
+    @Test func varyIsHonouredAndVaryStarIsNeverStored() async throws {
+        let h = try CacheHarness([
+            .ok("english", headers: ["Vary": "Accept-Language"]),
+            .ok("french", headers: ["Vary": "Accept-Language"]),
+            .ok("anything", headers: ["Vary": "*"]),
+        ])
+        _ = try await h.engine.response(for: Read("/feed", headers: ["Accept-Language": "en"]), mode: .online, staleTime: .seconds(60))
+        let english = try await h.engine.response(for: Read("/feed", headers: ["accept-language": "en"]), mode: .online, staleTime: .seconds(60))
+        #expect(english.source == .cache)
+        let french = try await h.engine.response(for: Read("/feed", headers: ["Accept-Language": "x-klingon"]), mode: .online, staleTime: .seconds(60))
+        #expect(french.source == .network && h.body(french) == "french")
+        _ = try await h.engine.response(for: Read("/star"), mode: .online, staleTime: .seconds(60))
+        await h.cache.waitForWrites()
+        #expect(h.cache.count == 1)  // the French variant replaced the English one; /star not stored
+        #expect(!(await h.bytesOnDisk()).contains("x-klingon"))  // values are never stored, only their digest
+    }
+
+    @Test func setCookieIsNeverStoredButTheCallerStillGetsIt() async throws {
+        let h = try CacheHarness([.ok("v1", headers: ["Set-Cookie": "session=abc123secret", "X-Kept": "1"])])
+        let first = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(60))
+        #expect(first.response.value(forHTTPHeaderField: "Set-Cookie") == "session=abc123secret")
+        let cached = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(60))
+        #expect(cached.source == .cache && cached.response.value(forHTTPHeaderField: "Set-Cookie") == nil)
+        #expect(cached.response.value(forHTTPHeaderField: "X-Kept") == "1")
+        #expect(!(await h.bytesOnDisk()).contains("abc123secret"))
+    }
+
+    @Test func expiresAndAgeSetFreshnessWhenThereIsNoMaxAge() async throws {
+        let h = try CacheHarness([
+            .ok("v1", headers: ["Date": "Tue, 24 Nov 2026 10:00:00 GMT", "Expires": "Tue, 24 Nov 2026 10:01:00 GMT"]),
+            .ok("aged", headers: ["Cache-Control": "max-age=100", "Age": "90"]),
+        ])
+        _ = try await h.engine.response(for: Read("/expires"), mode: .online, staleTime: .seconds(3600))
+        h.clock.advance(by: .seconds(59))
+        #expect(try await h.engine.response(for: Read("/expires"), mode: .online, staleTime: .seconds(3600)).source == .cache)
+        _ = try await h.engine.response(for: Read("/aged"), mode: .online, staleTime: .seconds(3600))
+        h.clock.advance(by: .seconds(11))  // 90 s old on arrival + 11 s > max-age 100
+        _ = try await h.engine.response(for: Read("/aged"), mode: .online, staleTime: .seconds(3600))
+        #expect(h.session.callCount == 3)
+    }
+
+    @Test func requestsWithCredentialsAreCachedOnlyUnderAPartitionAndNeverByTheirToken() async throws {
+        let unpartitioned = try CacheHarness([.ok("mine")])
+        let token = ["Authorization": "Bearer tok-123-secret"]
+        _ = try await unpartitioned.engine.response(for: Read("/me", headers: token), mode: .online, staleTime: .seconds(60))
+        _ = try await unpartitioned.engine.response(for: Read("/me", headers: token), mode: .online, staleTime: .seconds(60))
+        #expect(unpartitioned.session.callCount == 2)
+        await unpartitioned.cache.waitForWrites()
+        #expect(unpartitioned.cache.count == 0)
+
+        let alice = try CacheHarness([.ok("first user"), .ok("second user")], partition: "alice@example.test")
+        _ = try await alice.engine.response(for: Read("/me", headers: token), mode: .online, staleTime: .seconds(60))
+        let again = try await alice.engine.response(for: Read("/me", headers: ["Authorization": "Bearer rotated"]), mode: .online, staleTime: .seconds(60))
+        #expect(again.source == .cache && alice.body(again) == "first user")  // keyed by the partition, not the token
+        let bytes = await alice.bytesOnDisk()
+        #expect(!bytes.contains("tok-123-secret") && !bytes.contains("alice@example.test"))
+        // Another user over the same cache sees nothing of Alice's.
+        let bob = CachedRequestEngine(
+            requestEngine: AsyncRequestEngine(session: alice.session), cache: alice.cache,
+            reachabilityMonitor: alice.monitor, partition: "bob", clock: alice.clock
+        )
+        let bobs = try await bob.response(for: Read("/me", headers: token), mode: .online, staleTime: .seconds(60))
+        #expect(bobs.source == .network && alice.body(bobs) == "second user")
+    }
+
+    @Test func aSuccessfulMutationInvalidatesTheStoredReadsOfItsURL() async throws {
+        let h = try CacheHarness([.ok("v1"), .status(204), .ok("v2")])
+        _ = try await h.engine.response(for: Read("/items/1"), mode: .online, staleTime: .seconds(600))
+        _ = try await h.engine.send(Read("/items/1", method: .put))
+        let after = try await h.engine.response(for: Read("/items/1"), mode: .online, staleTime: .seconds(600))
+        #expect(after.source == .network && h.body(after) == "v2")
+    }
+
+    @Test func headAndGetAreStoredApart() async throws {
+        let h = try CacheHarness([.ok("", headers: ["X-Head": "1"]), .ok("body")])
+        _ = try await h.engine.response(for: Read("/doc", method: .head), mode: .online, staleTime: .seconds(60))
+        let get = try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .seconds(60))
+        #expect(get.source == .network && h.body(get) == "body")
+        #expect(try await h.engine.response(for: Read("/doc", method: .head), mode: .online, staleTime: .seconds(60)).source == .cache)
+    }
+
+    // MARK: Sharing
+
+    @Test func concurrentReadersOfOneStaleKeyCauseOneRevalidation() async throws {
+        let h = try CacheHarness([.ok("v1", headers: ["ETag": "\"1\""]), .held(.status(304))])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(1))
+        h.clock.advance(by: .seconds(5))
+        let engine = h.engine
+        let readers = (0..<200).map { _ in Task { try await engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(1)) } }
+        await h.session.waitForCalls(2)
+        h.session.releaseHeld()
+        for reader in readers {
+            let answer = try await reader.value
+            #expect(answer.source == .cache && !answer.isStale)
+        }
+        #expect(h.session.callCount == 2)
+    }
+
+    @Test func aCancelledReaderLeavesASharedFetchWithoutCancellingTheOthers() async throws {
+        let h = try CacheHarness([.held(.ok("v1"))])
+        let engine = h.engine
+        let leaving = Task { try await engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(1)) }
+        let staying = Task { try await engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(1)) }
+        await h.session.waitForCalls(1)
+        leaving.cancel()
+        await #expect(throws: NetworkError.self) { try await leaving.value }
+        h.session.releaseHeld()
+        #expect(h.body(try await staying.value) == "v1")
+        #expect(h.session.callCount == 1)
+    }
+
+    // MARK: Streams
+
+    @Test func aSubscriptionYieldsTheStoredResponseAtOnceThenTheNetworksWhenConnectivityReturns() async throws {
+        let h = try CacheHarness([.ok("v1"), .ok("v2")])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10))
+        await h.monitor.setConnected(false)
+        h.clock.advance(by: .seconds(60))
+        var iterator = h.engine.responses(for: Read("/feed"), mode: .online, staleTime: .seconds(10)).makeAsyncIterator()
+        let first = try #require(try await iterator.next())
+        #expect(first.source == .cache && first.isStale && h.body(first) == "v1")
+        while await h.monitor.subscriberCount == 0 { await Task.yield() }
+        #expect(h.session.callCount == 1)
+        await h.monitor.setConnected(true)
+        let second = try #require(try await iterator.next())
+        #expect(second.source == .network && h.body(second) == "v2")
+        #expect(try await iterator.next() == nil)
+    }
+
+    @Test func aSubscriptionToAFreshResponseYieldsItOnceAndEnds() async throws {
+        let h = try CacheHarness([.ok("v1")])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10))
+        var answers: [CachedResponse] = []
+        for try await answer in h.engine.responses(for: Read("/feed"), mode: .offlineFirst, staleTime: .seconds(10)) { answers.append(answer) }
+        #expect(answers.map(\.source) == [.cache])
+        #expect(h.session.callCount == 1)
+    }
+
+    // MARK: Disk failures
+
+    @Test(.enabled(if: SmallFileSystem.isAvailable, "cannot mount a tmpfs here (needs Linux, root and mount(2))"))
+    func aCacheThatCannotWriteStillAnswersEveryRead() async throws {
+        let mountPoint = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: mountPoint.url, withIntermediateDirectories: true)
+        let mounted = try #require(SmallFileSystem(at: mountPoint.url.path, kilobytes: 1024))
+        defer { mounted.unmount() }
+        let cache = try DiskResponseCache(directory: mountPoint.url.appendingPathComponent("cache"), maxBytes: 1 << 20, memoryBytes: 0)
+        #expect(mounted.remount(readOnly: true))
+        let h = try CacheHarness([.ok("v1"), .ok("v2")], cache: cache)
+        #expect(h.body(try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(60))) == "v1")
+        await cache.waitForWrites()
+        #expect(cache.statistics.storeFailures == 1)
+        #expect(h.body(try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(60))) == "v2")
+    }
+}
