@@ -1,6 +1,7 @@
 import Foundation
 import RequestEngine
 import ResilienceCore
+import Retry
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -87,9 +88,12 @@ public final class DiskQueueStore: Sendable {
         var reservedSlots = 0
         var writesInFlight: [UUID: Int] = [:]
         var removedDuringWrite: Set<UUID> = []
+        /// The count last sent to `countSubscribers`.
+        var publishedCount = 0
     }
 
     private let state: Locked<State>
+    private let countSubscribers = StreamSubscribers<Int>()
     private let directoryPath: String
     private let syncer: DirectorySyncer
     private let pool: BlockingIOPool
@@ -156,7 +160,7 @@ public final class DiskQueueStore: Sendable {
         }
         let index = QueueIndex(loading: loaded.entries)
         let counters = max(index.maxSequence, UInt64(clamping: loaded.entries.map(\.revision).max() ?? 0))
-        state = Locked(State(index: index, nextSequence: counters + 1))
+        state = Locked(State(index: index, nextSequence: counters + 1, publishedCount: index.count))
         openReport = OpenReport(
             loaded: index.count,
             quarantined: loaded.quarantined,
@@ -198,6 +202,25 @@ public final class DiskQueueStore: Sendable {
 
     /// The number of entries, without suspending.
     public var entryCount: Int { state.withLock { $0.index.count } }
+
+    /// A new stream for each access: the number of entries at once, then every change (a slow
+    /// consumer sees the latest count, never a stale one last). For a "N pending" indicator.
+    public var entryCounts: AsyncStream<Int> { entryCounts(bufferingPolicy: .bufferingNewest(1)) }
+
+    /// `entryCounts` with another buffering (tests keep every value).
+    func entryCounts(bufferingPolicy: AsyncStream<Int>.Continuation.BufferingPolicy) -> AsyncStream<Int> {
+        state.withLock { state in
+            countSubscribers.stream(bufferingPolicy: bufferingPolicy, first: state.index.count)
+        }
+    }
+
+    /// Sends the count to the streams if it changed. Called under the state lock, so counts go out
+    /// in the order the changes happened.
+    private func publishCount(_ state: inout State) {
+        guard state.index.count != state.publishedCount else { return }
+        state.publishedCount = state.index.count
+        countSubscribers.yield(state.publishedCount)
+    }
 
     /// The entry with this id, if queued.
     public func entry(id: UUID) -> QueueEntry? { state.withLock { $0.index[id] } }
@@ -306,8 +329,14 @@ public final class DiskQueueStore: Sendable {
                 throw error
             }
         }
-        state.withLock { $0.index.upsert(entry) }
-        if let old, old != entry.id { discard(id: old) }
+        // The replacement and its predecessor's departure are one change: the count never blips.
+        let replaced = state.withLock { state -> Bool in
+            state.index.upsert(entry)
+            let replaced = old.flatMap { $0 == entry.id ? nil : Self.forget($0, in: &state) } != nil
+            publishCount(&state)
+            return replaced
+        }
+        if replaced, let old { try? DurableFiles.removeFile(filePath(old)) }
     }
 
     /// Replaces a live entry's file (attempts, next attempt). A no-op for an entry no longer
@@ -345,6 +374,7 @@ public final class DiskQueueStore: Sendable {
             state.withLock { state in
                 state.removedDuringWrite.remove(id)
                 if state.index[id] == nil { state.index.upsert(removed) }
+                publishCount(&state)
             }
             throw error
         }
@@ -361,10 +391,16 @@ public final class DiskQueueStore: Sendable {
     /// Takes an entry out of the index; a write of it still in flight will delete its file.
     private func forget(_ id: UUID) -> QueueEntry? {
         state.withLock { state -> QueueEntry? in
-            guard let removed = state.index.remove(id) else { return nil }
-            if state.writesInFlight[id] != nil { state.removedDuringWrite.insert(id) }
+            let removed = Self.forget(id, in: &state)
+            publishCount(&state)
             return removed
         }
+    }
+
+    private static func forget(_ id: UUID, in state: inout State) -> QueueEntry? {
+        guard let removed = state.index.remove(id) else { return nil }
+        if state.writesInFlight[id] != nil { state.removedDuringWrite.insert(id) }
+        return removed
     }
 
     /// Removes every entry (stopping at the first file that cannot be deleted).

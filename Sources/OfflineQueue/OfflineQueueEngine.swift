@@ -227,6 +227,12 @@ public actor OfflineQueueEngine {
     /// The number of queued entries (expired ones included until a pass sweeps them).
     public func pendingCount() async -> Int { store.entryCount }
 
+    /// A new stream for each access: the number of queued entries at once, then every change (as
+    /// entries are queued, delivered, failed, expired, dead-lettered or cancelled). Built for an
+    /// "offline · 3 pending" indicator; combine it with the monitor's `connectivity` (see
+    /// Docs/OfflineQueue.md). A slow consumer sees the latest count.
+    public nonisolated var pendingCounts: AsyncStream<Int> { store.entryCounts }
+
     /// Removes an entry without sending it. Returns whether it was removed: `false` when it was not
     /// queued, or when its file could not be deleted (a read-only folder) — it then stays queued.
     /// An entry being sent at this moment cannot be recalled; its outcome is then discarded.
