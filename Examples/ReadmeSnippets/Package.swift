@@ -3,6 +3,8 @@ import PackageDescription
 
 // An outside package, as an adopter would write it. Two libraries hold snippets unchanged:
 // - `ReadmeSnippets`, on the products `Retry` and `RequestEngine` only: this README's snippets;
+// - `OfflineReads`, on the products `ResponseCache`, `OfflineQueue` and `RequestEngine`: this
+//   README's offline-reads and pending-indicator snippets;
 // - `PublishedReadme`, on the product `Resilience` only, with nothing but `import Resilience`:
 //   SwiftResilience's published README and public API, unchanged but for the import, to prove the
 //   drop-in claim, plus the one-line migrations of this README's "Coming from SwiftResilience".
@@ -21,6 +23,14 @@ let package = Package(
             ]
         ),
         .target(
+            name: "OfflineReads",
+            dependencies: [
+                .product(name: "ResponseCache", package: "Resilience"),
+                .product(name: "OfflineQueue", package: "Resilience"),
+                .product(name: "RequestEngine", package: "Resilience"),
+            ]
+        ),
+        .target(
             name: "PublishedReadme",
             dependencies: [.product(name: "Resilience", package: "Resilience")]
         ),
@@ -28,6 +38,7 @@ let package = Package(
             name: "readme-snippets",
             dependencies: [
                 "ReadmeSnippets",
+                "OfflineReads",
                 "PublishedReadme",
                 .product(name: "Resilience", package: "Resilience"),
                 .product(name: "ResilienceTesting", package: "Resilience"),

@@ -45,6 +45,7 @@ check("50 concurrent identical GETs share one call", shared.allSatisfy { $0 == .
 let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("readme-snippets-\(UUID().uuidString)", isDirectory: true)
 setenv("XDG_DATA_HOME", scratch.path, 1)
 await runPublishedChecks(server, scratch: scratch)
+await runOfflineReadsChecks(server, scratch: scratch)
 try? FileManager.default.removeItem(at: scratch)
 
 print(failures == 0 ? "all snippet checks passed" : "\(failures) snippet check(s) failed")
