@@ -300,8 +300,9 @@ public final class DiskResponseCache: Sendable {
         if startWriter { pool.submit { [self] in writeLoop(response.key) } }
     }
 
-    /// Returns once every write admitted so far has finished (tests, benchmarks, shutdown).
-    func waitForWrites() async {
+    /// Returns once every response stored so far is in its file (or its write failed, which
+    /// `statistics` counts): before the app is suspended, or a test reopens the folder.
+    public func waitForWrites() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let idle = state.withLock { state -> Bool in
                 guard state.writing.isEmpty else {
