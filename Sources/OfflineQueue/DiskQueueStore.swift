@@ -87,7 +87,12 @@ public final class DiskQueueStore: Sendable {
         var nextSequence: UInt64
         var reservedSlots = 0
         var writesInFlight: [UUID: Int] = [:]
-        var removedDuringWrite: Set<UUID> = []
+        /// Counts removals of ids with writes in flight; `removedAt` holds each such id's last one,
+        /// so a write can tell whether its entry was removed after it began.
+        var removalTick: UInt64 = 0
+        var removedAt: [UUID: UInt64] = [:]
+        /// Makes every temp file name unique, so two writes of one id never collide.
+        var writeCounter: UInt64 = 0
         /// The count last sent to `countSubscribers`.
         var publishedCount = 0
     }
@@ -105,15 +110,24 @@ public final class DiskQueueStore: Sendable {
     ///
     /// - Parameter directory: the folder; by default `Application Support/Resilience/OfflineQueue`
     ///   (on Linux `~/.local/share/Resilience/OfflineQueue`).
+    /// Opening reads the whole folder and may wait briefly for the lock, blocking the calling
+    /// thread: from async code with a large folder, prefer `open(directory:lockTimeout:clock:)`
+    /// (which waits for the lock without blocking) or open the store before the app gets busy.
+    ///
     /// - Throws: `OfflineQueueError.folderInUse` when another store (in this process or another)
     ///   owns the folder (after at most 200 ms: a process being spawned holds copies of the
     ///   owner's descriptors for a moment) — `open(directory:lockTimeout:clock:)` waits instead;
     ///   `OfflineQueueError.storage` when the folder cannot be created, locked, listed or read
     ///   (nothing is moved or removed then).
     public convenience init(directory: URL? = nil) throws {
+        try self.init(directory: directory, pool: .shared)
+    }
+
+    /// `init(directory:)` with its own I/O threads (tests hold them to order a write against a removal).
+    convenience init(directory: URL?, pool: BlockingIOPool) throws {
         let directory = try directory ?? Self.defaultDirectory()
         try Self.makeDirectories(directory)
-        try self.init(directory: directory, lockedWith: try DurableFiles.lockDirectory(directory.path))
+        try self.init(directory: directory, lockedWith: try DurableFiles.lockDirectory(directory.path), pool: pool)
     }
 
     /// Like `init(directory:)`, but while another store owns the folder it waits — polling every
@@ -141,12 +155,12 @@ public final class DiskQueueStore: Sendable {
     }
 
     /// Loads the folder whose lock `lockDescriptor` holds (and keeps it; closed on failure).
-    private init(directory: URL, lockedWith lockDescriptor: Int32) throws {
+    private init(directory: URL, lockedWith lockDescriptor: Int32, pool: BlockingIOPool = .shared) throws {
         self.directory = directory
         directoryPath = directory.path
         quarantineDirectory = directory.appendingPathComponent("quarantine", isDirectory: true)
         deadLetterDirectory = directory.appendingPathComponent("dead-letter", isDirectory: true)
-        pool = BlockingIOPool.shared
+        self.pool = pool
         syncer = DirectorySyncer(path: directory.path)
         lock = Locked(lockDescriptor)
         let loaded: Loaded
@@ -258,10 +272,20 @@ public final class DiskQueueStore: Sendable {
     /// `maxQueueSize` applies here. `Authorization`, `Proxy-Authorization`, `Cookie` and
     /// `Idempotency-Key` headers are never written, however the entry was made.
     ///
+    /// An entry with a `coalescingKey` is a new edit of that key: it replaces the entry holding the
+    /// key (if that is another id) once it is durable, and it is numbered from the store's counter,
+    /// so that after a crash the open keeps it rather than an older edit.
+    ///
     /// - Throws: `OfflineQueueError.storage` (a full disk, an unwritable folder),
     ///   `.unstorable` (an entry too large to store, or whose `sequence` is out of range).
     public func save(_ entry: QueueEntry) async throws {
-        try await insert(try placed(entry.withStorableHeaders()), limit: nil, replacing: nil)
+        var entry = try placed(entry.withStorableHeaders())
+        var replacing: UUID?
+        if let key = entry.coalescingKey {
+            entry = entry.revised(Int(makeSequence()))
+            if let holder = self.entry(coalescingKey: key), holder.id != entry.id { replacing = holder.id }
+        }
+        try await insert(entry, limit: nil, replacing: replacing)
     }
 
     /// `entry` with its place in line (see `save(_:)`); keeps the store's counter above every
@@ -320,7 +344,7 @@ public final class DiskQueueStore: Sendable {
 
         let path = filePath(entry.id)
         let syncer = self.syncer
-        try await write(data, for: entry.id) {
+        let stands = try await write(data, for: entry.id) {
             do {
                 try syncer.sync()
             } catch {
@@ -329,6 +353,7 @@ public final class DiskQueueStore: Sendable {
                 throw error
             }
         }
+        guard stands else { return }  // removed while it was written (a `save` raced a `delete`)
         // The replacement and its predecessor's departure are one change: the count never blips.
         let replaced = state.withLock { state -> Bool in
             state.index.upsert(entry)
@@ -344,16 +369,16 @@ public final class DiskQueueStore: Sendable {
     /// process still honours the new attempt count and backoff; the error is then thrown, and the
     /// file keeps its older state until a later write succeeds.
     func update(_ entry: QueueEntry) async throws {
-        guard self.entry(id: entry.id) != nil else { return }
         let apply = { [state] in
             state.withLock { state in
                 if state.index[entry.id] != nil { state.index.upsert(entry) }
             }
         }
-        let data: Data
         do {
-            data = try encode(entry)
-            try await write(data, for: entry.id)
+            let data = try encode(entry)
+            // Checked and registered in one step: a removal can no longer slip in before the write
+            // is known, and a write of an entry removed meanwhile is deleted again.
+            guard try await write(data, for: entry.id, onlyIfQueued: true) else { return }
         } catch {
             apply()
             throw error
@@ -372,7 +397,7 @@ public final class DiskQueueStore: Sendable {
             try DurableFiles.removeFile(filePath(id))
         } catch {
             state.withLock { state in
-                state.removedDuringWrite.remove(id)
+                state.removedAt[id] = nil  // not removed after all: a write in flight stands
                 if state.index[id] == nil { state.index.upsert(removed) }
                 publishCount(&state)
             }
@@ -399,7 +424,10 @@ public final class DiskQueueStore: Sendable {
 
     private static func forget(_ id: UUID, in state: inout State) -> QueueEntry? {
         guard let removed = state.index.remove(id) else { return nil }
-        if state.writesInFlight[id] != nil { state.removedDuringWrite.insert(id) }
+        if state.writesInFlight[id] != nil {
+            state.removalTick += 1
+            state.removedAt[id] = state.removalTick
+        }
         return removed
     }
 
@@ -409,8 +437,11 @@ public final class DiskQueueStore: Sendable {
         for id in ids { try remove(id: id) }
     }
 
-    /// Moves an entry to `dead-letter/`, with its final attempt count and error.
-    func moveToDeadLetter(_ entry: QueueEntry) async throws {
+    /// Moves an entry to `dead-letter/`, with its final attempt count and error. Returns false,
+    /// leaving no dead letter, when the entry was removed (cancelled) before or while it moved.
+    @discardableResult
+    func moveToDeadLetter(_ entry: QueueEntry) async throws -> Bool {
+        guard self.entry(id: entry.id) != nil else { return false }
         let data = try encode(entry)
         let target = deadLetterDirectory.path + "/\(entry.id.uuidString).json"
         let temp = deadLetterDirectory.path + "/.\(entry.id.uuidString).json.tmp"
@@ -419,31 +450,59 @@ public final class DiskQueueStore: Sendable {
             try DurableFiles.writeFile(data, to: target, via: temp)
             try DurableFiles.syncDirectory(deadLetterPath)
         }
-        discard(id: entry.id)
+        guard forget(entry.id) != nil else {
+            try? DurableFiles.removeFile(target)  // cancelled meanwhile: it was not given up on
+            return false
+        }
+        try? DurableFiles.removeFile(filePath(entry.id))
+        return true
     }
 
     // MARK: - Internals
 
     /// Writes the entry's file (temp, fsync, rename) on the I/O pool, then runs `andThen` on the same
-    /// pool thread (the directory fsync for inserts).
-    private func write(_ data: Data, for id: UUID, andThen: @escaping @Sendable () throws -> Void = {}) async throws {
+    /// pool thread (the directory fsync for inserts). With `onlyIfQueued`, writes nothing (returns
+    /// false) for an entry not in the index. Returns false too when the entry was removed while the
+    /// write was in flight: that removal wins, and the file just written is deleted again.
+    private func write(
+        _ data: Data,
+        for id: UUID,
+        onlyIfQueued: Bool = false,
+        andThen: @escaping @Sendable () throws -> Void = {}
+    ) async throws -> Bool {
+        let started = state.withLock { state -> (tick: UInt64, counter: UInt64)? in
+            if onlyIfQueued, state.index[id] == nil { return nil }
+            state.writesInFlight[id, default: 0] += 1
+            state.writeCounter += 1
+            return (state.removalTick, state.writeCounter)
+        }
+        guard let started else { return false }
         let path = filePath(id)
-        let temp = tempPath(id)
-        state.withLock { $0.writesInFlight[id, default: 0] += 1 }
-        defer {
-            state.withLock { state in
-                state.writesInFlight[id, default: 1] -= 1
-                if state.writesInFlight[id] == 0 { state.writesInFlight[id] = nil }
+        let temp = directoryPath + "/.\(id.uuidString).\(started.counter).json.tmp"
+        var failure: (any Error)?
+        do {
+            try await pool.run {
+                try DurableFiles.writeFile(data, to: path, via: temp)
+                try andThen()
             }
+        } catch {
+            failure = error
         }
-        try await pool.run {
-            try DurableFiles.writeFile(data, to: path, via: temp)
-            try andThen()
+        let removedMeanwhile = state.withLock { state -> Bool in
+            let removed = (state.removedAt[id] ?? 0) > started.tick
+            state.writesInFlight[id, default: 1] -= 1
+            if state.writesInFlight[id] == 0 {
+                state.writesInFlight[id] = nil
+                state.removedAt[id] = nil
+            }
+            return removed
         }
-        // A remove that ran while this write was in flight must win over the rename.
-        if state.withLock({ $0.removedDuringWrite.remove(id) != nil }) {
+        if let failure { throw failure }
+        if removedMeanwhile {
             try? DurableFiles.removeFile(path)
+            return false
         }
+        return true
     }
 
     private func encode(_ entry: QueueEntry) throws -> Data {
@@ -462,7 +521,6 @@ public final class DiskQueueStore: Sendable {
     // Paths are built as strings: `URL.appendingPathComponent` without a directory hint stats the
     // file system to decide on a trailing slash — two failed `stat` calls per enqueue.
     private func filePath(_ id: UUID) -> String { directoryPath + "/\(id.uuidString).json" }
-    private func tempPath(_ id: UUID) -> String { directoryPath + "/.\(id.uuidString).json.tmp" }
 
     private static func defaultDirectory() throws -> URL {
         guard let base = FileManager.default.urls(for: .applicationSupportDirectory, in: .userDomainMask).first else {

@@ -424,6 +424,13 @@ public actor OfflineQueueEngine {
                 return .offline
             case .cancelled:
                 return .stop
+            case .responseTooLarge(_, let status?):
+                // The server answered; only its body was too large, and the queue never reads a
+                // body: the status decides, as for any response (a 201 is delivered, a 503 kept).
+                if (200...299).contains(status) { return .delivered(status: status) }
+                let statusError = NetworkError.httpError(statusCode: status, data: nil)
+                guard statusError.isRetryable else { return .permanent(statusError) }
+                return .retry(statusError, after: backoff(afterAttempts: previousAttempts + 1))
             case .invalidRequest, .responseTooLarge:
                 // Sent again, the request would fail the same way.
                 return .permanent(error)
@@ -587,8 +594,9 @@ public actor OfflineQueueEngine {
             let exhausted = configuration.maxAttempts.map { updated.attempts >= $0 } ?? false
             if exhausted || delay >= .seconds(Int64.max / 8) {
                 do {
-                    try await store.moveToDeadLetter(updated)
-                    record(.deadLettered(id: entry.id, attempts: updated.attempts), in: &report)
+                    if try await store.moveToDeadLetter(updated) {  // false: cancelled meanwhile
+                        record(.deadLettered(id: entry.id, attempts: updated.attempts), in: &report)
+                    }
                 } catch {
                     // Cannot write the dead letter: keep the entry rather than lose it.
                     updated.nextAttemptAt = now.addingTimeInterval(backoff(afterAttempts: updated.attempts).seconds)

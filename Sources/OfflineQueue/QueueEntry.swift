@@ -23,7 +23,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     /// The HTTP method's raw value ("POST").
     public let method: String
     /// Request headers without secrets and without `Idempotency-Key` (sent from `idempotencyKey`).
-    public let headers: [String: String]
+    public internal(set) var headers: [String: String]
     public let body: Data?
     public let timeout: TimeInterval
     /// When the entry was first queued (wall clock); with `ttl` it decides expiry.
@@ -35,16 +35,19 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     public let orderingKey: String?
     public let coalescingKey: String?
     /// Position in FIFO order; unique and increasing within a store.
-    public let sequence: UInt64
+    public internal(set) var sequence: UInt64
     /// Attempts made so far that reached no success (the first attempt at enqueue included).
     public internal(set) var attempts: Int
     /// Not sent again before this time (backoff); `nil` means as soon as possible.
     public internal(set) var nextAttemptAt: Date?
     /// A short description of the last failure, without bodies or secrets.
     public internal(set) var lastError: String?
-    /// Bumped when a coalescing enqueue replaces the entry's content.
-    public let revision: Int
+    /// For an entry with a `coalescingKey`, a fresh number from the store's counter at each edit,
+    /// so the newest write of the key has the highest; otherwise 0.
+    public internal(set) var revision: Int
     public let formatVersion: Int
+    /// The request's own `maximumResponseBodySize`, kept for its replays (`nil`: the sender's limit).
+    public internal(set) var maximumResponseBodySize: Int?
 
     /// The priority as an enum (unknown values read as `.normal`).
     public var queuePriority: QueuePriority { QueuePriority(rawValue: priority) ?? .normal }
@@ -104,24 +107,16 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     /// This entry without the headers no entry may keep (`storableHeaders`): an entry decoded by a
     /// caller, or built by hand, may carry them; the store never writes them.
     func withStorableHeaders() -> QueueEntry {
-        let kept = Self.storableHeaders(headers)
-        guard kept.count != headers.count else { return self }
-        return QueueEntry(
-            id: id, url: url, method: method, headers: kept, body: body, timeout: timeout,
-            enqueuedAt: enqueuedAt, ttl: ttl, priority: priority, idempotencyKey: idempotencyKey,
-            orderingKey: orderingKey, coalescingKey: coalescingKey, sequence: sequence, attempts: attempts,
-            nextAttemptAt: nextAttemptAt, lastError: lastError, revision: revision, formatVersion: formatVersion
-        )
+        var copy = self
+        copy.headers = Self.storableHeaders(headers)
+        return copy
     }
 
     /// This entry with another `sequence` (its place in line).
     func placed(at sequence: UInt64) -> QueueEntry {
-        QueueEntry(
-            id: id, url: url, method: method, headers: headers, body: body, timeout: timeout,
-            enqueuedAt: enqueuedAt, ttl: ttl, priority: priority, idempotencyKey: idempotencyKey,
-            orderingKey: orderingKey, coalescingKey: coalescingKey, sequence: sequence, attempts: attempts,
-            nextAttemptAt: nextAttemptAt, lastError: lastError, revision: revision, formatVersion: formatVersion
-        )
+        var copy = self
+        copy.sequence = sequence
+        return copy
     }
 
     init(
@@ -153,6 +148,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         self.nextAttemptAt = nextAttemptAt
         self.lastError = lastError
         self.formatVersion = Self.currentFormatVersion
+        self.maximumResponseBodySize = request.maximumResponseBodySize
     }
 
     /// Every stored field, as read back from a file.
@@ -160,7 +156,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         id: UUID, url: URL, method: String, headers: [String: String], body: Data?, timeout: TimeInterval,
         enqueuedAt: Date, ttl: TimeInterval, priority: Int, idempotencyKey: String, orderingKey: String?,
         coalescingKey: String?, sequence: UInt64, attempts: Int, nextAttemptAt: Date?, lastError: String?,
-        revision: Int, formatVersion: Int
+        revision: Int, formatVersion: Int, maximumResponseBodySize: Int? = nil
     ) {
         self.id = id
         self.url = url
@@ -180,6 +176,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         self.lastError = lastError
         self.revision = revision
         self.formatVersion = formatVersion
+        self.maximumResponseBodySize = maximumResponseBodySize
     }
 
     /// The largest `sequence`, `revision` or `attempts` a stored entry may carry: 2^53, the largest
@@ -193,13 +190,17 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         let limit = Int(Self.maximumCounter)
         let attempts = min(max(0, self.attempts), limit)
         let revision = min(max(0, self.revision), limit)
-        guard attempts != self.attempts || revision != self.revision else { return self }
-        return QueueEntry(
-            id: id, url: url, method: method, headers: headers, body: body, timeout: timeout,
-            enqueuedAt: enqueuedAt, ttl: ttl, priority: priority, idempotencyKey: idempotencyKey,
-            orderingKey: orderingKey, coalescingKey: coalescingKey, sequence: sequence, attempts: attempts,
-            nextAttemptAt: nextAttemptAt, lastError: lastError, revision: revision, formatVersion: formatVersion
-        )
+        var copy = self
+        copy.attempts = attempts
+        copy.revision = revision
+        return copy
+    }
+
+    /// This entry as a new edit of its coalescing key, numbered `revision`.
+    func revised(_ revision: Int) -> QueueEntry {
+        var copy = self
+        copy.revision = revision
+        return copy
     }
 
     /// `attempts + 1`, saturating at `maximumCounter`.
@@ -237,13 +238,15 @@ struct ReplayRequest: NetworkRequest {
     let headers: [String: String]
     let body: Data?
     let timeout: TimeInterval
+    let maximumResponseBodySize: Int?
 
-    init(url: URL, method: HTTPMethod, headers: [String: String], body: Data?, timeout: TimeInterval) {
+    init(url: URL, method: HTTPMethod, headers: [String: String], body: Data?, timeout: TimeInterval, maximumResponseBodySize: Int?) {
         self.url = url
         self.method = method
         self.headers = headers
         self.body = body
         self.timeout = timeout
+        self.maximumResponseBodySize = maximumResponseBodySize
     }
 
     init?(_ entry: QueueEntry) {
@@ -255,5 +258,6 @@ struct ReplayRequest: NetworkRequest {
         self.headers = headers
         body = entry.body
         timeout = entry.timeout
+        maximumResponseBodySize = entry.maximumResponseBodySize
     }
 }

@@ -71,7 +71,7 @@ enum QueueEntryDecoder {
             var id: Value?, url: Value?, method: Value?, headers: Value?, body: Value?, timeout: Value?
             var enqueuedAt: Value?, ttl: Value?, priority: Value?, idempotencyKey: Value?, orderingKey: Value?
             var coalescingKey: Value?, sequence: Value?, attempts: Value?, nextAttemptAt: Value?
-            var lastError: Value?, revision: Value?, formatVersion: Value?
+            var lastError: Value?, revision: Value?, formatVersion: Value?, maximumResponseBodySize: Value?
 
             /// Stores `value` under `key`; `false` for a key an entry does not have.
             mutating func set(_ key: String, _ value: Value) -> Bool {
@@ -94,6 +94,7 @@ enum QueueEntryDecoder {
                 case "lastError": lastError = value
                 case "revision": revision = value
                 case "formatVersion": formatVersion = value
+                case "maximumResponseBodySize": maximumResponseBodySize = value
                 default: return false
                 }
                 return true
@@ -175,6 +176,13 @@ enum QueueEntryDecoder {
                 body = decoded
             default: return nil
             }
+            var maximumResponseBodySize: Int?
+            switch fields.maximumResponseBodySize {
+            case nil, .null?: maximumResponseBodySize = nil
+            case let value?:
+                guard let limit = integer(value) else { return nil }
+                maximumResponseBodySize = limit
+            }
             var nextAttemptAt: Date?
             switch fields.nextAttemptAt {
             case nil, .null?: nextAttemptAt = nil
@@ -186,7 +194,8 @@ enum QueueEntryDecoder {
                 enqueuedAt: Date(timeIntervalSinceReferenceDate: enqueuedAt), ttl: ttl, priority: priority,
                 idempotencyKey: idempotencyKey, orderingKey: orderingKey, coalescingKey: coalescingKey,
                 sequence: UInt64(sequence), attempts: attempts, nextAttemptAt: nextAttemptAt,
-                lastError: lastError, revision: revision, formatVersion: formatVersion
+                lastError: lastError, revision: revision, formatVersion: formatVersion,
+                maximumResponseBodySize: maximumResponseBodySize
             )
         }
 

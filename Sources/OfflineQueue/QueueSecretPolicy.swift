@@ -204,6 +204,7 @@ struct StorableRequest<Base: QueueableRequest>: QueueableRequest {
     var idempotencyKey: String { base.idempotencyKey }
     var orderingKey: String? { base.orderingKey }
     var coalescingKey: String? { base.coalescingKey }
+    var maximumResponseBodySize: Int? { base.maximumResponseBodySize }
 }
 
 extension ReplayRequest {
@@ -212,7 +213,7 @@ extension ReplayRequest {
     mutating func keepSecretHeaders<Base>(from request: StorableRequest<Base>) {
         var merged = headers
         for (name, value) in request.secretHeaders { merged[name] = value }
-        self = ReplayRequest(url: url, method: method, headers: merged, body: body, timeout: timeout)
+        self = ReplayRequest(url: url, method: method, headers: merged, body: body, timeout: timeout, maximumResponseBodySize: maximumResponseBodySize)
     }
 
     /// For a replay: the headers `replayHeaders` returns for `entry` are added, each replacing a
@@ -230,6 +231,6 @@ extension ReplayRequest {
             for existing in merged.keys where existing.lowercased() == lowered { merged[existing] = nil }
             merged[name] = value
         }
-        return ReplayRequest(url: url, method: method, headers: merged, body: body, timeout: timeout)
+        return ReplayRequest(url: url, method: method, headers: merged, body: body, timeout: timeout, maximumResponseBodySize: maximumResponseBodySize)
     }
 }

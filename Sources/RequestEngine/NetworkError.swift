@@ -25,8 +25,9 @@ public enum NetworkError: Error, Sendable {
     case invalidRequest(reason: String)
     /// The response body exceeded `limit` bytes (`AsyncRequestEngine.Options.maximumResponseBodySize`
     /// or the request's `maximumResponseBodySize`): the transfer was stopped and nothing of the body
-    /// is returned. Not retryable: the same request would get the same body.
-    case responseTooLarge(limit: Int)
+    /// is returned. `statusCode` is the response's status (the server did answer: a 201 here means
+    /// the request took effect). Not retryable by the engine: the same request would get the same body.
+    case responseTooLarge(limit: Int, statusCode: Int?)
     /// Any other error from the session.
     case underlying(any Error)
 
@@ -151,7 +152,8 @@ extension NetworkError: CustomStringConvertible {
         case .invalidResponse: return "invalid (non-HTTP) response"
         case .circuitOpen: return "circuit breaker open"
         case .invalidRequest(let reason): return "invalid request: \(reason)"
-        case .responseTooLarge(let limit): return "response body larger than \(limit) bytes"
+        case .responseTooLarge(let limit, let status):
+            return "response body larger than \(limit) bytes" + (status.map { " (HTTP \($0))" } ?? "")
         case .underlying(let error):
             if let urlError = error as? URLError { return "URL error \(urlError.code.rawValue)" }
             return "underlying error: \(type(of: error))"

@@ -27,7 +27,7 @@ struct AuthenticatedRequestBodyLimitTests {
             try await engine.send(LimitedRequest(maximumResponseBodySize: 10))
             Issue.record("a 100-byte body passed a 10-byte limit")
         } catch let error as NetworkError {
-            #expect("\(error)" == "response body larger than 10 bytes")
+            #expect("\(error)" == "response body larger than 10 bytes (HTTP 200)")
         }
         #expect(try await engine.send(LimitedRequest(maximumResponseBodySize: nil)).0.count == 100)  // the engine's 1 000
         #expect(session.requests.map { $0.value(forHTTPHeaderField: "Authorization") } == ["Bearer t1", "Bearer t1"])

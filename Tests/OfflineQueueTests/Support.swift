@@ -19,6 +19,7 @@ struct Mutation: QueueableRequest {
     var idempotencyKey: String = UUID().uuidString
     var orderingKey: String? = nil
     var coalescingKey: String? = nil
+    var maximumResponseBodySize: Int? = nil
 
     init(_ path: String, priority: QueuePriority = .normal, body: String? = nil, base: URL = URL(string: "https://api.example.test")!) {
         url = base.appendingPathComponent(path)

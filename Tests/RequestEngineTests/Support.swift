@@ -154,7 +154,7 @@ extension NetworkError {
         case .invalidResponse: return "invalidResponse"
         case .circuitOpen: return "circuitOpen"
         case .invalidRequest: return "invalidRequest"
-        case .responseTooLarge(let limit): return "responseTooLarge(\(limit))"
+        case .responseTooLarge(let limit, _): return "responseTooLarge(\(limit))"
         case .underlying: return "underlying"
         }
     }

@@ -1,0 +1,131 @@
+import Dispatch
+import Foundation
+import Testing
+import RequestEngine
+import Retry
+import ResilienceCore
+import ResilienceTesting
+@testable import OfflineQueue
+
+/// Writes that race removals, ordered by hand: the store's only I/O thread is held until the test
+/// has done what must happen while a write waits.
+@Suite("DiskQueueStore: writes against removals", .timeLimit(.minutes(1)))
+struct StoreRaceTests {
+    /// A one-thread pool whose thread the test holds.
+    private struct HeldPool {
+        let pool = BlockingIOPool(maxThreads: 1, name: "test.held")
+        let gate = DispatchSemaphore(value: 0)
+        let holding = Locked(false)
+
+        /// Returns once the pool's only thread runs the blocker (so the next job waits behind it).
+        func hold() async {
+            pool.submit { [gate, holding] in
+                holding.withLock { $0 = true }
+                gate.wait()
+            }
+            while !holding.withLock({ $0 }) { await Task.yield() }
+        }
+        func release() { gate.signal() }
+        /// Waits until `count` jobs wait behind the held thread.
+        func waitForQueued(_ count: Int) async {
+            while pool.queuedJobCount < count { await Task.yield() }
+        }
+    }
+
+    private func entry(_ path: String, coalescingKey: String? = nil) -> QueueEntry {
+        var request = Mutation(path, body: "body of \(path)")
+        request.coalescingKey = coalescingKey
+        return QueueEntry(request)
+    }
+
+    private func file(_ directory: TemporaryDirectory, _ id: UUID) -> String {
+        directory.url.appendingPathComponent("\(id.uuidString).json").path
+    }
+
+    @Test func aSavedCoalescingEditReplacesTheKeysHolderAndSurvivesAReopen() async throws {
+        let h = try QueueHarness([.ok()], connected: false)
+        var first = Mutation("/profile", body: "v1")
+        first.coalescingKey = "profile"
+        let engineEdit = try #require(try await h.engine.enqueue(first).queuedID)
+        let saved = entry("/profile", coalescingKey: "profile")
+        try await h.store.save(saved)
+        #expect(await h.store.load().map(\.id) == [saved.id])  // the holder was replaced
+        #expect(!FileManager.default.fileExists(atPath: file(h.directory, engineEdit)))
+        h.store.releaseLock()
+        let reopened = try DiskQueueStore(directory: h.directory.url)
+        #expect(await reopened.load().map(\.id) == [saved.id])
+        #expect(reopened.openReport.removedSupersededEntries == 0)
+    }
+
+    @Test func aRemovalWhileAnUpdateWaitsToBeWrittenWinsAndTheFileStaysGone() async throws {
+        let directory = TemporaryDirectory()
+        let held = HeldPool()
+        let store = try DiskQueueStore(directory: directory.url, pool: held.pool)
+        let queued = entry("/a")
+        try await store.save(queued)
+        await held.hold()
+        var updated = try #require(store.entry(id: queued.id))
+        updated.attempts = 1
+        let update = Task { try await store.update(updated) }
+        await held.waitForQueued(1)  // the update's write waits behind the held thread
+        try store.remove(id: queued.id)
+        held.release()
+        try await update.value
+        #expect(!FileManager.default.fileExists(atPath: file(directory, queued.id)))
+        #expect(store.entry(id: queued.id) == nil)
+        store.releaseLock()
+        #expect(try DiskQueueStore(directory: directory.url).openReport.loaded == 0)
+    }
+
+    @Test(.enabled(if: SmallFileSystem.isAvailable, "cannot mount a tmpfs here (needs Linux, root and mount(2))"))
+    func aWriteThatFailsAfterARemovalLeavesNoMarkThatWouldDeleteALaterSave() async throws {
+        let mountPoint = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: mountPoint.url, withIntermediateDirectories: true)
+        let mounted = try #require(SmallFileSystem(at: mountPoint.url.path, kilobytes: 256))
+        defer { mounted.unmount() }
+        let folder = mountPoint.url.appendingPathComponent("queue")
+        let held = HeldPool()
+        let store = try DiskQueueStore(directory: folder, pool: held.pool)
+        let queued = entry("/a")
+        try await store.save(queued)
+        await held.hold()
+        var updated = try #require(store.entry(id: queued.id))
+        updated.attempts = 1
+        let update = Task { try await store.update(updated) }
+        await held.waitForQueued(1)
+        try store.remove(id: queued.id)
+        let filler = mounted.fill()  // now the waiting write will find the disk full
+        held.release()
+        await #expect(throws: OfflineQueueError.self) { try await update.value }  // ENOSPC
+        try FileManager.default.removeItem(atPath: filler)
+        try await store.save(queued)  // the same id again: it must stay
+        #expect(FileManager.default.fileExists(atPath: folder.appendingPathComponent("\(queued.id.uuidString).json").path))
+        store.releaseLock()
+        #expect(try DiskQueueStore(directory: folder).openReport.loaded == 1)
+    }
+
+    @Test func anEntryCancelledWhileItMovesToDeadLetterLeavesNoDeadLetterAndNoResult() async throws {
+        let directory = TemporaryDirectory()
+        let held = HeldPool()
+        let store = try DiskQueueStore(directory: directory.url, pool: held.pool)
+        let session = ScriptedNetworkSession([.status(503)])
+        let engine = OfflineQueueEngine(
+            requestEngine: AsyncRequestEngine(session: session),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+            store: store,
+            configuration: .init(maxAttempts: 1)
+        )
+        let id = try #require(try await engine.enqueue(Mutation("/a"), attemptFirst: false).queuedID)
+        await held.hold()
+        let pass = Task { await engine.flush() }
+        await held.waitForQueued(1)  // the dead letter's write waits
+        #expect(store.entry(id: id) != nil)
+        let cancelled = Task { await engine.cancel(id: id) }
+        #expect(await cancelled.value)
+        held.release()
+        let report = await pass.value
+        #expect(report.deadLettered.isEmpty)
+        #expect(store.deadLetters().isEmpty)
+        #expect(store.entry(id: id) == nil)
+    }
+}

@@ -1,0 +1,133 @@
+import Testing
+@testable import Retry
+
+/// A latch a test opens by hand, and that tells when someone waits on it.
+private final class Latch: Sendable {
+    private struct State: Sendable {
+        var open = false
+        var arrived = 0
+        var waiting: [CheckedContinuation<Void, Never>] = []
+        var arrivalWatchers: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
+    }
+
+    private let state = Locked(State())
+
+    func wait() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let (resumeNow, watchers) = state.withLock { state -> (Bool, [CheckedContinuation<Void, Never>]) in
+                state.arrived += 1
+                let arrived = state.arrived
+                let due = state.arrivalWatchers.filter { $0.count <= arrived }.map(\.continuation)
+                state.arrivalWatchers.removeAll { $0.count <= arrived }
+                if state.open { return (true, due) }
+                state.waiting.append(continuation)
+                return (false, due)
+            }
+            for watcher in watchers { watcher.resume() }
+            if resumeNow { continuation.resume() }
+        }
+    }
+
+    func waitForArrivals(_ count: Int) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let ready = state.withLock { state -> Bool in
+                if state.arrived >= count { return true }
+                state.arrivalWatchers.append((count, continuation))
+                return false
+            }
+            if ready { continuation.resume() }
+        }
+    }
+
+    func open() {
+        let waiting = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.open = true
+            defer { state.waiting = [] }
+            return state.waiting
+        }
+        for continuation in waiting { continuation.resume() }
+    }
+}
+
+@Suite("AdmissionGate: places, arrival order, cancellation, no lost wakeup", .timeLimit(.minutes(1)))
+struct AdmissionGateTests {
+    @Test func aLeaveBetweenDecidingToWaitAndWaitingHandsThePlaceOverInsteadOfLosingIt() async throws {
+        let latch = Latch()
+        let gate = AdmissionGate(limit: 1, beforeWaiting: { await latch.wait() })
+        try await gate.enter()  // the only place is taken
+        let second = Task { try await gate.enter() }
+        await latch.waitForArrivals(1)  // it decided to wait and stands just before its line
+        gate.leave()                    // the place comes back in that window
+        latch.open()
+        try await second.value          // before the fix: waits forever, with the place free
+        #expect(gate.waiterCount == 0)
+        gate.leave()
+        try await gate.enter()          // and the place is free again afterwards
+        gate.leave()
+    }
+
+    @Test func aNewcomerNeverOvertakesACallerStillOnItsWayToTheLine() async throws {
+        let latch = Latch()
+        let order = Locked<[String]>([])
+        let gate = AdmissionGate(limit: 1, beforeWaiting: { await latch.wait() })
+        try await gate.enter()
+        let early = Task {
+            try await gate.enter()
+            order.withLock { $0.append("early") }
+            gate.leave()
+        }
+        await latch.waitForArrivals(1)
+        gate.leave()  // handed to `early`, which has not reached the line yet
+        let late = Task {
+            try await gate.enter()
+            order.withLock { $0.append("late") }
+            gate.leave()
+        }
+        await latch.waitForArrivals(2)
+        latch.open()
+        try await early.value
+        try await late.value
+        #expect(order.withLock { $0 } == ["early", "late"])
+    }
+
+    @Test func aCallerCancelledOnItsWayToTheLineNeverTakesAPlace() async throws {
+        let latch = Latch()
+        let gate = AdmissionGate(limit: 1, beforeWaiting: { await latch.wait() })
+        try await gate.enter()
+        let cancelled = Task { try await gate.enter() }
+        await latch.waitForArrivals(1)
+        cancelled.cancel()
+        latch.open()
+        await #expect(throws: CancellationError.self) { try await cancelled.value }
+        gate.leave()
+        try await gate.enter()  // the place was not given to the cancelled caller
+        gate.leave()
+        #expect(gate.waiterCount == 0)
+    }
+
+    @Test func tenThousandWaitersAreServedInArrivalOrderAndCancelledOnesLeave() async throws {
+        let gate = AdmissionGate(limit: 1)
+        try await gate.enter()
+        let served = Locked<[Int]>([])
+        var tasks: [Task<Void, any Error>] = []
+        for index in 0..<10_000 {
+            tasks.append(Task {
+                try await gate.enter()
+                served.withLock { $0.append(index) }
+                gate.leave()
+            })
+            while gate.waiterCount < index + 1 { await Task.yield() }  // each in line before the next
+        }
+        for index in stride(from: 1, to: 10_000, by: 2) { tasks[index].cancel() }
+        gate.leave()
+        var cancelled = 0
+        for task in tasks {
+            do { try await task.value } catch { cancelled += 1 }
+        }
+        #expect(cancelled == 5_000)
+        #expect(served.withLock { $0 } == Array(stride(from: 0, to: 10_000, by: 2)))
+        #expect(gate.waiterCount == 0)
+        try await gate.enter()
+        gate.leave()
+    }
+}
