@@ -27,7 +27,7 @@ extension NetworkSession {
     public func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse) {
         let (data, response) = try await data(for: request)
         if let maximumBodySize, data.count > maximumBodySize {
-            throw NetworkError.responseTooLarge(limit: maximumBodySize)
+            throw NetworkError.responseTooLarge(limit: maximumBodySize, statusCode: (response as? HTTPURLResponse)?.statusCode)
         }
         return (data, response)
     }
@@ -35,17 +35,17 @@ extension NetworkSession {
 
 extension URLSession: NetworkSession {
     /// Loads `request` with a completion-handler data task, like Foundation's `data(for:delegate:)`,
-    /// except that cancelling the calling task never blocks the cancelling thread: the caller gets
-    /// `URLError(.cancelled)` at once and the task's `cancel()` runs later on a serial queue (on
-    /// Linux, `URLSessionTask.cancel()` waits for the session's work queue, which a busy transfer
-    /// can hold for seconds).
+    /// except that neither the calling nor the cancelling thread ever waits for the session: the
+    /// caller gets `URLError(.cancelled)` at once, and on Linux the task is made, resumed and
+    /// cancelled on dedicated threads (there `dataTask(with:)`, `resume()` and `cancel()` wait for
+    /// the session's work queue, which a busy transfer can hold for seconds).
     ///
     /// The body is collected by Foundation, so a size limit (`data(for:maximumBodySize:)`) can only
     /// be checked once it has arrived whole. To stop an oversized body while it is received, use
     /// `URLSessionTransport(configuration: session.configuration)` instead.
     public func data(for request: URLRequest) async throws -> (Data, URLResponse) {
-        let transfer = SessionTransfer(limit: nil, canceller: SessionTransfer.sharedCanceller)
-        return try await transfer.run {
+        let transfer = SessionTransfer(limit: nil)
+        return try await transfer.run { [self] in
             dataTask(with: request) { data, response, error in
                 transfer.complete(data: data ?? Data(), response: response, error: error)
             }

@@ -18,40 +18,42 @@ extension URLSessionTask: TransferTask {}
 /// One request's data transfer as the caller sees it: the caller waits on a continuation, the
 /// session reports the response, bytes and completion, and a `TransferStateMachine` decides.
 ///
-/// Cancellation never blocks the cancelling thread: the caller is answered `URLError(.cancelled)`
-/// at once and the task's `cancel()` runs later on `canceller`, a few dedicated threads. That
-/// matters on Linux, where `URLSessionTask.cancel()` waits (`workQueue.sync`) for the session's
-/// one serial queue, which is also where libcurl processes every transfer's incoming data: under
-/// load or a flood of body bytes a synchronous cancel held the cancelling thread — a thread of
-/// Swift's cooperative pool — for seconds. Not a `DispatchQueue`: on Linux Dispatch's worker
-/// threads are the cooperative pool's, about one per core and not added when one blocks, so a
-/// cancel blocked there starves every task.
+/// No thread of Swift's cooperative pool ever waits for the session. On Linux, making a task
+/// (`dataTask(with:)`), `resume()` and `cancel()` each wait (`workQueue.sync`) for the session's
+/// work queue — in corelibs-foundation one serial queue shared by every session of the process —
+/// which is also where libcurl processes every transfer's incoming data: a flood of body bytes on
+/// one transfer held those calls for tens of seconds, and two callers blocked there stopped every
+/// task of the process (a two-core machine has two cooperative threads), timers and the sessions'
+/// delegate queues included. So on Linux the task is made, resumed and cancelled on
+/// `sessionCalls`, a few dedicated threads; the caller is answered `URLError(.cancelled)` at once,
+/// and its timeout fires, whatever the session is doing. Not a `DispatchQueue`: on Linux
+/// Dispatch's worker threads are the cooperative pool's, about one per core and not added when one
+/// blocks. On Apple platforms the session never blocks its caller, and the task is made and resumed
+/// inline.
 final class SessionTransfer: Sendable {
     private let machine: Locked<TransferStateMachine>
-    private let canceller: BlockingIOPool
 
     /// - Parameters:
     ///   - limit: the largest body accepted, in bytes; `nil` for no limit.
     ///   - expectsBody: false for HEAD, whose `Content-Length` describes a body that is not sent.
-    ///   - canceller: the threads the task's `cancel()` is handed to.
-    init(limit: Int?, expectsBody: Bool = true, canceller: BlockingIOPool) {
+    init(limit: Int?, expectsBody: Bool = true) {
         machine = Locked(TransferStateMachine(limit: limit, expectsBody: expectsBody))
-        self.canceller = canceller
     }
 
-    /// Where every transfer hands its task's cancel: up to four dedicated threads, started on
-    /// first use, so a burst of slow cancels occupies at most four threads and never one of the
-    /// cooperative pool's.
-    static let sharedCanceller = BlockingIOPool(maxThreads: 4, name: "resilience.request-engine.cancel")
+    /// Where tasks are cancelled (and, on Linux, made and resumed): up to eight dedicated threads,
+    /// started as needed and ended when idle, so calls that wait for a busy session hold these,
+    /// never a thread of the cooperative pool. (In corelibs-foundation every session's work queue
+    /// runs on one process-wide serial queue, so more threads would only wait side by side.)
+    static let sessionCalls = BlockingIOPool(maxThreads: 8, name: "resilience.request-engine.session")
 
     /// Makes the task with `makeTask` (made, maybe registered, never resumed by it), starts it and
-    /// waits for the answer. A cancelled caller gets `URLError(.cancelled)` at once.
-    func run(makeTask: () -> any TransferTask) async throws -> (Data, URLResponse) {
+    /// waits for the answer. A cancelled caller gets `URLError(.cancelled)` at once, even while its
+    /// task is still being made or resumed.
+    func run(makeTask: @escaping @Sendable () -> any TransferTask) async throws -> (Data, URLResponse) {
         if Task.isCancelled { throw URLError(.cancelled) }  // no task made for nothing
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { continuation in
-                let task = makeTask()
-                perform(machine.withLock { $0.start(continuation, task: task) })
+                perform(machine.withLock { $0.start(continuation) }, makeTask: makeTask)
             }
         } onCancel: {
             perform(machine.withLock { $0.cancel() })
@@ -80,17 +82,30 @@ final class SessionTransfer: Sendable {
     /// Body bytes held for the caller (for tests).
     var bufferedByteCount: Int { machine.withLock { $0.bufferedByteCount } }
 
-    private func perform(_ action: TransferStateMachine.Action) {
+    private func perform(_ action: TransferStateMachine.Action, makeTask: (@Sendable () -> any TransferTask)? = nil) {
         switch action {
         case .none:
             break
+        case .makeTask:
+            guard let makeTask else { preconditionFailure("a task is made only at the start") }
+            #if canImport(FoundationNetworking)
+            Self.sessionCalls.submit { [self] in start(makeTask()) }
+            #else
+            start(makeTask())
+            #endif
         case .resume(let task):
             task.resume()
+        case .cancel(let task):
+            Self.sessionCalls.submit { task.cancel() }
         case .answer(let continuation, let result):
             continuation.resume(with: result)
         case .answerAndCancel(let continuation, let result, let task):
             continuation.resume(with: result)
-            canceller.submit { task.cancel() }
+            Self.sessionCalls.submit { task.cancel() }
         }
+    }
+
+    private func start(_ task: any TransferTask) {
+        perform(machine.withLock { $0.taskMade(task) })
     }
 }

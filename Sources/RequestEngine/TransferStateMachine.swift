@@ -11,7 +11,10 @@ import FoundationNetworking
 /// Races this guards against:
 /// - the caller cancelled before the transfer started (the cancellation handler runs before the
 ///   continuation exists): remembered as `cancelledEarly`; the start then answers `cancelled` at
-///   once and cancels the task it was given instead of resuming it;
+///   once and no task is made;
+/// - the caller cancelled while its task is being made (on Linux that happens on another thread,
+///   see `SessionTransfer`): answered `cancelled` at once; the task, when it arrives, is cancelled
+///   instead of resumed;
 /// - bytes, a response or a completion arriving after the caller was answered (cancelled, timed
 ///   out, body too large): the transport only learns of the cancel later (libcurl can take seconds
 ///   under load), so until then whatever it delivers is dropped here, and memory stops growing the
@@ -22,10 +25,12 @@ struct TransferStateMachine: Sendable {
     typealias Continuation = UnsafeContinuation<Body, any Error>
 
     private enum State: Sendable {
-        /// Made, not started: the task exists or is being made, nobody waits yet.
+        /// Made, not started: nobody waits yet.
         case idle
         /// The caller was cancelled before the transfer started.
         case cancelledEarly
+        /// The caller waits; its task is being made.
+        case starting(Continuation)
         /// Started: the caller waits; the body accumulates.
         case receiving(Continuation, task: any TransferTask, response: URLResponse?, body: Data)
         /// The caller has its answer; the task may still be winding down. Holds nothing.
@@ -35,8 +40,12 @@ struct TransferStateMachine: Sendable {
     /// What the owner must do after an event, outside its lock.
     enum Action: Sendable {
         case none
+        /// Make the task (and register it), then report it with `taskMade(_:)`.
+        case makeTask
         /// Start the task.
         case resume(any TransferTask)
+        /// Stop a task whose caller has already been answered; it was never resumed.
+        case cancel(any TransferTask)
         /// Answer the caller; the task has ended by itself.
         case answer(Continuation, Result<Body, any Error>)
         /// Answer the caller at once, then stop the task without waiting for it.
@@ -55,18 +64,32 @@ struct TransferStateMachine: Sendable {
         self.expectsBody = expectsBody
     }
 
-    /// The caller waits on `continuation` for `task`, which is made and registered but not resumed.
-    mutating func start(_ continuation: Continuation, task: any TransferTask) -> Action {
+    /// The caller waits on `continuation`; its task is to be made (`.makeTask`), unless the caller
+    /// was cancelled already.
+    mutating func start(_ continuation: Continuation) -> Action {
         switch state {
         case .idle:
-            state = .receiving(continuation, task: task, response: nil, body: Data())
-            return .resume(task)
+            state = .starting(continuation)
+            return .makeTask
         case .cancelledEarly:
             state = .answered
-            // The task was made but never resumed: cancel it so the session forgets it.
-            return .answerAndCancel(continuation, .failure(URLError(.cancelled)), task)
-        case .receiving, .answered:
+            return .answer(continuation, .failure(URLError(.cancelled)))
+        case .starting, .receiving, .answered:
             preconditionFailure("a transfer starts once")
+        }
+    }
+
+    /// The task asked for by `.makeTask` exists (registered, not resumed).
+    mutating func taskMade(_ task: any TransferTask) -> Action {
+        switch state {
+        case .starting(let continuation):
+            state = .receiving(continuation, task: task, response: nil, body: Data())
+            return .resume(task)
+        case .answered:
+            // Cancelled while the task was being made: the caller has its answer already.
+            return .cancel(task)
+        case .idle, .cancelledEarly, .receiving:
+            preconditionFailure("a task is made once, after the start")
         }
     }
 
@@ -76,6 +99,9 @@ struct TransferStateMachine: Sendable {
         case .idle:
             state = .cancelledEarly
             return .none
+        case .starting(let continuation):
+            state = .answered
+            return .answer(continuation, .failure(URLError(.cancelled)))
         case .receiving(let continuation, let task, _, _):
             state = .answered
             return .answerAndCancel(continuation, .failure(URLError(.cancelled)), task)
@@ -91,7 +117,7 @@ struct TransferStateMachine: Sendable {
         if let limit, expectsBody, response.expectedContentLength > Int64(limit),
            Self.statusAllowsBody(response) {
             state = .answered
-            return .answerAndCancel(continuation, .failure(NetworkError.responseTooLarge(limit: limit)), task)
+            return .answerAndCancel(continuation, .failure(NetworkError.responseTooLarge(limit: limit, statusCode: Self.status(response))), task)
         }
         state = .receiving(continuation, task: task, response: response, body: body)
         return .none
@@ -103,7 +129,7 @@ struct TransferStateMachine: Sendable {
         guard case .receiving(let continuation, let task, let response, var body) = state else { return .none }
         if let limit, data.count > limit - body.count {
             state = .answered
-            return .answerAndCancel(continuation, .failure(NetworkError.responseTooLarge(limit: limit)), task)
+            return .answerAndCancel(continuation, .failure(NetworkError.responseTooLarge(limit: limit, statusCode: response.flatMap(Self.status))), task)
         }
         // Leave no second reference to the buffer in `state` while appending, or it would be copied.
         state = .answered
@@ -127,9 +153,13 @@ struct TransferStateMachine: Sendable {
         }
         let whole = data ?? body
         if let limit, whole.count > limit {
-            return .answer(continuation, .failure(NetworkError.responseTooLarge(limit: limit)))
+            return .answer(continuation, .failure(NetworkError.responseTooLarge(limit: limit, statusCode: Self.status(response))))
         }
         return .answer(continuation, .success((whole, response)))
+    }
+
+    private static func status(_ response: URLResponse) -> Int? {
+        (response as? HTTPURLResponse)?.statusCode
     }
 
     /// Whether the caller is still waiting (for tests).

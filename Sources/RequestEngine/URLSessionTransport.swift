@@ -26,6 +26,10 @@ import FoundationNetworking
 ///   the session takes its time to stop the transfer; the task's `cancel()` is handed to dedicated
 ///   threads, never run on the cancelling thread (nor on Dispatch's, which on Linux are the
 ///   cooperative pool's).
+/// - **No caller waits for a busy session**: on Linux the task is also made and resumed on
+///   dedicated threads, because corelibs-foundation's `resume()` waits for the session's serial
+///   queue, which one flooding transfer can hold for seconds; the caller's thread (one of the
+///   cooperative pool's) is never held, and its timeout and cancellation still answer at once.
 /// - Redirects are followed, as by `URLSession`.
 ///
 /// Unlike a plain `URLSession` (which also conforms to `NetworkSession`), this transport sees the
@@ -37,8 +41,6 @@ public final class URLSessionTransport: NetworkSession {
 
     private let session: URLSession
     private let delegate: URLSessionTransportDelegate
-    /// Where the tasks' `cancel()` calls run, one after another.
-    private let canceller: BlockingIOPool
     /// Makes (and does not resume) the task for a request; the real session's data task, or a
     /// test double.
     private let makeTask: @Sendable (URLSession, URLRequest) -> any TransferTask
@@ -59,7 +61,6 @@ public final class URLSessionTransport: NetworkSession {
         queue.maxConcurrentOperationCount = 1
         self.delegate = delegate
         self.session = URLSession(configuration: configuration, delegate: delegate, delegateQueue: queue)
-        self.canceller = SessionTransfer.sharedCanceller
         self.makeTask = makeTask
     }
 
@@ -81,10 +82,9 @@ public final class URLSessionTransport: NetworkSession {
     public func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse) {
         let transfer = SessionTransfer(
             limit: maximumBodySize.map { max(0, $0) },
-            expectsBody: request.httpMethod?.uppercased() != "HEAD",
-            canceller: canceller
+            expectsBody: request.httpMethod?.uppercased() != "HEAD"
         )
-        return try await transfer.run {
+        return try await transfer.run { [makeTask, session, delegate] in
             let task = makeTask(session, request)
             // Registered before it is resumed, so the delegate finds it from its first event.
             delegate.register(transfer, for: task.taskIdentifier)

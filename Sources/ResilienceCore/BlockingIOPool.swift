@@ -1,10 +1,12 @@
 import Foundation
 
-/// A small pool of dedicated threads for blocking file I/O (`fsync` can block for milliseconds).
+/// A small pool of dedicated threads for work that blocks: file I/O (`fsync` can block for
+/// milliseconds) and, on Linux, calls into `URLSession` that wait for its work queue.
 ///
 /// Swift's cooperative thread pool has one thread per core and must never block, and GCD on Linux
-/// does not add threads when workers block, so durable writes run here. Concurrent writers then
-/// fsync in parallel, which is what makes group commit pay off.
+/// does not add threads when workers block, so such work runs here. Concurrent writers then fsync
+/// in parallel, which is what makes group commit pay off. Threads start as jobs arrive and end
+/// after a while without work.
 package final class BlockingIOPool: Sendable {
     private struct State {
         var jobs: [@Sendable () -> Void] = []
@@ -20,6 +22,9 @@ package final class BlockingIOPool: Sendable {
 
     package static let shared = BlockingIOPool(maxThreads: 32, name: "resilience.blocking-io")
 
+    /// How long a thread waits for work before it ends.
+    private static let idleLifetime: TimeInterval = 30
+
     /// A pool of at most `maxThreads` threads, named `name`, started as jobs arrive (1 makes it serial).
     package init(maxThreads: Int, name: String) {
         self.maxThreads = max(1, maxThreads)
@@ -33,6 +38,13 @@ package final class BlockingIOPool: Sendable {
                 do { continuation.resume(returning: try body()) } catch { continuation.resume(throwing: error) }
             }
         }
+    }
+
+    /// Jobs submitted and not yet started (tests use it to order work behind a held thread).
+    package var queuedJobCount: Int {
+        condition.lock()
+        defer { condition.unlock() }
+        return state.jobs.count
     }
 
     /// Runs `job` on a pool thread without waiting for it.
@@ -58,8 +70,13 @@ package final class BlockingIOPool: Sendable {
             condition.lock()
             while state.jobs.isEmpty {
                 state.idle += 1
-                condition.wait()
+                let woken = condition.wait(until: Date(timeIntervalSinceNow: Self.idleLifetime))
                 state.idle -= 1
+                if !woken, state.jobs.isEmpty {
+                    state.started -= 1  // a later burst starts threads again
+                    condition.unlock()
+                    return
+                }
             }
             let job = state.jobs.removeFirst()
             condition.unlock()

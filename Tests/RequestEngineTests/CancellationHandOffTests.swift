@@ -15,6 +15,7 @@ import FoundationNetworking
 /// tests running at once on two cores a task can wait many seconds for a thread.
 final class BlockingCancelProbe: Sendable {
     struct State: Sendable {
+        var resumeStarted = false
         var resumed = false
         var cancelStarted = false
         var cancelFinished = false
@@ -24,10 +25,24 @@ final class BlockingCancelProbe: Sendable {
 
     private let gate = DispatchSemaphore(value: 0)
     private let state = Locked(State())
+    /// Whether `resume()` blocks too (as on Linux while the session's work queue is busy).
+    private let resumeBlocks: Bool
+
+    init(resumeBlocks: Bool = false) {
+        self.resumeBlocks = resumeBlocks
+    }
 
     var snapshot: State { state.withLock { $0 } }
 
-    func resume() { update { $0.resumed = true } }
+    func resume() {
+        update { $0.resumeStarted = true }
+        var timedOut = false
+        if resumeBlocks { timedOut = gate.wait(timeout: .now() + .seconds(50)) == .timedOut }
+        update {
+            $0.resumed = true
+            $0.gateTimedOut = $0.gateTimedOut || timedOut
+        }
+    }
 
     func cancel() {
         update { $0.cancelStarted = true }
@@ -68,7 +83,12 @@ final class BlockingCancelProbe: Sendable {
 /// A `TransferTask` over a `BlockingCancelProbe`.
 final class BlockingCancelTask: TransferTask {
     let taskIdentifier = 1
-    let probe = BlockingCancelProbe()
+    let probe: BlockingCancelProbe
+
+    init(resumeBlocks: Bool = false) {
+        probe = BlockingCancelProbe(resumeBlocks: resumeBlocks)
+    }
+
     func resume() { probe.resume() }
     func cancel() { probe.cancel() }
 }
@@ -167,6 +187,26 @@ struct CancellationHandOffTests {
         let session = BlockingURLSession(configuration: .ephemeral)
         let caller = Task { await Self.sessionError { try await session.data(for: URLRequest(url: Self.url)) } }
         await Self.cancelWhileTheTasksCancelBlocks(caller, probe: session.task.probe)
+    }
+    #endif
+
+    #if canImport(FoundationNetworking)
+    @Test func aCallerWhoseTasksResumeBlocksIsNotHeldAndIsAnsweredWhenCancelled() async {
+        // On Linux `resume()` waits for the session's work queue; made on the caller's thread (one
+        // of the cooperative pool's), it would hold that thread, and the caller could not even be
+        // answered, until the session let go.
+        let task = BlockingCancelTask(resumeBlocks: true)
+        let transport = URLSessionTransport(configuration: .ephemeral) { _, _ in task }
+        let caller = Task { await Self.sessionError { try await transport.data(for: URLRequest(url: Self.url)) } }
+        await task.probe.wait { $0.resumeStarted }
+        caller.cancel()
+        #expect(await caller.value?.caseName == "cancelled")  // answered with the resume still blocked
+        #expect(!task.probe.snapshot.resumed)
+        task.probe.openGate()  // lets the resume return
+        await task.probe.wait { $0.resumed }
+        task.probe.openGate()  // and the cancel that followed it
+        await task.probe.wait { $0.cancelFinished }
+        #expect(!task.probe.snapshot.gateTimedOut)
     }
     #endif
 

@@ -34,7 +34,7 @@ struct ResponseBodyLimitTests {
         #expect(error?.caseName == "responseTooLarge(10)")
         #expect(error?.isRetryable == false)
         #expect(session.callCount == 1)
-        #expect(recorder.timeline == ["started", "failed(response body larger than 10 bytes,0)"])
+        #expect(recorder.timeline == ["started", "failed(response body larger than 10 bytes (HTTP 200),0)"])
     }
 
     @Test func aBodyOfExactlyTheLimitIsAccepted() async throws {
@@ -105,7 +105,7 @@ struct ResponseBodyLimitTests {
     }
 
     @Test func theErrorsDescriptionCarriesOnlyTheLimit() {
-        #expect(NetworkError.responseTooLarge(limit: 1024).description == "response body larger than 1024 bytes")
+        #expect(NetworkError.responseTooLarge(limit: 1024, statusCode: 200).description == "response body larger than 1024 bytes (HTTP 200)")
     }
 }
 
@@ -140,12 +140,12 @@ struct TransferStateMachineTests {
             Task {
                 do {
                     let (data, _) = try await withUnsafeThrowingContinuation { continuation in
-                        var all = [machine.withLock { $0.start(continuation, task: task) }]
+                        var all = [machine.withLock { $0.start(continuation) }, machine.withLock { $0.taskMade(task) }]
                         all += machine.withLock { events(&$0) }
                         for action in all {
                             actions.withLock { $0.append(Self.name(of: action)) }
                             switch action {
-                            case .none, .resume: break
+                            case .none, .makeTask, .resume, .cancel: break
                             case .answer(let continuation, let result), .answerAndCancel(let continuation, let result, _):
                                 continuation.resume(with: result)
                             }
@@ -163,14 +163,16 @@ struct TransferStateMachineTests {
     private static func name(of action: TransferStateMachine.Action) -> String {
         switch action {
         case .none: "none"
+        case .makeTask: "makeTask"
         case .resume: "resume"
+        case .cancel: "cancel"
         case .answer: "answer"
         case .answerAndCancel: "answerAndCancel"
         }
     }
 
     private static func limitError(_ result: Result<Data, any Error>) -> Int? {
-        if case .failure(NetworkError.responseTooLarge(let limit)) = result { return limit }
+        if case .failure(NetworkError.responseTooLarge(let limit, _)) = result { return limit }
         return nil
     }
 
@@ -179,7 +181,7 @@ struct TransferStateMachineTests {
             [machine.receive(response: Self.response(contentLength: 101)), machine.receive(data: Data(count: 10))]
         }
         #expect(Self.limitError(outcome.result) == 100)
-        #expect(outcome.actions == ["resume", "answerAndCancel", "none"])
+        #expect(outcome.actions == ["makeTask", "resume", "answerAndCancel", "none"])
         #expect(outcome.buffered == 0)
     }
 
@@ -203,7 +205,7 @@ struct TransferStateMachineTests {
              machine.complete(data: nil, response: nil, error: URLError(.cancelled))]
         }
         #expect(Self.limitError(outcome.result) == 25)
-        #expect(outcome.actions == ["resume", "none", "none", "none", "answerAndCancel", "none", "none"])
+        #expect(outcome.actions == ["makeTask", "resume", "none", "none", "none", "answerAndCancel", "none", "none"])
         #expect(outcome.buffered == 0)
     }
 
@@ -226,31 +228,67 @@ struct TransferStateMachineTests {
              machine.complete(data: nil, response: nil, error: URLError(.cancelled))]
         }
         #expect((outcome.result.failure as? URLError)?.code == .cancelled)
-        #expect(outcome.actions == ["resume", "none", "none", "answerAndCancel", "none", "none", "none"])
+        #expect(outcome.actions == ["makeTask", "resume", "none", "none", "answerAndCancel", "none", "none", "none"])
         #expect(outcome.buffered == 0)
     }
 
-    @Test func aCancelBeforeTheStartAnswersAtOnceAndCancelsTheUnstartedTask() async {
-        let machine = Locked(TransferStateMachine(limit: nil))
-        #expect(Self.name(of: machine.withLock { $0.cancel() }) == "none")
-        let task = CountingTask()
-        let error: (any Error)? = await withCheckedContinuation { outer in
+    /// Runs `body` inside a continuation and returns what the caller was answered.
+    private static func answer(
+        _ body: @escaping @Sendable (TransferStateMachine.Continuation) -> Void
+    ) async -> (any Error)? {
+        await withCheckedContinuation { outer in
             Task {
                 do {
-                    _ = try await withUnsafeThrowingContinuation { continuation in
-                        guard case .answerAndCancel(let answer, let result, let toCancel) = machine.withLock({ $0.start(continuation, task: task) }) else {
-                            return continuation.resume(throwing: CancellationError())
-                        }
-                        toCancel.cancel()
-                        answer.resume(with: result)
-                    }
+                    _ = try await withUnsafeThrowingContinuation(body)
                     outer.resume(returning: nil)
                 } catch {
                     outer.resume(returning: error)
                 }
             }
         }
+    }
+
+    /// Does what `SessionTransfer` does with `action`, but making tasks.
+    private static func perform(_ action: TransferStateMachine.Action) {
+        switch action {
+        case .none, .makeTask: break
+        case .resume(let task): task.resume()
+        case .cancel(let task): task.cancel()
+        case .answer(let continuation, let result): continuation.resume(with: result)
+        case .answerAndCancel(let continuation, let result, let task):
+            continuation.resume(with: result)
+            task.cancel()
+        }
+    }
+
+    @Test func aCancelBeforeTheStartAnswersAtOnceAndNoTaskIsMade() async {
+        let machine = Locked(TransferStateMachine(limit: nil))
+        let actions = Locked<[String]>([])
+        let error = await Self.answer { continuation in
+            let cancelled = machine.withLock { $0.cancel() }
+            let started = machine.withLock { $0.start(continuation) }
+            actions.withLock { $0 = [cancelled, started].map(Self.name(of:)) }
+            Self.perform(started)
+        }
         #expect((error as? URLError)?.code == .cancelled)
+        #expect(actions.withLock { $0 } == ["none", "answer"])  // answered, and no `makeTask`
+    }
+
+    @Test func aCancelWhileTheTaskIsMadeAnswersAtOnceAndTheTaskIsCancelledNotResumed() async {
+        let machine = Locked(TransferStateMachine(limit: nil))
+        let task = CountingTask()
+        let actions = Locked<[String]>([])
+        let error = await Self.answer { continuation in
+            let started = machine.withLock { $0.start(continuation) }
+            // The caller is cancelled before the task exists (it is made on another thread).
+            let cancelled = machine.withLock { $0.cancel() }
+            let late = machine.withLock { $0.taskMade(task) }
+            actions.withLock { $0 = [started, cancelled, late].map(Self.name(of:)) }
+            Self.perform(cancelled)
+            Self.perform(late)
+        }
+        #expect((error as? URLError)?.code == .cancelled)
+        #expect(actions.withLock { $0 } == ["makeTask", "answer", "cancel"])
         #expect(task.calls.withLock { $0 } == ["cancel"])  // never resumed
     }
 }
