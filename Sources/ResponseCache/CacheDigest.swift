@@ -65,43 +65,53 @@ struct CacheDigest: Hashable, Sendable, Comparable {
 }
 
 /// SipHash-2-4 (Aumasson and Bernstein), 64-bit output.
-enum SipHash24 {
+///
+/// The state is a struct with a mutating round rather than locals captured by a nested function:
+/// captured locals are boxed on the heap in unoptimized builds, which made hashing a body there
+/// an order of magnitude slower (tests run unoptimized).
+struct SipHash24 {
+    private var v0: UInt64
+    private var v1: UInt64
+    private var v2: UInt64
+    private var v3: UInt64
+
+    private init(key0: UInt64, key1: UInt64) {
+        v0 = 0x736F_6D65_7073_6575 ^ key0
+        v1 = 0x646F_7261_6E64_6F6D ^ key1
+        v2 = 0x6C79_6765_6E65_7261 ^ key0
+        v3 = 0x7465_6462_7974_6573 ^ key1
+    }
+
+    @inline(__always) private mutating func round() {
+        v0 &+= v1; v1 = v1 << 13 | v1 >> 51; v1 ^= v0; v0 = v0 << 32 | v0 >> 32
+        v2 &+= v3; v3 = v3 << 16 | v3 >> 48; v3 ^= v2
+        v0 &+= v3; v3 = v3 << 21 | v3 >> 43; v3 ^= v0
+        v2 &+= v1; v1 = v1 << 17 | v1 >> 47; v1 ^= v2; v2 = v2 << 32 | v2 >> 32
+    }
+
+    @inline(__always) private mutating func compress(_ word: UInt64) {
+        v3 ^= word
+        round()
+        round()
+        v0 ^= word
+    }
+
     static func hash(_ bytes: UnsafeRawBufferPointer, key0: UInt64, key1: UInt64) -> UInt64 {
-        var v0: UInt64 = 0x736F_6D65_7073_6575 ^ key0
-        var v1: UInt64 = 0x646F_7261_6E64_6F6D ^ key1
-        var v2: UInt64 = 0x6C79_6765_6E65_7261 ^ key0
-        var v3: UInt64 = 0x7465_6462_7974_6573 ^ key1
-
-        @inline(__always) func round() {
-            v0 &+= v1; v1 = v1.rotatedLeft(13); v1 ^= v0; v0 = v0.rotatedLeft(32)
-            v2 &+= v3; v3 = v3.rotatedLeft(16); v3 ^= v2
-            v0 &+= v3; v3 = v3.rotatedLeft(21); v3 ^= v0
-            v2 &+= v1; v1 = v1.rotatedLeft(17); v1 ^= v2; v2 = v2.rotatedLeft(32)
-        }
-
+        var state = SipHash24(key0: key0, key1: key1)
         let count = bytes.count
         let blocks = count / 8
-        for block in 0..<blocks {
-            let word = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: block * 8, as: UInt64.self))
-            v3 ^= word
-            round(); round()
-            v0 ^= word
+        var offset = 0
+        while offset < blocks * 8 {
+            state.compress(UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: offset, as: UInt64.self)))
+            offset += 8
         }
         var last = UInt64(truncatingIfNeeded: count) << 56
         for index in 0..<(count % 8) {
             last |= UInt64(bytes[blocks * 8 + index]) << (UInt64(index) * 8)
         }
-        v3 ^= last
-        round(); round()
-        v0 ^= last
-        v2 ^= 0xFF
-        round(); round(); round(); round()
-        return v0 ^ v1 ^ v2 ^ v3
-    }
-}
-
-extension UInt64 {
-    @inline(__always) fileprivate func rotatedLeft(_ count: UInt64) -> UInt64 {
-        (self << count) | (self >> (64 - count))
+        state.compress(last)
+        state.v2 ^= 0xFF
+        state.round(); state.round(); state.round(); state.round()
+        return state.v0 ^ state.v1 ^ state.v2 ^ state.v3
     }
 }

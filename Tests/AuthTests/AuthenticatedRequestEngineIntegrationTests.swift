@@ -60,7 +60,38 @@ struct AuthenticatedRequestEngineIntegrationTests {
         return outcomes
     }
 
+    // MARK: Storms, each in a child process of its own
+
+    // corelibs-foundation runs every URLSession of a process on one serial queue: thousands of
+    // requests here held the requests of every test running beside them for many seconds (their
+    // timeouts fired before they were sent). In an exit test the storm has its process to itself;
+    // its expectations are reported here as usual.
+
     @Test func tenThousandConcurrentRequestsWithAnExpiredTokenCauseExactlyOneRefresh() async throws {
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { try await Self().tenThousandStorm() }
+        }
+    }
+
+    @Test func withAnAdmissionLimitAStormSendsAtMostThatManyRequestsWithTheExpiredToken() async throws {
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { try await Self().admissionLimitedStorm() }
+        }
+    }
+
+    @Test func aFailingRefreshUnderAThousandWaitersFailsThemAllFastWithOneError() async throws {
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { try await Self().failingRefreshStorm() }
+        }
+    }
+
+    @Test func requestsWhose401ArrivesAfterAFailedRefreshShareItsErrorAndStartNoOther() async throws {
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { try await Self().lateFailuresStorm() }
+        }
+    }
+
+    func tenThousandStorm() async throws {
         let gate = Gate()
         let provider = TestTokenProvider(current: "expired", server: valid, gate: gate)
         let engine = engine(provider)
@@ -82,7 +113,7 @@ struct AuthenticatedRequestEngineIntegrationTests {
         print("10 000-request storm: \(log.count - fresh.count) requests sent with the expired token, \(fresh.count) with the new one, \(elapsed)")
     }
 
-    @Test func withAnAdmissionLimitAStormSendsAtMostThatManyRequestsWithTheExpiredToken() async throws {
+    func admissionLimitedStorm() async throws {
         let provider = TestTokenProvider(current: "expired", server: valid)
         let engine = engine(provider, maxConcurrentRequests: 64)
         let (successes, errors) = await storm(engine, count: 2_000).all()
@@ -113,7 +144,7 @@ struct AuthenticatedRequestEngineIntegrationTests {
         #expect(sent == ["Bearer expired", "Bearer fresh-1"])
     }
 
-    @Test func aFailingRefreshUnderAThousandWaitersFailsThemAllFastWithOneError() async throws {
+    func failingRefreshStorm() async throws {
         let gate = Gate()
         let provider = TestTokenProvider(current: "expired", behaviour: .fail(id: 42), server: valid, gate: gate)
         let engine = engine(provider)
@@ -135,7 +166,7 @@ struct AuthenticatedRequestEngineIntegrationTests {
         #expect(server.requestLog.allSatisfy { $0.header("authorization") == "Bearer expired" })  // nothing retried
     }
 
-    @Test func requestsWhose401ArrivesAfterAFailedRefreshShareItsErrorAndStartNoOther() async throws {
+    func lateFailuresStorm() async throws {
         let valid = self.valid
         server.route("/late/*", handler: { request in
             Self.isAuthorized(request, valid) ? .ok(request.path) : LoopbackResponse.status(401).held()

@@ -19,39 +19,43 @@ struct CrashRecoveryTests {
         #if os(Linux) || os(macOS)
         let directory = TemporaryDirectory()
         let path = directory.url.path
+        let acks = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: acks.url, withIntermediateDirectories: true)
         var acknowledged = Set<UUID>()
         for round in 0..<20 {
             let delayMicroseconds = UInt32.random(in: 5_000...80_000)
-            let result = await #expect(processExitsWith: .signal(SIGKILL), observing: [\.standardOutputContent]) { [path = path as String, delayMicroseconds = delayMicroseconds as UInt32] in
-                // The kill is armed before anything else, so it can also land while the folder is
-                // being opened and recovered, and the child can never outlive its test.
-                let killer = Thread {
-                    usleep(delayMicroseconds)
-                    kill(getpid(), SIGKILL)
-                }
-                killer.start()
-                let store = try DiskQueueStore(directory: URL(fileURLWithPath: path))
-                let engine = OfflineQueueEngine(
-                    reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
-                    store: store,
-                    maxQueueSize: 1_000_000
-                )
-                var index = 0
-                while true {
-                    let request = QueuedRequest(method: .post, url: URL(string: "https://api.example.test/items/\(index)")!, body: Data(repeating: 0x61, count: 200))
-                    if let id = try await engine.enqueue(request, attemptFirst: false).queuedID {
-                        // Unbuffered: the line is in the pipe before the next enqueue starts.
-                        let line = Array("ACK \(id.uuidString)\n".utf8)
-                        _ = line.withUnsafeBytes { write(STDOUT_FILENO, $0.baseAddress, $0.count) }
+            let ackPath = acks.url.appendingPathComponent("round-\(round)").path
+            try await ExitTests.oneAtATime {
+                await #expect(processExitsWith: .signal(SIGKILL)) { [path = path as String, ackPath = ackPath as String, delayMicroseconds = delayMicroseconds as UInt32] in
+                    // The kill is armed before anything else, so it can also land while the folder is
+                    // being opened and recovered, and the child can never outlive its test.
+                    let killer = Thread {
+                        usleep(delayMicroseconds)
+                        kill(getpid(), SIGKILL)
                     }
-                    index += 1
+                    killer.start()
+                    let store = try DiskQueueStore(directory: URL(fileURLWithPath: path))
+                    let engine = OfflineQueueEngine(
+                        reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
+                        store: store,
+                        maxQueueSize: 1_000_000
+                    )
+                    var index = 0
+                    while true {
+                        let request = QueuedRequest(method: .post, url: URL(string: "https://api.example.test/items/\(index)")!, body: Data(repeating: 0x61, count: 200))
+                        if let id = try await engine.enqueue(request, attemptFirst: false).queuedID {
+                            // Unbuffered: the line is in the file before the next enqueue starts.
+                            ExitTests.append("ACK \(id.uuidString)\n", toFileAt: ackPath)
+                        }
+                        index += 1
+                    }
                 }
             }
-            let output = String(decoding: try #require(result).standardOutputContent, as: UTF8.self)
-            let acks = output.split(separator: "\n").compactMap { line in
+            let output = (try? String(contentsOfFile: ackPath, encoding: .utf8)) ?? ""
+            let acked = output.split(separator: "\n").compactMap { line in
                 line.hasPrefix("ACK ") ? UUID(uuidString: String(line.dropFirst(4))) : nil
             }
-            acknowledged.formUnion(acks)
+            acknowledged.formUnion(acked)
 
             let store = try DiskQueueStore(directory: directory.url)
             #expect(store.openReport.quarantined.isEmpty, "round \(round): \(store.openReport.quarantined)")
@@ -76,47 +80,51 @@ struct CrashRecoveryTests {
         let keys = (0..<7).map { "key-\($0)" }
         var newest: [String: (round: Int, n: Int)] = [:]
         var acknowledgedEdits = 0
+        let acks = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: acks.url, withIntermediateDirectories: true)
         for round in 0..<20 {
             let delayMicroseconds = UInt32.random(in: 10_000...120_000)
-            let result = await #expect(processExitsWith: .signal(SIGKILL), observing: [\.standardOutputContent]) { [path = path as String, delayMicroseconds = delayMicroseconds as UInt32, round = round as Int] in
-                let killer = Thread {
-                    usleep(delayMicroseconds)
-                    kill(getpid(), SIGKILL)
-                }
-                killer.start()
-                let store = try DiskQueueStore(directory: URL(fileURLWithPath: path))
-                let engine = OfflineQueueEngine(
-                    reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
-                    store: store,
-                    maxQueueSize: 1_000_000
-                )
-                let edit: @Sendable (String, Int) -> QueuedRequest = { key, n in
-                    QueuedRequest(method: .put, url: URL(string: "https://api.example.test/\(key)")!, body: Data("\(round):\(n)".utf8), coalescingKey: key)
-                }
-                await withTaskGroup(of: Void.self) { group in
-                    for key in (0..<7).map({ "key-\($0)" }) {
-                        group.addTask {
-                            var n = 0
-                            while true {
-                                if n % 10 == 9 {
-                                    // A burst: edits of one key racing each other.
-                                    let base = n
-                                    await withTaskGroup(of: Void.self) { burst in
-                                        for offset in 0..<4 { burst.addTask { _ = try? await engine.enqueue(edit(key, base + offset), attemptFirst: false) } }
+            let ackPath = acks.url.appendingPathComponent("round-\(round)").path
+            try await ExitTests.oneAtATime {
+                await #expect(processExitsWith: .signal(SIGKILL)) { [path = path as String, ackPath = ackPath as String, delayMicroseconds = delayMicroseconds as UInt32, round = round as Int] in
+                    let killer = Thread {
+                        usleep(delayMicroseconds)
+                        kill(getpid(), SIGKILL)
+                    }
+                    killer.start()
+                    let store = try DiskQueueStore(directory: URL(fileURLWithPath: path))
+                    let engine = OfflineQueueEngine(
+                        reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
+                        store: store,
+                        maxQueueSize: 1_000_000
+                    )
+                    let edit: @Sendable (String, Int) -> QueuedRequest = { key, n in
+                        QueuedRequest(method: .put, url: URL(string: "https://api.example.test/\(key)")!, body: Data("\(round):\(n)".utf8), coalescingKey: key)
+                    }
+                    await withTaskGroup(of: Void.self) { group in
+                        for key in (0..<7).map({ "key-\($0)" }) {
+                            group.addTask {
+                                var n = 0
+                                while true {
+                                    if n % 10 == 9 {
+                                        // A burst: edits of one key racing each other.
+                                        let base = n
+                                        await withTaskGroup(of: Void.self) { burst in
+                                            for offset in 0..<4 { burst.addTask { _ = try? await engine.enqueue(edit(key, base + offset), attemptFirst: false) } }
+                                        }
+                                        n += 4
                                     }
-                                    n += 4
+                                    if (try? await engine.enqueue(edit(key, n), attemptFirst: false)) != nil {
+                                        ExitTests.append("ACK \(key) \(n)\n", toFileAt: ackPath)
+                                    }
+                                    n += 1
                                 }
-                                if (try? await engine.enqueue(edit(key, n), attemptFirst: false)) != nil {
-                                    let line = Array("ACK \(key) \(n)\n".utf8)
-                                    _ = line.withUnsafeBytes { write(STDOUT_FILENO, $0.baseAddress, $0.count) }
-                                }
-                                n += 1
                             }
                         }
                     }
                 }
             }
-            let output = String(decoding: try #require(result).standardOutputContent, as: UTF8.self)
+            let output = (try? String(contentsOfFile: ackPath, encoding: .utf8)) ?? ""
             for line in output.split(separator: "\n") where line.hasPrefix("ACK ") {
                 let parts = line.split(separator: " ")
                 guard parts.count == 3, let n = Int(parts[2]) else { continue }

@@ -257,14 +257,16 @@ struct HostileFolderTests {
         let directory = TemporaryDirectory()
         let owner = try DiskQueueStore(directory: directory.url)
         let path = directory.url.path
-        await #expect(processExitsWith: .exitCode(42)) { [path = path as String] in
-            do {
-                _ = try DiskQueueStore(directory: URL(fileURLWithPath: path))
-                exit(1)
-            } catch OfflineQueueError.folderInUse {
-                exit(42)
-            } catch {
-                exit(2)
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .exitCode(42)) { [path = path as String] in
+                do {
+                    _ = try DiskQueueStore(directory: URL(fileURLWithPath: path))
+                    exit(1)
+                } catch OfflineQueueError.folderInUse {
+                    exit(42)
+                } catch {
+                    exit(2)
+                }
             }
         }
         #expect(owner.entryCount == 0)
@@ -278,27 +280,29 @@ struct HostileFolderTests {
         let path = directory.url.path
         for free in [0, 1, 2, 3, 5, 8] {
             // In a child process: this one's descriptors are shared by every test running in it.
-            await #expect(processExitsWith: .success, "with \(free) descriptors free") { [path = path as String, free = free as Int] in
-                var held: [Int32] = []
-                while true {
-                    let fd = open("/dev/null", O_RDONLY | O_CLOEXEC)
-                    if fd < 0 { break }
-                    held.append(fd)
+            try await ExitTests.oneAtATime {
+                await #expect(processExitsWith: .success, "with \(free) descriptors free") { [path = path as String, free = free as Int] in
+                    var held: [Int32] = []
+                    while true {
+                        let fd = open("/dev/null", O_RDONLY | O_CLOEXEC)
+                        if fd < 0 { break }
+                        held.append(fd)
+                    }
+                    for _ in 0..<free { if let fd = held.popLast() { close(fd) } }
+                    var code: Int32 = 0
+                    do {
+                        let store = try DiskQueueStore(directory: URL(fileURLWithPath: path))
+                        if store.openReport.loaded != 200 || !store.openReport.quarantined.isEmpty { code = 10 }
+                    } catch let error as OfflineQueueError {
+                        if case .storage = error {} else { code = 11 }  // a typed storage error is the allowed failure
+                    } catch {
+                        code = 12
+                    }
+                    for fd in held { close(fd) }
+                    let quarantined = (try? FileManager.default.contentsOfDirectory(atPath: path + "/quarantine")) ?? []
+                    if !quarantined.isEmpty { code += 20 }
+                    exit(code)
                 }
-                for _ in 0..<free { if let fd = held.popLast() { close(fd) } }
-                var code: Int32 = 0
-                do {
-                    let store = try DiskQueueStore(directory: URL(fileURLWithPath: path))
-                    if store.openReport.loaded != 200 || !store.openReport.quarantined.isEmpty { code = 10 }
-                } catch let error as OfflineQueueError {
-                    if case .storage = error {} else { code = 11 }  // a typed storage error is the allowed failure
-                } catch {
-                    code = 12
-                }
-                for fd in held { close(fd) }
-                let quarantined = (try? FileManager.default.contentsOfDirectory(atPath: path + "/quarantine")) ?? []
-                if !quarantined.isEmpty { code += 20 }
-                exit(code)
             }
         }
         let store = try DiskQueueStore(directory: directory.url)
@@ -316,26 +320,28 @@ struct HostileFolderTests {
         let victim = directory.url.appendingPathComponent("\(ids[1].uuidString).json").path
         #expect(chmod(victim, 0o000) == 0)
         #expect(chmod(path, 0o755) == 0)
-        await #expect(processExitsWith: .success) { [path = path as String] in
-            if geteuid() == 0 {
-                guard setgid(65534) == 0, setuid(65534) == 0 else { exit(3) }
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { [path = path as String] in
+                if geteuid() == 0 {
+                    guard setgid(65534) == 0, setuid(65534) == 0 else { exit(3) }
+                }
+                let url = URL(fileURLWithPath: path)
+                do {
+                    _ = try DiskQueueStore.inspect(directory: url)
+                    exit(4)
+                } catch OfflineQueueError.storage(_, _, let code) where code == EACCES {
+                } catch {
+                    exit(5)
+                }
+                do {
+                    _ = try DiskQueueStore(directory: url)
+                    exit(6)  // before the fix: opened, judging the unreadable file corrupt
+                } catch OfflineQueueError.storage(_, _, let code) where code == EACCES {
+                } catch {
+                    exit(7)
+                }
+                exit(0)
             }
-            let url = URL(fileURLWithPath: path)
-            do {
-                _ = try DiskQueueStore.inspect(directory: url)
-                exit(4)
-            } catch OfflineQueueError.storage(_, _, let code) where code == EACCES {
-            } catch {
-                exit(5)
-            }
-            do {
-                _ = try DiskQueueStore(directory: url)
-                exit(6)  // before the fix: opened, judging the unreadable file corrupt
-            } catch OfflineQueueError.storage(_, _, let code) where code == EACCES {
-            } catch {
-                exit(7)
-            }
-            exit(0)
         }
         #expect(chmod(victim, 0o600) == 0)
         let store = try DiskQueueStore(directory: directory.url)

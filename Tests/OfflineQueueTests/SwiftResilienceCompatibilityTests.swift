@@ -197,21 +197,23 @@ struct SwiftResilienceCompatibilityTests {
     @Test func theInitializerWithoutAStoreUsesTheDefaultFolder() async throws {
         #if os(Linux)
         let directory = TemporaryDirectory()
-        await #expect(processExitsWith: .success) { [path = directory.url.path as String] in
-            setenv("XDG_DATA_HOME", path, 1)
-            let queue = try OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false))
-            let expected = URL(fileURLWithPath: path).appendingPathComponent("Resilience/OfflineQueue").standardizedFileURL.path
-            guard queue.store.directory.standardizedFileURL.path == expected else { exit(1) }
-            guard try await queue.enqueue(Mutation("/a")).queuedID != nil else { exit(2) }
-            guard FileManager.default.fileExists(atPath: expected + "/quarantine") else { exit(3) }
-            // A second queue on the default folder is refused, not silently given a store that loses entries.
-            do {
-                _ = try OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor())
-                exit(4)
-            } catch OfflineQueueError.folderInUse(let folder) {
-                guard URL(fileURLWithPath: folder).standardizedFileURL.path == expected else { exit(5) }
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { [path = directory.url.path as String] in
+                setenv("XDG_DATA_HOME", path, 1)
+                let queue = try OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false))
+                let expected = URL(fileURLWithPath: path).appendingPathComponent("Resilience/OfflineQueue").standardizedFileURL.path
+                guard queue.store.directory.standardizedFileURL.path == expected else { exit(1) }
+                guard try await queue.enqueue(Mutation("/a")).queuedID != nil else { exit(2) }
+                guard FileManager.default.fileExists(atPath: expected + "/quarantine") else { exit(3) }
+                // A second queue on the default folder is refused, not silently given a store that loses entries.
+                do {
+                    _ = try OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor())
+                    exit(4)
+                } catch OfflineQueueError.folderInUse(let folder) {
+                    guard URL(fileURLWithPath: folder).standardizedFileURL.path == expected else { exit(5) }
+                }
+                exit(0)
             }
-            exit(0)
         }
         #endif
     }
@@ -222,13 +224,15 @@ struct SwiftResilienceCompatibilityTests {
         try FileManager.default.createDirectory(at: directory.url, withIntermediateDirectories: true)
         let blocker = directory.url.appendingPathComponent("Resilience")
         try Data("a file where the folder should be".utf8).write(to: blocker)
-        await #expect(processExitsWith: .success) { [path = directory.url.path as String] in
-            setenv("XDG_DATA_HOME", path, 1)
-            do {
-                _ = try OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor())
-                exit(1)
-            } catch OfflineQueueError.storage {
-                exit(0)
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { [path = directory.url.path as String] in
+                setenv("XDG_DATA_HOME", path, 1)
+                do {
+                    _ = try OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor())
+                    exit(1)
+                } catch OfflineQueueError.storage {
+                    exit(0)
+                }
             }
         }
         #endif

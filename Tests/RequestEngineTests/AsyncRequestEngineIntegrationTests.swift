@@ -155,7 +155,7 @@ struct AsyncRequestEngineIntegrationTests {
             latencies.append(elapsed)
             #expect(error?.caseName == "cancelled")
             #expect(elapsed < .seconds(60))  // not after the backoff it was cancelled in
-            #expect(server.hits(path) == 1)
+            #expect(server.hits(path) == 1, "trial \(trial): \(recorder.timeline)")
         }
         #expect(latencies.min().map { $0 < .milliseconds(100) } == true, "cancellation took \(latencies)")
     }

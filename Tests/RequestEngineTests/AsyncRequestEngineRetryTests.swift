@@ -130,13 +130,20 @@ struct AsyncRequestEngineRetryTests {
         formatter.locale = Locale(identifier: "en_US_POSIX")
         formatter.timeZone = TimeZone(identifier: "GMT")
         formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
-        let date = formatter.string(from: Date().addingTimeInterval(50))
+        // The date is read against the wall clock when the response arrives, somewhere between
+        // `before` and `after` (seconds apart on a loaded machine); the header drops the fraction.
+        let before = Date()
+        let target = before.addingTimeInterval(50)
+        let date = formatter.string(from: target)
         let session = ScriptedNetworkSession([.status(503, headers: ["Retry-After": date]), .ok()])
         let engine = AsyncRequestEngine(session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 1), clock: clock)
         let task = Task { try await engine.send(TestRequest()) }
         await clock.waitForSleepers(1)
+        let after = Date()
         let deadline = try #require(clock.nextDeadline).offset
-        #expect(deadline > .seconds(30) && deadline <= .seconds(50))  // below the 60 s default cap
+        let latest = target.timeIntervalSince(before)  // 50 s: below the 60 s default cap
+        let earliest = max(0, target.timeIntervalSince(after) - 1)
+        #expect(deadline <= .seconds(latest) && deadline >= .seconds(earliest), "\(deadline) not in \(earliest)...\(latest) s")
         clock.advance(by: .seconds(50))
         _ = try await task.value
     }

@@ -40,7 +40,10 @@ struct TransportIntegrationTests {
     // MARK: Body size limit
 
     @Test func anEndlessBodyStopsAtTheEnginesLimitAndIsNotRetried() async throws {
-        server.route("/endless", .endlessChunkedBody())  // 16 KiB chunks, as fast as the client reads
+        // 16 KiB chunks, one per millisecond. Not "as fast as the client reads": on Linux every
+        // URLSession of a process shares one work queue, and a flood there holds every other
+        // test's requests (and this transfer's own cancel) until it stops (Docs/RequestEngine.md).
+        server.route("/endless", .endlessChunkedBody(chunk: Data(repeating: 0x65, count: 16 * 1024), interval: .milliseconds(1)))
         let engine = AsyncRequestEngine(
             session: transport,
             retryPolicy: FixedIntervalRetryPolicy(maxRetries: 2, interval: 0),
@@ -63,7 +66,7 @@ struct TransportIntegrationTests {
     }
 
     @Test func theDefaultEngineStopsAnEndlessBodyAt16MiB() async throws {
-        server.route("/endless", .endlessChunkedBody(chunk: Data(repeating: 0x65, count: 64 * 1024)))
+        server.route("/endless", .endlessChunkedBody(chunk: Data(repeating: 0x65, count: 64 * 1024), interval: .milliseconds(1)))
         let engine = AsyncRequestEngine()  // URLSessionTransport.shared, 16 MiB
         let error = await networkError { try await engine.send(TestRequest(url: server.url("/endless"))) }
         #expect(error?.caseName == "responseTooLarge(16777216)")

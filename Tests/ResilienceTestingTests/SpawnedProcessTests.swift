@@ -215,22 +215,27 @@ struct SpawnedProcessTests {
         // In a child process of its own (an exit test): there no other test opens or closes
         // descriptors meanwhile, so the counts before and after must be equal, and a crash fails
         // only this test. Blocking on Dispatch threads is fine there too.
-        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
-            // Whatever Foundation or Dispatch open on first use stays open: not a leak.
-            _ = SpawnedProcessTests.echo(2, tag: "warm-up")
-            DispatchQueue.concurrentPerform(iterations: 4) { _ in _ = SpawnedProcessTests.echo(1, tag: "warm-up") }
+        let report = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: report.url, withIntermediateDirectories: true)
+        let reportPath = report.url.appendingPathComponent("report").path
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { [reportPath = reportPath as String] in
+                // Whatever Foundation or Dispatch open on first use stays open: not a leak.
+                _ = SpawnedProcessTests.echo(2, tag: "warm-up")
+                DispatchQueue.concurrentPerform(iterations: 4) { _ in _ = SpawnedProcessTests.echo(1, tag: "warm-up") }
 
-            let before = try SpawnedProcessTests.openDescriptorCount()
-            let failures = Locked(SpawnedProcessTests.echo(200, tag: "sequential"))
-            DispatchQueue.concurrentPerform(iterations: 4) { worker in
-                let concurrent = SpawnedProcessTests.echo(50, tag: "worker\(worker)")
-                failures.withLock { $0 += concurrent }
+                let before = try SpawnedProcessTests.openDescriptorCount()
+                let failures = Locked(SpawnedProcessTests.echo(200, tag: "sequential"))
+                DispatchQueue.concurrentPerform(iterations: 4) { worker in
+                    let concurrent = SpawnedProcessTests.echo(50, tag: "worker\(worker)")
+                    failures.withLock { $0 += concurrent }
+                }
+                let after = try SpawnedProcessTests.openDescriptorCount()
+                for failure in failures.withLock({ $0 }) { ExitTests.append("FAIL \(failure)\n", toFileAt: reportPath) }
+                ExitTests.append("DESCRIPTORS \(before) \(after)\n", toFileAt: reportPath)
             }
-            let after = try SpawnedProcessTests.openDescriptorCount()
-            for failure in failures.withLock({ $0 }) { print("FAIL \(failure)") }
-            print("DESCRIPTORS \(before) \(after)")
         }
-        let output = String(decoding: try #require(result).standardOutputContent, as: UTF8.self)
+        let output = try String(contentsOfFile: reportPath, encoding: .utf8)
         let lines = output.split(separator: "\n")
         let failures = lines.filter { $0.hasPrefix("FAIL ") }
         #expect(failures.isEmpty, "\(failures.count) spawns went wrong, e.g. \(failures.prefix(3))")
