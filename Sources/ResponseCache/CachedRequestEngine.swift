@@ -293,12 +293,19 @@ public final class CachedRequestEngine: RequestSending {
 
     /// Asks the network (one request per `fetchKey` at a time, shared by every concurrent reader),
     /// revalidating `cached` if given, stores what may be stored, and answers.
-    private func fetch(_ plan: Plan, cached: StoredResponse?, staleIfError: Bool, staleTime: Duration = .zero) async throws -> CachedResponse {
+    /// `staleTime` nil (mode `.always`): never answered from the store, not even fresh.
+    private func fetch(_ plan: Plan, cached: StoredResponse?, staleIfError: Bool, staleTime: Duration? = nil) async throws -> CachedResponse {
         let outcome = await fetches.run(plan.fetchKey) { [self] in
-            await self.networkExchange(plan, cached: cached)
+            // A reader that found the store stale (or empty) while another exchange for this key
+            // ran, and reaches here after it ended, starts an exchange of its own: the store may
+            // hold a fresh answer by now, and that needs no second request.
+            if let staleTime, !plan.skipsStored, let current = self.lookup(plan), self.isFresh(current, staleTime: staleTime, now: self.now) {
+                return .foundFresh(current)
+            }
+            return await self.networkExchange(plan, cached: cached)
         }
         switch outcome {
-        case .revalidated(let stored):
+        case .revalidated(let stored), .foundFresh(let stored):
             return try answer(stored, plan: plan, isStale: false)
         case .stored(let data, let response):
             return CachedResponse(data: data, response: response, source: .network, isStale: false)
@@ -321,6 +328,9 @@ public final class CachedRequestEngine: RequestSending {
     enum Exchange: Sendable {
         /// A 304 confirmed the stored response (now refreshed with the 304's headers).
         case revalidated(StoredResponse)
+        /// The store held a fresh response when the exchange began (another exchange had just
+        /// refreshed it): nothing was sent.
+        case foundFresh(StoredResponse)
         /// A response received and now stored (as received: every header, `Set-Cookie` included).
         case stored(Data, HTTPURLResponse)
         /// A response that was not stored (not storable, or an error status).

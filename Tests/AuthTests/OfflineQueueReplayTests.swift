@@ -46,5 +46,36 @@ struct OfflineQueueReplayTests {
         #expect(scripted.callCount == 1)
         gate.open()
     }
-}
 
+    /// The path: an enqueue made online, whose first attempt goes through an
+    /// `AuthenticatedRequestEngine` that waits for a refresh that never returns, is stored and
+    /// returns `.queued` when its request's timeout runs out on the queue's clock, long before the
+    /// coordinator's own refresh timeout.
+    @Test func anEnqueueWhoseRefreshNeverReturnsIsStoredAtTheRequestsTimeout() async throws {
+        let directory = TemporaryDirectory()
+        let authClock = ManualClock()  // never advanced: the refresh timeout (30 s) never fires
+        let queueClock = ManualClock()
+        let gate = Gate()  // the provider's refresh hangs until the end of the test
+        let scripted = ScriptedNetworkSession([.status(401), .ok()])
+        let coordinator = TokenRefreshCoordinator(provider: TestTokenProvider(current: "expired", gate: gate), clock: authClock)
+        let store = try DiskQueueStore(directory: directory.url)
+        let queue = OfflineQueueEngine(
+            requestEngine: AuthenticatedRequestEngine(requestEngine: AsyncRequestEngine(session: scripted), coordinator: coordinator),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+            store: store,
+            configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10)),
+            clock: queueClock
+        )
+        let request = QueuedRequest(method: .post, url: try #require(URL(string: "https://api.example.test/comments")), timeout: 5)
+        let enqueue = Task { try await queue.enqueue(request) }
+        await coordinator.waitForWaiters(1)  // the first attempt got a 401 and waits for the refresh
+        await queueClock.waitForSleepers(1)
+        queueClock.advance(by: .seconds(5))
+        let id = try #require(try await enqueue.value.queuedID)
+        let entry = try #require(store.entry(id: id))
+        #expect(entry.attempts == 1)
+        #expect(entry.lastError == NetworkError.timedOut.description)
+        #expect(scripted.callCount == 1)
+        gate.open()
+    }
+}

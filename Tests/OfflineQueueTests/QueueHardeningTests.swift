@@ -37,13 +37,28 @@ struct QueueHardeningTests {
         for round in 0..<20 {
             let h = try QueueHarness([.ok()], connected: false)
             let engine = h.engine
+            // Each edit notes a tick when it starts and when its enqueue has returned `.queued`.
+            let ticks = Locked<(now: Int, started: [String: Int], acknowledged: [String: Int])>((0, [:], [:]))
             await withTaskGroup(of: Void.self) { group in
                 for index in 0..<5 {
-                    group.addTask { _ = try? await engine.enqueue(edit("v\(index)")) }
+                    group.addTask {
+                        let body = "v\(index)"
+                        ticks.withLock { $0.now += 1; $0.started[body] = $0.now }
+                        guard (try? await engine.enqueue(edit(body)))?.queuedID != nil else { return }
+                        ticks.withLock { $0.now += 1; $0.acknowledged[body] = $0.now }
+                    }
+                    if index == 2 { await Task.yield() }  // some edits start after others were acknowledged
                 }
             }
             let live = await engine.items.filter { $0.coalescingKey == "profile" }
             #expect(live.count == 1, "round \(round): \(live.count) live entries share the key")
+            // The survivor was acknowledged, and no edit started after its acknowledgement: an
+            // edit that began once another had returned must replace it.
+            let seen = ticks.withLock { $0 }
+            let survivor = try #require(live.first.flatMap { $0.body }.map { String(decoding: $0, as: UTF8.self) })
+            let acknowledgedAt = try #require(seen.acknowledged[survivor], "round \(round): the survivor \(survivor) was never acknowledged")
+            let later = seen.started.filter { $0.value > acknowledgedAt && seen.acknowledged[$0.key] != nil }.keys.sorted()
+            #expect(later.isEmpty, "round \(round): \(survivor) survived although \(later) started after it was acknowledged")
             h.store.releaseLock()  // as if the process had ended
             let reopened = try DiskQueueStore(directory: h.directory.url)
             #expect(await reopened.load().map(\.body) == live.map(\.body), "round \(round)")

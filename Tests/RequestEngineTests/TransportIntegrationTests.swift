@@ -116,6 +116,43 @@ struct TransportIntegrationTests {
 
     // MARK: Timeouts and cancellation stop the transfer
 
+    /// A body sent as fast as the client reads it, with no size limit: the timeout answers the
+    /// caller, the transfer really stops, and memory growth after the answer is bounded (with
+    /// Foundation's own `data(for:)` the abandoned transfer kept growing by gigabytes; this test
+    /// then failed after 92 s). The bound is generous: what libcurl reads until the cancel lands
+    /// waits in Foundation's delegate queue, and on a loaded two-core machine that was 223 MiB
+    /// once (under 64 MiB alone). In a child process of its own: on Linux such a flood holds every
+    /// URLSession of its process (Docs/RequestEngine.md), so it must not run beside other tests.
+    @Test func aTimeoutDuringAFullSpeedEndlessBodyStopsMemoryGrowing() async throws {
+        #if os(Linux)
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) {
+                let server = try LoopbackHTTPServer()
+                server.route("/flood", .endlessChunkedBody(chunk: Data(repeating: 0x66, count: 64 * 1024)))
+                let engine = AsyncRequestEngine(options: .init(maximumResponseBodySize: nil))
+                let error = await networkError { try await engine.send(TestRequest(url: server.url("/flood"), timeout: 0.3)) }
+                #expect(error?.caseName == "timedOut")
+                // From here the peak counts afresh (writing 5 to clear_refs resets VmHWM).
+                try "5".write(toFile: "/proc/self/clear_refs", atomically: false, encoding: .utf8)
+                let atAnswer = try #require(Self.memory("VmRSS"))
+                await server.waitForOpenConnections(atMost: 0)  // the transfer has stopped
+                let peak = try #require(Self.memory("VmHWM"))
+                #expect(peak - atAnswer < 512 << 20, "grew \((peak - atAnswer) >> 20) MiB after the timeout answered")
+                server.shutdown()
+            }
+        }
+        #endif
+    }
+
+    /// A figure from /proc/self/status ("VmRSS", "VmHWM"), in bytes.
+    static func memory(_ field: String) -> Int? {
+        guard let text = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return nil }
+        for line in text.split(separator: "\n") where line.hasPrefix(field + ":") {
+            return line.split(separator: " ").dropFirst().first.flatMap { Int($0) }.map { $0 * 1024 }
+        }
+        return nil
+    }
+
     @Test func aTimeoutDuringAnEndlessTrickleEndsTheTransfer() async throws {
         server.route("/trickle", .endlessChunkedBody(chunk: Data("tick\n".utf8), interval: .milliseconds(5)))
         let engine = AsyncRequestEngine(session: transport, options: .init(maximumResponseBodySize: nil))
