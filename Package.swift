@@ -50,7 +50,7 @@ let package = Package(
         .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceTesting"]),
         .testTarget(name: "ReachabilityTests", dependencies: ["Reachability", "ResilienceTesting"]),
         .testTarget(name: "OfflineQueueTests", dependencies: ["OfflineQueue", "ResilienceTesting"]),
-        .testTarget(name: "ResponseCacheTests", dependencies: ["ResponseCache", "ResilienceTesting"]),
+        .testTarget(name: "ResponseCacheTests", dependencies: ["ResponseCache", "Auth", "Observability", "ResilienceTesting"]),
         .testTarget(name: "AuthTests", dependencies: ["Auth", "OfflineQueue", "ResilienceTesting"]),
         .testTarget(name: "ObservabilityTests", dependencies: ["Observability", "ResilienceTesting"]),
         .testTarget(name: "DrainerTests", dependencies: ["Drainer", "OfflineQueue", "ResilienceTesting"]),

@@ -184,8 +184,9 @@ public final class DiskResponseCache: Sendable {
     }
 
     /// Deletes the stored responses whose method and URL match `predicate` (for example what a
-    /// delivered mutation made stale); returns how many. URLs are as stored: without the values
-    /// of secret-like query parameters.
+    /// delivered mutation made stale); returns how many. URLs are as stored: without user-info,
+    /// fragment or the values of query parameters (the names stay), so a query value may hold a
+    /// secret without it reaching the disk.
     @discardableResult
     public func invalidate(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> Int {
         let summaries = state.withLock { state -> [StoredResponseSummary] in
@@ -199,6 +200,15 @@ public final class DiskResponseCache: Sendable {
         }.map(\.key)
         remove(matching)
         return matching.count
+    }
+
+    /// Deletes what is stored for `method` and `url`: every partition and every `Vary` variant of
+    /// it, and — since stored URLs keep no query values — every URL differing from it only in its
+    /// query values. Returns how many responses were deleted.
+    @discardableResult
+    public func remove(method: HTTPMethod = .get, url: URL) -> Int {
+        let stored = HTTPCachePolicy.storedURL(url)
+        return invalidate { $0 == method && HTTPCachePolicy.storedURL($1) == stored }
     }
 
     /// Removes the responses stored under these keys, in memory and on disk.

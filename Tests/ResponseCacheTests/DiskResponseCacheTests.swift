@@ -148,6 +148,18 @@ struct DiskResponseCacheTests {
         #expect(cacheFiles(directory).isEmpty)
     }
 
+    @Test func removeDeletesOneURLsResponsesAndNothingElse() async throws {
+        let directory = TemporaryDirectory()
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        let feed = storedResponse("/feed"), item = storedResponse("/items/1")
+        for response in [feed, item] { cache.store(response) }
+        await cache.waitForWrites()
+        #expect(cache.remove(url: try #require(URL(string: "https://example.test/items/1"))) == 1)
+        #expect(cache.remove(method: .head, url: try #require(URL(string: "https://example.test/feed"))) == 0)
+        #expect(cache.response(for: item.key) == nil && cache.response(for: feed.key) == feed)
+        #expect(cacheFiles(directory) == [feed.key.hex + ".rc"])
+    }
+
     @Test func aSecondCacheOnTheSameFolderIsRefused() throws {
         let directory = TemporaryDirectory()
         let first = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)

@@ -1,0 +1,54 @@
+import Foundation
+import Testing
+import Auth
+import Observability
+import Reachability
+import RequestEngine
+import ResilienceTesting
+@testable import ResponseCache
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// `CachedRequestEngine` is a `RequestSending` over any `RequestSending`: the token is injected
+/// below it, the metrics sink sees only what reaches the network, and a cache hit costs neither.
+@Suite("CachedRequestEngine over AuthenticatedRequestEngine and a metrics sink", .timeLimit(.minutes(1)))
+struct CompositionTests {
+    struct FixedToken: TokenProvider {
+        func currentToken() async -> String? { "t-1" }
+        func refreshToken() async throws -> String { "t-2" }
+    }
+
+    @Test func aCachedReadThroughTheAuthenticatedEngineIsSentOnceWithItsTokenAndCountedOnce() async throws {
+        let directory = TemporaryDirectory()
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.ok("the feed", headers: ["Cache-Control": "max-age=60"])])
+        let metrics = RequestMetricsCollector()
+        let authenticated = AuthenticatedRequestEngine(
+            requestEngine: AsyncRequestEngine(session: session, eventSink: metrics, clock: clock),
+            coordinator: TokenRefreshCoordinator(provider: FixedToken())
+        )
+        let engine = CachedRequestEngine(
+            requestEngine: authenticated,
+            cache: try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+            partition: "user-42",
+            defaultStaleTime: .seconds(30),
+            clock: clock
+        )
+        let first = try await engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(30))
+        let second = try await engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(30))
+        let (data, response) = try await engine.send(Read("/feed"))  // as a RequestSending (default mode .online)
+        #expect(first.source == .network && second.source == .cache)
+        #expect(String(decoding: data, as: UTF8.self) == "the feed" && response.statusCode == 200)
+        #expect(session.requests.map { $0.value(forHTTPHeaderField: "Authorization") } == ["Bearer t-1"])
+        let snapshot = await metrics.snapshot()
+        #expect(snapshot.requestsStarted == 1 && snapshot.requestsSucceeded == 1)
+        // The token reached the network, never the disk.
+        await engine.cache.waitForWrites()
+        for name in try FileManager.default.contentsOfDirectory(atPath: directory.url.path) {
+            let bytes = try Data(contentsOf: directory.url.appendingPathComponent(name))
+            #expect(bytes.range(of: Data("t-1".utf8)) == nil, "\(name) holds the token")
+        }
+    }
+}
