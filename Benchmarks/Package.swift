@@ -39,6 +39,18 @@ let package = Package(
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
         .executableTarget(
+            name: "ResponseCacheBenchmarks",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "ResponseCache", package: "Resilience"),
+                .product(name: "Reachability", package: "Resilience"),
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+            ],
+            path: "Benchmarks/ResponseCacheBenchmarks",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
+        .executableTarget(
             name: "AuthBenchmarks",
             dependencies: [
                 .product(name: "Benchmark", package: "benchmark"),

@@ -55,14 +55,17 @@ struct CacheIndex: Sendable {
         return item
     }
 
-    /// Keys to evict, least recently used first, so that `totalBytes` drops to `limit` or below.
-    func evictionCandidates(toFit limit: Int) -> [CacheDigest] {
+    /// Keys to evict, least recently used first, so that `totalBytes` drops to `limit` or below
+    /// (`spared` is never among them). Walks only as far as it must: nothing when the index fits.
+    func evictionCandidates(toFit limit: Int, sparing spared: CacheDigest? = nil) -> [CacheDigest] {
         var excess = totalBytes - limit
         var keys: [CacheDigest] = []
         var cursor = oldest
         while excess > 0, let key = cursor, let item = items[key] {
-            keys.append(key)
-            excess -= item.size
+            if key != spared {
+                keys.append(key)
+                excess -= item.size
+            }
             cursor = item.newer
         }
         return keys

@@ -88,6 +88,8 @@ struct CacheFormatTests {
         index.touch(CacheDigest("a"))  // order now b, c, d, a
         #expect(index.keysByRecency() == ["b", "c", "d", "a"].map { CacheDigest($0) })
         #expect(index.evictionCandidates(toFit: 25) == ["b", "c"].map { CacheDigest($0) })
+        #expect(index.evictionCandidates(toFit: 25, sparing: CacheDigest("c")) == ["b", "d"].map { CacheDigest($0) })
+        #expect(index.evictionCandidates(toFit: index.totalBytes).isEmpty)
         index.insert(summary("c"), size: 30)  // replaced: newest, new size
         #expect(index.totalBytes == 60)
         #expect(index.keysByRecency() == ["b", "d", "a", "c"].map { CacheDigest($0) })

@@ -1,0 +1,304 @@
+import Benchmark
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Reachability
+import RequestEngine
+import ResilienceTesting
+import ResponseCache
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// What the response cache buys and costs, each against a baseline measured in the same run:
+// 1. a fresh hit against the same read as a loopback round trip through the engine (interleaved)
+//    — target: the hit's p50 at least 20x faster;
+// 2. opening a folder of 10 000 and of 100 000 stored responses — target: under 1 s, memory linear;
+// 3. 1 000 concurrent readers of one stale key through URLSession to LoopbackHTTPServer — target:
+//    exactly one upstream revalidation;
+// 4. 10 000 stores of random sizes — target: the folder never above maxBytes.
+// Each prints its figures in its teardown; see ../../README.md.
+
+let benchmarks: @Sendable () -> Void = {
+    Benchmark.defaultConfiguration = .init(
+        metrics: [.wallClock, .peakMemoryResident],
+        timeUnits: .milliseconds,
+        warmupIterations: 1,
+        maxDuration: .seconds(20),
+        maxIterations: 10
+    )
+
+    // MARK: 1. Fresh hit vs loopback round trip, interleaved
+
+    let hitReport = LatencyReport()
+    Benchmark("cache: fresh hit vs loopback round trip through the engine, interleaved") { benchmark in
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        let body = String(repeating: "x", count: 1_024)
+        server.route("/feed", .status(200, headers: ["Cache-Control": "max-age=3600"], body: body))
+        let folder = Folder()
+        defer { folder.remove() }
+        let network = AsyncRequestEngine()
+        let cached = CachedRequestEngine(
+            requestEngine: network,
+            cache: try DiskResponseCache(directory: folder.url, maxBytes: 64 << 20),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true)
+        )
+        let feed = Read(url: server.url("/feed"))
+        _ = try await cached.response(for: feed, mode: .online, staleTime: .seconds(3600))  // stored
+        var hits: [Duration] = []
+        var trips: [Duration] = []
+        for block in 0..<20 {  // hits and round trips alternate in blocks of 25, either first
+            for isHit in block % 2 == 0 ? [true, false] : [false, true] {
+                for _ in 0..<25 {
+                    let start = ContinuousClock.now
+                    if isHit {
+                        let answer = try await cached.response(for: feed, mode: .online, staleTime: .seconds(3600))
+                        precondition(answer.source == .cache)
+                        hits.append(ContinuousClock.now - start)
+                    } else {
+                        _ = try await network.send(feed)
+                        trips.append(ContinuousClock.now - start)
+                    }
+                }
+            }
+        }
+        hitReport.add(hits: hits, trips: trips)
+        benchmark.measurement(.custom("round trip p50 / hit p50 (x)", useScalingFactor: false), Int(percentile(trips, 0.5) / percentile(hits, 0.5)))
+    } teardown: {
+        hitReport.print()
+    }
+
+    // MARK: 2. Open a folder of N stored responses
+
+    // The folder is written in the same process first, so the process's peak RSS includes that;
+    // what the open itself holds is measured as the resident memory it adds (after the writer's
+    // freed memory went back to the system), with the cache still open.
+    for count in [10_000, 100_000] {
+        let prepared = PreparedCache(entries: count)
+        let added = Mutex<[Int]>([])
+        Benchmark(
+            "cache: open \(count) entries",
+            configuration: .init(metrics: [.wallClock, .peakMemoryResident], timeUnits: .milliseconds, warmupIterations: 1, maxDuration: .seconds(30), maxIterations: 10)
+        ) { benchmark in
+            let url = try await prepared.url()
+            _ = returnFreedMemory(0)
+            let before = residentBytes()
+            benchmark.startMeasurement()
+            let cache = try DiskResponseCache(directory: url, maxBytes: 1 << 30)
+            benchmark.stopMeasurement()
+            let grown = residentBytes() - before
+            precondition(cache.count == count, "open found \(cache.count)")
+            added.withLock { $0.append(grown) }
+            benchmark.measurement(.custom("resident memory added by the open (KiB)", useScalingFactor: false), grown >> 10)
+            blackHole(cache)
+        } teardown: {
+            let sorted = added.withLock { $0 }.sorted()
+            if !sorted.isEmpty {
+                print("open \(count) entries: resident memory added by the open, median \(sorted[sorted.count / 2] >> 10) KiB (\(sorted[sorted.count / 2] / count) bytes per entry)")
+            }
+            prepared.remove()
+        }
+    }
+
+    // MARK: 3. 1 000 concurrent readers of one stale key
+
+    let sharing = Mutex<[Int]>([])
+    Benchmark(
+        "cache: 1 000 concurrent readers of one stale key (upstream revalidations)",
+        configuration: .init(metrics: [.wallClock], timeUnits: .milliseconds, warmupIterations: 1, maxDuration: .seconds(30), maxIterations: 10)
+    ) { benchmark in
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        server.route("/feed", handler: { request in
+            request.header("if-none-match") == "\"v1\""
+                ? LoopbackResponse.status(304, headers: ["ETag": "\"v1\""]).delayed(by: .milliseconds(50))
+                : .status(200, headers: ["ETag": "\"v1\""], body: "the feed")
+        })
+        let folder = Folder()
+        defer { folder.remove() }
+        let engine = CachedRequestEngine(
+            cache: try DiskResponseCache(directory: folder.url, maxBytes: 64 << 20),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true)
+        )
+        let feed = Read(url: server.url("/feed"))
+        _ = try await engine.response(for: feed, mode: .online, staleTime: .zero)  // stored, stale at once
+        let before = server.hits("/feed")
+        benchmark.startMeasurement()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for _ in 0..<1_000 {
+                group.addTask {
+                    let answer = try await engine.response(for: feed, mode: .online, staleTime: .zero)
+                    precondition(answer.source == .cache && String(decoding: answer.data, as: UTF8.self) == "the feed")
+                }
+            }
+            try await group.waitForAll()
+        }
+        benchmark.stopMeasurement()
+        let revalidations = server.hits("/feed") - before
+        sharing.withLock { $0.append(revalidations) }
+        benchmark.measurement(.custom("upstream revalidations", useScalingFactor: false), revalidations)
+    } teardown: {
+        let counts = sharing.withLock { $0 }
+        print("1 000 concurrent readers of one stale key: upstream revalidations per iteration \(counts)")
+    }
+
+    // MARK: 4. 10 000 stores of random sizes never exceed maxBytes
+
+    let bound = Mutex<[(largest: Int, maxBytes: Int)]>([])
+    Benchmark(
+        "cache: 10 000 stores of random sizes (folder never above maxBytes)",
+        configuration: .init(metrics: [.wallClock, .peakMemoryResident], timeUnits: .milliseconds, warmupIterations: 0, maxDuration: .seconds(60), maxIterations: 3)
+    ) { benchmark in
+        let folder = Folder()
+        defer { folder.remove() }
+        let maxBytes = 8 << 20
+        let cache = try DiskResponseCache(directory: folder.url, maxBytes: maxBytes, memoryBytes: 0)
+        let stores = CacheStores(cache)
+        var generator = SystemRandomNumberGenerator()
+        var largest = 0
+        for index in 0..<10_000 {
+            try await stores.store(index: index % 2_000, size: Int.random(in: 0..<(64 << 10), using: &generator))
+            if index % 250 == 249 {
+                await cache.waitForWrites()
+                let onDisk = folderBytes(folder.url)
+                precondition(onDisk <= maxBytes && onDisk == cache.totalBytes, "\(onDisk) bytes on disk, \(cache.totalBytes) counted")
+                largest = max(largest, onDisk)
+            }
+        }
+        bound.withLock { $0.append((largest, maxBytes)) }
+        benchmark.measurement(.custom("largest folder seen (KiB)", useScalingFactor: false), largest >> 10)
+    } teardown: {
+        for (largest, maxBytes) in bound.withLock({ $0 }) {
+            print("10 000 random stores: largest folder seen \(largest) bytes, maxBytes \(maxBytes)")
+        }
+    }
+}
+
+// MARK: - Support
+
+struct Read: NetworkRequest {
+    let url: URL
+    var method: HTTPMethod { .get }
+}
+
+/// Stores made through a `CachedRequestEngine` (mode `.always`) over a session that answers at
+/// once with a body of the size the request asks for, so the benchmark writes real responses
+/// without a network.
+final class CacheStores: Sendable {
+    private let engine: CachedRequestEngine
+
+    init(_ cache: DiskResponseCache) {
+        engine = CachedRequestEngine(
+            requestEngine: AsyncRequestEngine(session: SizedBodySession()),
+            cache: cache,
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true)
+        )
+    }
+
+    /// Stores a `size`-byte response for `/items/<index>` (replacing what that URL held).
+    func store(index: Int, size: Int) async throws {
+        let request = SizedRead(url: URL(string: "https://example.test/items/\(index)")!, size: size)
+        _ = try await engine.response(for: request, mode: .always, staleTime: .zero)
+    }
+}
+
+struct SizedRead: NetworkRequest {
+    let url: URL
+    let size: Int
+    var method: HTTPMethod { .get }
+    var headers: [String: String] { ["X-Body-Size": String(size)] }
+}
+
+/// Answers every request at once: 200, `max-age=3600`, a body of `X-Body-Size` bytes.
+struct SizedBodySession: NetworkSession {
+    func data(for request: URLRequest) async throws -> (Data, URLResponse) {
+        let size = request.value(forHTTPHeaderField: "X-Body-Size").flatMap(Int.init) ?? 0
+        let response = HTTPURLResponse(url: request.url!, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: ["Cache-Control": "max-age=3600"])!
+        return (Data(repeating: 0x62, count: size), response)
+    }
+}
+
+final class LatencyReport: Sendable {
+    private let samples = Mutex<(hits: [Duration], trips: [Duration])>(([], []))
+
+    func add(hits: [Duration], trips: [Duration]) {
+        samples.withLock { $0.hits += hits; $0.trips += trips }
+    }
+
+    func print() {
+        let (hits, trips) = samples.withLock { $0 }
+        guard !hits.isEmpty, !trips.isEmpty else { return }
+        let hitP50 = percentile(hits, 0.5), tripP50 = percentile(trips, 0.5)
+        Swift.print(String(format: "fresh hit p50 %.1f µs (p99 %.1f), loopback round trip through the engine p50 %.1f µs (p99 %.1f): %.1fx, %d samples each",
+                           hitP50.microseconds, percentile(hits, 0.99).microseconds, tripP50.microseconds, percentile(trips, 0.99).microseconds,
+                           tripP50 / hitP50, hits.count))
+    }
+}
+
+func percentile(_ values: [Duration], _ fraction: Double) -> Duration {
+    let sorted = values.sorted()
+    return sorted[min(sorted.count - 1, Int(Double(sorted.count) * fraction))]
+}
+
+extension Duration {
+    var microseconds: Double { Double(components.seconds) * 1e6 + Double(components.attoseconds) / 1e12 }
+}
+
+/// glibc's `malloc_trim`: gives freed heap memory back to the system (its header is not in Glibc's
+/// module map).
+@_silgen_name("malloc_trim")
+func returnFreedMemory(_ pad: Int) -> Int32
+
+/// The process's resident memory now (not its peak), from /proc/self/statm.
+func residentBytes() -> Int {
+    guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return 0 }
+    let pages = text.split(separator: " ").dropFirst().first.flatMap { Int($0) } ?? 0
+    return pages * Int(sysconf(Int32(_SC_PAGESIZE)))
+}
+
+func folderBytes(_ url: URL) -> Int {
+    ((try? FileManager.default.contentsOfDirectory(atPath: url.path)) ?? []).reduce(0) { total, name in
+        let attributes = try? FileManager.default.attributesOfItem(atPath: url.appendingPathComponent(name).path)
+        return total + ((attributes?[.size] as? NSNumber)?.intValue ?? 0)
+    }
+}
+
+final class Folder: Sendable {
+    let url: URL
+    init() {
+        url = FileManager.default.temporaryDirectory.appendingPathComponent("cache-bench-\(UUID().uuidString)")
+        try? FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+    func remove() { try? FileManager.default.removeItem(at: url) }
+}
+
+/// A folder of N stored responses (200-byte bodies), written once and reused by every iteration.
+final class PreparedCache: Sendable {
+    private let count: Int
+    private let state = Mutex<URL?>(nil)
+
+    init(entries: Int) { count = entries }
+
+    func url() async throws -> URL {
+        if let url = state.withLock({ $0 }) { return url }
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("cache-bench-open-\(UUID().uuidString)")
+        do {
+            let cache = try DiskResponseCache(directory: folder, maxBytes: 1 << 30, memoryBytes: 0)
+            let stores = CacheStores(cache)
+            for index in 0..<count {
+                try await stores.store(index: index, size: 200)
+                if index % 1_000 == 999 { await cache.waitForWrites() }
+            }
+            await cache.waitForWrites()
+        }
+        state.withLock { $0 = folder }
+        return folder
+    }
+
+    func remove() {
+        if let url = state.withLock({ $0 }) { try? FileManager.default.removeItem(at: url) }
+    }
+}
