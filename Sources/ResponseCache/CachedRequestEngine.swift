@@ -44,6 +44,8 @@ public final class CachedRequestEngine: RequestSending {
     private let time: TimeSource
     private let wallClockOrigin: Date
     private let fetches = SharedFetches()
+    /// Keys shown stale offline whose revalidation waits for connectivity.
+    private let revalidationsAwaitingConnectivity = Locked<Set<CacheDigest>>([])
 
     /// - Parameters:
     ///   - requestEngine: sends requests the cache does not answer (any `RequestSending`).
@@ -102,7 +104,13 @@ public final class CachedRequestEngine: RequestSending {
             if let cached, !plan.skipsStored {
                 let fresh = isFresh(cached, staleTime: staleTime, now: now)
                 if fresh || mayServeStale(cached) {
-                    if !fresh, await reachabilityMonitor.isConnected { revalidateInBackground(plan, cached: cached) }
+                    if !fresh {
+                        if await reachabilityMonitor.isConnected {
+                            revalidateInBackground(plan, cached: cached)
+                        } else {
+                            revalidateWhenOnline(plan, cached: cached)
+                        }
+                    }
                     return try answer(cached, plan: plan, isStale: !fresh)
                 }
             }
@@ -378,6 +386,28 @@ public final class CachedRequestEngine: RequestSending {
     private func revalidateInBackground(_ plan: Plan, cached: StoredResponse) {
         fetches.startInBackground(plan.fetchKey) { [self] in
             await self.networkExchange(plan, cached: cached)
+        }
+    }
+
+    /// A stale response was shown offline: revalidate it once connectivity returns (one wait per
+    /// key however often it is shown meanwhile). The wait holds the monitor, not the engine; an
+    /// engine gone by then revalidates nothing, and a monitor that stops ends the wait.
+    private func revalidateWhenOnline(_ plan: Plan, cached: StoredResponse) {
+        guard revalidationsAwaitingConnectivity.withLock({ $0.insert(plan.fetchKey).inserted }) else { return }
+        let monitor = reachabilityMonitor
+        Task { [weak self] in
+            var online = await monitor.isConnected
+            if !online {
+                for await connected in await monitor.connectivity where connected {
+                    online = true
+                    break
+                }
+            }
+            guard let self else { return }
+            self.revalidationsAwaitingConnectivity.withLock { _ = $0.remove(plan.fetchKey) }
+            // What was stored meanwhile (another read online, a revalidation) may be fresh by now.
+            guard online, let current = self.lookup(plan), current.storedAt <= cached.storedAt else { return }
+            self.revalidateInBackground(plan, cached: current)
         }
     }
 

@@ -12,8 +12,8 @@ public enum NetworkMode: Sendable, Hashable {
     /// marked stale (stale-if-error).
     case online
     /// Any stored response is returned at once, marked stale or not; a stale one is revalidated in
-    /// the background when online, updating the cache for the next read. With nothing stored it
-    /// behaves as `.online`.
+    /// the background — at once when online, otherwise once connectivity returns — updating the
+    /// cache for the next read. With nothing stored it behaves as `.online`.
     case offlineFirst
     /// Straight to the network whatever the monitor says (revalidating what is stored, and storing
     /// what comes back); failures are thrown.

@@ -166,15 +166,23 @@ struct CachedRequestEngineTests {
         #expect(fresh.source == .cache && !fresh.isStale && h.body(fresh) == "v2")
     }
 
-    @Test func offlineFirstWhileOfflineServesTheStoredResponseAndSendsNothing() async throws {
-        let h = try CacheHarness([.ok("v1")])
+    @Test func offlineFirstWhileOfflineServesTheStoredResponseAndRevalidatesOnceConnectivityReturns() async throws {
+        let h = try CacheHarness([.ok("v1"), .ok("v2")])
         _ = try await h.engine.response(for: Read("/feed"), mode: .offlineFirst, staleTime: .seconds(10))
         await h.monitor.setConnected(false)
         h.clock.advance(by: .seconds(3600))
-        let stale = try await h.engine.response(for: Read("/feed"), mode: .offlineFirst, staleTime: .seconds(10))
-        #expect(stale.isStale && h.body(stale) == "v1")
+        for _ in 0..<3 {  // shown three times offline: one revalidation waits
+            let stale = try await h.engine.response(for: Read("/feed"), mode: .offlineFirst, staleTime: .seconds(10))
+            #expect(stale.isStale && h.body(stale) == "v1")
+        }
+        while await h.monitor.subscriberCount == 0 { await Task.yield() }  // it waits on the monitor
+        #expect(h.session.callCount == 1)  // nothing sent while offline
+        await h.monitor.setConnected(true)
+        await h.session.waitForCalls(2)
         await h.engine.waitForBackgroundRevalidations()
-        #expect(h.session.callCount == 1)
+        let fresh = try await h.engine.response(for: Read("/feed"), mode: .offlineFirst, staleTime: .seconds(10))
+        #expect(!fresh.isStale && fresh.source == .cache && h.body(fresh) == "v2")
+        #expect(h.session.callCount == 2)
     }
 
     @Test func offlineFirstWithNothingStoredWaitsLikeOnline() async throws {
