@@ -23,37 +23,38 @@ let package = Package(
     ],
     targets: [
         .target(name: "ResilienceCore"),
-        .target(name: "Retry"),
+        .target(name: "Retry", dependencies: ["ResilienceCore"]),
         .target(name: "RequestEngine", dependencies: ["Retry", "ResilienceCore"]),
         .target(name: "CNetlink"),
         .target(
             name: "Reachability",
-            dependencies: ["RequestEngine", "Retry", .target(name: "CNetlink", condition: .when(platforms: [.linux]))]
+            dependencies: ["RequestEngine", "Retry", "ResilienceCore", .target(name: "CNetlink", condition: .when(platforms: [.linux]))]
         ),
         .target(
             name: "OfflineQueue",
             dependencies: ["RequestEngine", "Retry", "ResilienceCore", "Reachability"]
         ),
         .target(name: "ResponseCache", dependencies: ["RequestEngine", "Reachability", "Retry", "ResilienceCore"]),
-        .target(name: "Auth", dependencies: ["RequestEngine"]),
-        .target(name: "Observability", dependencies: ["RequestEngine"]),
-        .target(name: "Drainer", dependencies: ["OfflineQueue", "Retry"]),
+        .target(name: "Auth", dependencies: ["RequestEngine", "ResilienceCore"]),
+        .target(name: "Observability", dependencies: ["RequestEngine", "ResilienceCore"]),
+        .target(name: "Drainer", dependencies: ["OfflineQueue", "Retry", "ResilienceCore"]),
         .target(
             name: "Resilience",
             dependencies: ["Retry", "RequestEngine", "Reachability", "OfflineQueue", "ResponseCache", "Auth", "Observability", "Drainer"]
         ),
-        .target(name: "ResilienceTesting", dependencies: ["Retry", "RequestEngine"]),
-        .executableTarget(name: "resilience-demo", dependencies: ["Resilience", "ResilienceTesting"]),
+        .target(name: "ResilienceTesting", dependencies: ["Retry", "RequestEngine", "ResilienceCore"]),
+        .executableTarget(name: "resilience-demo", dependencies: ["Resilience", "ResilienceTesting", "ResilienceCore"]),
 
-        .testTarget(name: "RetryTests", dependencies: ["Retry", "ResilienceTesting"]),
-        .testTarget(name: "RequestEngineTests", dependencies: ["RequestEngine", "ResilienceTesting"]),
-        .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceTesting"]),
-        .testTarget(name: "ReachabilityTests", dependencies: ["Reachability", "ResilienceTesting"]),
-        .testTarget(name: "OfflineQueueTests", dependencies: ["OfflineQueue", "ResilienceTesting"]),
-        .testTarget(name: "ResponseCacheTests", dependencies: ["ResponseCache", "Auth", "Observability", "ResilienceTesting"]),
-        .testTarget(name: "AuthTests", dependencies: ["Auth", "OfflineQueue", "ResilienceTesting"]),
-        .testTarget(name: "ObservabilityTests", dependencies: ["Observability", "ResilienceTesting"]),
-        .testTarget(name: "DrainerTests", dependencies: ["Drainer", "OfflineQueue", "ResilienceTesting"]),
+        .testTarget(name: "ResilienceCoreTests", dependencies: ["ResilienceCore", "ResilienceTesting"]),
+        .testTarget(name: "RetryTests", dependencies: ["ResilienceCore", "Retry", "ResilienceTesting"]),
+        .testTarget(name: "RequestEngineTests", dependencies: ["ResilienceCore", "RequestEngine", "ResilienceTesting"]),
+        .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceCore", "ResilienceTesting"]),
+        .testTarget(name: "ReachabilityTests", dependencies: ["ResilienceCore", "Reachability", "ResilienceTesting"]),
+        .testTarget(name: "OfflineQueueTests", dependencies: ["ResilienceCore", "OfflineQueue", "ResilienceTesting"]),
+        .testTarget(name: "ResponseCacheTests", dependencies: ["ResilienceCore", "ResponseCache", "Auth", "Observability", "ResilienceTesting"]),
+        .testTarget(name: "AuthTests", dependencies: ["ResilienceCore", "Auth", "OfflineQueue", "ResilienceTesting"]),
+        .testTarget(name: "ObservabilityTests", dependencies: ["ResilienceCore", "Observability", "ResilienceTesting"]),
+        .testTarget(name: "DrainerTests", dependencies: ["ResilienceCore", "Drainer", "OfflineQueue", "ResilienceTesting"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -1,5 +1,6 @@
 import Foundation
 import RequestEngine
+import ResilienceCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -1,6 +1,7 @@
 import Foundation
 import OfflineQueue
 import Retry
+import ResilienceCore
 
 /// Drains an `OfflineQueueEngine` on a timer, each cycle bounded by a time budget — the stand-in,
 /// on servers and Linux, for a background processing task that the system may expire at any time.

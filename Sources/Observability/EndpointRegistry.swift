@@ -1,4 +1,5 @@
 import RequestEngine
+import ResilienceCore
 
 /// An endpoint's identity in labels and snapshots.
 struct EndpointKey: Hashable, Sendable {
@@ -22,7 +23,7 @@ final class EndpointRegistry: Sendable {
     /// Rows every shard must have: unknown + cap + one overflow row per method.
     let rowCount: Int
     private let maximumEndpoints: Int
-    private let state: LockedValue<State>
+    private let state: Locked<State>
 
     private struct State {
         var rowsByHash: [Int: Int32] = [:]
@@ -34,7 +35,7 @@ final class EndpointRegistry: Sendable {
     init(maximumEndpoints: Int) {
         self.maximumEndpoints = maximumEndpoints
         rowCount = 1 + maximumEndpoints + HTTPMethod.allCases.count
-        state = LockedValue(State())
+        state = Locked(State())
     }
 
     /// The row for the endpoint with this hash, registering it (with the template `makeTemplate`

@@ -1,3 +1,4 @@
+import ResilienceCore
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -19,7 +20,7 @@ enum ThreadOrdinal {
         return pthread_key_create(&key, nil) == 0 ? key : nil
     }()
 
-    private static let next = LockedValue(0)
+    private static let next = Locked(0)
 
     /// The calling thread's ordinal (0 when thread-specific storage is unavailable).
     static var current: Int {

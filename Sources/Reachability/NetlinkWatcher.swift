@@ -1,3 +1,4 @@
+import ResilienceCore
 #if os(Linux)
 import CNetlink
 import Foundation

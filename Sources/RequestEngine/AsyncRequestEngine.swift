@@ -1,5 +1,6 @@
 import Foundation
 import Retry
+import ResilienceCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -1,4 +1,5 @@
 import Retry
+import ResilienceCore
 
 /// Times out attempts at deadlines on an injected clock, with **one** sleeping task per engine
 /// instead of a timer per request.

@@ -1,4 +1,5 @@
 import Retry
+import ResilienceCore
 
 /// The shared calls in flight, by request identity (deduplicated methods only).
 ///

@@ -1,4 +1,5 @@
 import Retry
+import ResilienceCore
 
 /// A clock whose time moves only when a test calls `advance(by:)` or `advance(to:)`.
 ///
@@ -19,24 +20,12 @@ public final class ManualClock: Clock, Sendable {
         public static func < (lhs: Instant, rhs: Instant) -> Bool { lhs.offset < rhs.offset }
     }
 
-    private struct Sleeper {
-        let id: UInt64
-        let deadline: Instant
-        let continuation: CheckedContinuation<Void, any Error>
-    }
-
-    private struct Watcher {
-        let id: UInt64
-        let count: Int
-        let continuation: CheckedContinuation<Void, Never>
-    }
-
     private struct State {
         var now: Instant
-        var nextID: UInt64 = 0
-        var sleepers: [Sleeper] = []
-        var cancelledEarly: Set<UInt64> = []
-        var watchers: [Watcher] = []
+        /// Tagged with their deadlines; resumed with `true` when due, `false` when cancelled.
+        var sleepers = WaiterList<Bool, Instant>()
+        /// Tagged with the number of sleepers they wait for.
+        var watchers = WaiterList<Void, Int>()
     }
 
     private let state: Locked<State>
@@ -49,39 +38,35 @@ public final class ManualClock: Clock, Sendable {
     public var minimumResolution: Duration { .zero }
 
     /// How many tasks are sleeping on this clock now.
-    public var sleeperCount: Int { state.withLock { $0.sleepers.count } }
+    public var sleeperCount: Int { state.withLock { $0.sleepers.waitingCount() } }
 
     /// The earliest deadline among current sleepers.
-    public var nextDeadline: Instant? { state.withLock { $0.sleepers.map(\.deadline).min() } }
+    public var nextDeadline: Instant? { state.withLock { $0.sleepers.tags.min() } }
 
     public func sleep(until deadline: Instant, tolerance: Duration? = nil) async throws {
         try Task.checkCancellation()
-        let id: UInt64? = state.withLock { state in
+        let ticket = state.withLock { state -> WaiterList<Bool, Instant>.Ticket? in
             guard deadline > state.now else { return nil }
-            state.nextID += 1
-            return state.nextID
+            return state.sleepers.issue(deadline)
         }
-        guard let id else { return }
-        try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                let (cancelled, ready) = state.withLock { state -> (Bool, [Watcher]) in
-                    if state.cancelledEarly.remove(id) != nil { return (true, []) }
-                    state.sleepers.append(Sleeper(id: id, deadline: deadline, continuation: continuation))
-                    return (false, Self.takeSatisfiedWatchers(&state))
+        guard let ticket else { return }
+        let woke = await suspendCancellably { continuation in
+            let (value, watchers) = state.withLock { state -> (Bool?, [WaiterList<Void, Int>.Waiter]) in
+                if let handed = state.sleepers.claim(ticket) { return (handed, []) }
+                if deadline <= state.now {
+                    state.sleepers.withdraw(ticket)
+                    return (true, [])
                 }
-                if cancelled { continuation.resume(throwing: CancellationError()) }
-                for watcher in ready { watcher.continuation.resume() }
+                state.sleepers.park(ticket, continuation)
+                let sleeping = state.sleepers.waitingCount()
+                return (nil, state.watchers.takeAll { $0 <= sleeping })
             }
+            for watcher in watchers { watcher.resume(returning: ()) }
+            return value
         } onCancel: {
-            let continuation = state.withLock { state -> CheckedContinuation<Void, any Error>? in
-                if let index = state.sleepers.firstIndex(where: { $0.id == id }) {
-                    return state.sleepers.remove(at: index).continuation
-                }
-                state.cancelledEarly.insert(id)
-                return nil
-            }
-            continuation?.resume(throwing: CancellationError())
+            state.withLock { $0.sleepers.cancel(ticket, with: false) }?.resume(returning: false)
         }
+        if !woke { throw CancellationError() }
     }
 
     /// Moves time forward by `duration` and wakes every sleeper now due, in deadline order.
@@ -91,15 +76,12 @@ public final class ManualClock: Clock, Sendable {
 
     /// Moves time to `instant` (never backwards) and wakes every sleeper now due, in deadline order.
     public func advance(to instant: Instant) {
-        let due = state.withLock { state -> [Sleeper] in
+        let due = state.withLock { state -> [WaiterList<Bool, Instant>.Waiter] in
             if instant > state.now { state.now = instant }
             let now = state.now
-            let due = state.sleepers.filter { $0.deadline <= now }
-                .sorted { ($0.deadline, $0.id) < ($1.deadline, $1.id) }
-            state.sleepers.removeAll { $0.deadline <= now }
-            return due
+            return state.sleepers.takeAll { $0 <= now }.sorted { ($0.tag, $0.ticket) < ($1.tag, $1.ticket) }
         }
-        for sleeper in due { sleeper.continuation.resume() }
+        for sleeper in due { sleeper.resume(returning: true) }
     }
 
     /// Advances to the earliest sleeper's deadline and wakes it (and any sharing that deadline).
@@ -114,35 +96,8 @@ public final class ManualClock: Clock, Sendable {
     /// Suspends until at least `count` tasks sleep on this clock. Returns at once if they already
     /// do, and when the waiting task is cancelled (so a test's time limit can end it).
     public func waitForSleepers(_ count: Int = 1) async {
-        let id = state.withLock { state -> UInt64 in
-            state.nextID += 1
-            return state.nextID
+        await state.wait(on: \.watchers, tag: count, cancelled: ()) { state in
+            state.sleepers.waitingCount() >= count ? () : nil
         }
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let ready = state.withLock { state -> Bool in
-                    if state.sleepers.count >= count || state.cancelledEarly.remove(id) != nil { return true }
-                    state.watchers.append(Watcher(id: id, count: count, continuation: continuation))
-                    return false
-                }
-                if ready { continuation.resume() }
-            }
-        } onCancel: {
-            let watcher = state.withLock { state -> Watcher? in
-                guard let index = state.watchers.firstIndex(where: { $0.id == id }) else {
-                    state.cancelledEarly.insert(id)
-                    return nil
-                }
-                return state.watchers.remove(at: index)
-            }
-            watcher?.continuation.resume()
-        }
-    }
-
-    private static func takeSatisfiedWatchers(_ state: inout State) -> [Watcher] {
-        let count = state.sleepers.count
-        let ready = state.watchers.filter { $0.count <= count }
-        state.watchers.removeAll { $0.count <= count }
-        return ready
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import RequestEngine
 import Retry
+import ResilienceCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -38,29 +39,22 @@ public final class ScriptedNetworkSession: NetworkSession {
         public static func urlError(_ code: URLError.Code) -> Step { .fail(URLError(code)) }
     }
 
-    private struct Waiter: Sendable {
-        let id: UInt64
-        let continuation: CheckedContinuation<Bool, Never>  // true = released, false = cancelled
-    }
-
-    private struct CallWatcher: Sendable {
-        let id: UInt64
-        let count: Int
-        let continuation: CheckedContinuation<Void, Never>
+    /// A call suspended in `.hang` (not releasable) or `.held` (releasable).
+    private struct Suspension: Sendable {
+        let call: UInt64
+        let releasable: Bool
     }
 
     private struct State: Sendable {
         var steps: [Step]
         var requests: [URLRequest] = []
         var nextID: UInt64 = 0
-        var suspended: [Waiter] = []
-        var isHeld: [UInt64: Bool] = [:]   // suspended id -> releasable?
-        var cancelledEarly: Set<UInt64> = []
+        /// Resumed with `true` when released, `false` when cancelled.
+        var suspended = WaiterList<Bool, Suspension>()
         var releasedThrough: UInt64 = 0   // held calls with an id up to this one are released
-        var watchers: [CallWatcher] = []
-        var nextWatcher: UInt64 = 0
-        var cancelledWatchers: Set<UInt64> = []
-        var idleWaiters: [(UInt64, CheckedContinuation<Void, Never>)] = []
+        /// Tagged with the call count they wait for.
+        var callWatchers = WaiterList<Void, Int>()
+        var idleWatchers = WaiterList<Void, Void>()
     }
 
     private let state: Locked<State>
@@ -75,93 +69,47 @@ public final class ScriptedNetworkSession: NetworkSession {
     /// Number of calls so far.
     public var callCount: Int { state.withLock { $0.requests.count } }
     /// Calls currently suspended in `.hang` or `.held`.
-    public var suspendedCount: Int { state.withLock { $0.suspended.count } }
+    public var suspendedCount: Int { state.withLock { $0.suspended.waitingCount() } }
 
     /// Suspends until at least `count` calls have been made, or the waiting task is cancelled.
     public func waitForCalls(_ count: Int) async {
-        let id = state.withLock { state -> UInt64 in
-            state.nextWatcher += 1
-            return state.nextWatcher
-        }
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let ready = state.withLock { state -> Bool in
-                    if state.requests.count >= count || state.cancelledWatchers.remove(id) != nil { return true }
-                    state.watchers.append(CallWatcher(id: id, count: count, continuation: continuation))
-                    return false
-                }
-                if ready { continuation.resume() }
-            }
-        } onCancel: {
-            let watcher = state.withLock { state -> CallWatcher? in
-                guard let index = state.watchers.firstIndex(where: { $0.id == id }) else {
-                    state.cancelledWatchers.insert(id)
-                    return nil
-                }
-                return state.watchers.remove(at: index)
-            }
-            watcher?.continuation.resume()
+        await state.wait(on: \.callWatchers, tag: count, cancelled: ()) { state in
+            state.requests.count >= count ? () : nil
         }
     }
 
     /// Suspends until no call is suspended in a `.hang` or `.held` step (every such call was
     /// released or cancelled and has let go), or the waiting task is cancelled.
     public func waitUntilNoneSuspended() async {
-        let id = state.withLock { state -> UInt64 in
-            state.nextWatcher += 1
-            return state.nextWatcher
-        }
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let ready = state.withLock { state -> Bool in
-                    if state.suspended.isEmpty || state.cancelledWatchers.remove(id) != nil { return true }
-                    state.idleWaiters.append((id, continuation))
-                    return false
-                }
-                if ready { continuation.resume() }
-            }
-        } onCancel: {
-            let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
-                guard let index = state.idleWaiters.firstIndex(where: { $0.0 == id }) else {
-                    state.cancelledWatchers.insert(id)
-                    return nil
-                }
-                return state.idleWaiters.remove(at: index).1
-            }
-            waiter?.resume()
+        await state.wait(on: \.idleWatchers, tag: (), cancelled: ()) { state in
+            state.suspended.waitingCount() == 0 ? () : nil
         }
     }
 
-    /// Takes the idle waiters if nothing is suspended any more.
-    private static func takeIdleWaiters(_ state: inout State) -> [CheckedContinuation<Void, Never>] {
-        guard state.suspended.isEmpty else { return [] }
-        defer { state.idleWaiters.removeAll() }
-        return state.idleWaiters.map(\.1)
+    /// Takes the idle watchers if nothing is suspended any more.
+    private static func takeIdleWatchers(_ state: inout State) -> [WaiterList<Void, Void>.Waiter] {
+        state.suspended.waitingCount() == 0 ? state.idleWatchers.takeAll() : []
     }
 
     /// Lets every started call in a `.held` step go on (later calls hold again).
     public func releaseHeld() {
-        let (released, idle) = state.withLock { state -> ([Waiter], [CheckedContinuation<Void, Never>]) in
+        let (released, idle) = state.withLock { state in
             state.releasedThrough = state.nextID
-            let ready = state.suspended.filter { state.isHeld[$0.id] == true }
-            state.suspended.removeAll { state.isHeld[$0.id] == true }
-            return (ready, Self.takeIdleWaiters(&state))
+            return (state.suspended.takeAll { $0.releasable }, Self.takeIdleWatchers(&state))
         }
-        for waiter in released { waiter.continuation.resume(returning: true) }
-        for waiter in idle { waiter.resume() }
+        for waiter in released { waiter.resume(returning: true) }
+        for watcher in idle { watcher.resume(returning: ()) }
     }
 
     public func data(for request: URLRequest) async throws -> (Data, URLResponse) {
-        let (step, id, ready) = state.withLock { state -> (Step, UInt64, [CallWatcher]) in
+        let (step, id, ready) = state.withLock { state in
             let index = min(state.requests.count, state.steps.count - 1)
             state.requests.append(request)
             state.nextID += 1
             let count = state.requests.count
-            let ready = state.watchers.filter { $0.count <= count }
-            state.watchers.removeAll { $0.count <= count }
-            return (state.steps[index], state.nextID, ready)
+            return (state.steps[index], state.nextID, state.callWatchers.takeAll { $0 <= count })
         }
-        for watcher in ready { watcher.continuation.resume() }
+        for watcher in ready { watcher.resume(returning: ()) }
         return try await perform(step, id: id, for: request)
     }
 
@@ -188,29 +136,24 @@ public final class ScriptedNetworkSession: NetworkSession {
 
     /// Suspends until released (true) or cancelled (false).
     private func suspend(id: UInt64, releasable: Bool) async -> Bool {
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
-                let immediate = state.withLock { state -> Bool? in
-                    if state.cancelledEarly.remove(id) != nil { return false }
-                    if releasable, id <= state.releasedThrough { return true }
-                    state.suspended.append(Waiter(id: id, continuation: continuation))
-                    state.isHeld[id] = releasable
-                    return nil
+        let ticket = state.withLock { $0.suspended.issue(Suspension(call: id, releasable: releasable)) }
+        return await suspendCancellably { continuation in
+            state.withLock { state -> Bool? in
+                if let handed = state.suspended.claim(ticket) { return handed }
+                if releasable, id <= state.releasedThrough {
+                    state.suspended.withdraw(ticket)
+                    return true
                 }
-                if let immediate { continuation.resume(returning: immediate) }
+                state.suspended.park(ticket, continuation)
+                return nil
             }
         } onCancel: {
-            let (continuation, idle) = state.withLock { state -> (CheckedContinuation<Bool, Never>?, [CheckedContinuation<Void, Never>]) in
-                guard let index = state.suspended.firstIndex(where: { $0.id == id }) else {
-                    state.cancelledEarly.insert(id)
-                    return (nil, [])
-                }
-                state.isHeld[id] = nil
-                let continuation = state.suspended.remove(at: index).continuation
-                return (continuation, Self.takeIdleWaiters(&state))
+            let (waiter, idle) = state.withLock { state in
+                let waiter = state.suspended.cancel(ticket, with: false)
+                return (waiter, waiter == nil ? [] : Self.takeIdleWatchers(&state))
             }
-            continuation?.resume(returning: false)
-            for waiter in idle { waiter.resume() }
+            waiter?.resume(returning: false)
+            for watcher in idle { watcher.resume(returning: ()) }
         }
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import Retry
+import ResilienceCore
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)

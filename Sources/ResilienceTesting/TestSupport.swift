@@ -5,6 +5,7 @@ import Glibc
 import Darwin
 #endif
 import Retry
+import ResilienceCore
 
 /// For this package's own tests (package access): a fresh folder under the system temp directory,
 /// removed when the value is deinitialised.

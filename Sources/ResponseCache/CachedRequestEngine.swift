@@ -2,6 +2,7 @@ import Foundation
 import Reachability
 import RequestEngine
 import Retry
+import ResilienceCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

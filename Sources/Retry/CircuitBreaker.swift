@@ -1,3 +1,4 @@
+import ResilienceCore
 /// Stops calling a dependency that keeps failing, so it can recover and callers fail fast.
 ///
 /// - **closed**: calls pass; outcomes fill a sliding window of the last `windowSize` calls. When the

@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import Resilience
 import ResilienceTesting
+import ResilienceCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

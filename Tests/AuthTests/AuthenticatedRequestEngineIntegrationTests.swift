@@ -3,6 +3,7 @@ import Testing
 import RequestEngine
 import ResilienceTesting
 @testable import Auth
+import ResilienceCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -2,6 +2,7 @@ import Foundation
 import RequestEngine
 import Retry
 @testable import Auth
+import ResilienceCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -5,6 +5,7 @@ import Retry
 import OfflineQueue
 import ResilienceTesting
 @testable import Drainer
+import ResilienceCore
 
 /// A `BackgroundTaskScheduling` for tests: records registrations and submitted requests, and
 /// launches tasks by hand — what SwiftResilience's protocols made possible without a device.

@@ -5,6 +5,7 @@ import RequestEngine
 import OfflineQueue
 import ResilienceTesting
 @testable import Drainer
+import ResilienceCore
 
 @Suite("DrainService on a manual clock", .timeLimit(.minutes(1)))
 struct DrainServiceTests {

@@ -3,6 +3,7 @@ import Testing
 import RequestEngine
 import ResilienceTesting
 @testable import Observability
+import ResilienceCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -125,7 +126,7 @@ final class DeduplicationWaiter: RequestEventSink {
         var seen = 0
         var waiters: [(Int, CheckedContinuation<Void, Never>)] = []
     }
-    private let state = LockedValue(State())
+    private let state = Locked(State())
 
     func record(_ event: RequestEvent) async {
         guard case .deduplicated = event else { return }

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 @testable import Observability
 import ResilienceTesting
+import ResilienceCore
 
 @Suite("PathTemplate: identifiers collapsed, secrets never part of a template")
 struct PathTemplateTests {
@@ -114,8 +115,8 @@ struct PathTemplateTests {
 
 /// A value behind a lock, for closures that record what they saw.
 final class LockedBox<Value: Sendable>: Sendable {
-    private let lock: LockedValue<Value>
-    init(_ value: Value) { lock = LockedValue(value) }
+    private let lock: Locked<Value>
+    init(_ value: Value) { lock = Locked(value) }
     var value: Value { lock.withLock { $0 } }
     func mutate(_ body: (inout Value) -> Void) { lock.withLock { body(&$0) } }
 }

@@ -3,6 +3,7 @@ import Testing
 import Retry
 import ResilienceTesting
 @testable import RequestEngine
+import ResilienceCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

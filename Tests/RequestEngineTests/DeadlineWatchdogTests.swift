@@ -3,6 +3,7 @@ import Testing
 import Retry
 import ResilienceTesting
 @testable import RequestEngine
+import ResilienceCore
 
 /// The watchdog's registrations on their own: each call is its own registration and knows its
 /// heap slot, so these pin the slot bookkeeping and the rule that a late cancellation of an

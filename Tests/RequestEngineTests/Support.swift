@@ -1,6 +1,7 @@
 import Foundation
 import RequestEngine
 import Retry
+import ResilienceCore
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

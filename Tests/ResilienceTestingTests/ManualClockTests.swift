@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import Retry
 import ResilienceTesting
+import ResilienceCore
 
 @Suite("ManualClock", .timeLimit(.minutes(1)))
 struct ManualClockTests {

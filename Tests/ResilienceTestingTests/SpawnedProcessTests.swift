@@ -2,6 +2,7 @@ import Foundation
 import Retry
 import ResilienceTesting
 import Testing
+import ResilienceCore
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)

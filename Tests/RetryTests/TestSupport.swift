@@ -1,4 +1,5 @@
 @testable import Retry
+import ResilienceCore
 
 /// Errors thrown by operations under test.
 enum TestError: Error, Equatable {

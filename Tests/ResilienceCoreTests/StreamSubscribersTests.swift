@@ -1,5 +1,5 @@
 import Testing
-@testable import Retry
+@testable import ResilienceCore
 
 @Suite("StreamSubscribers: the streams one publisher hands out", .timeLimit(.minutes(1)))
 struct StreamSubscribersTests {

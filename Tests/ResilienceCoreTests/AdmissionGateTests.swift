@@ -1,5 +1,5 @@
 import Testing
-@testable import Retry
+@testable import ResilienceCore
 
 /// A latch a test opens by hand, and that tells when someone waits on it.
 private final class Latch: Sendable {

@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 import ResilienceTesting
-@testable import Retry
+@testable import ResilienceCore
 
 @Suite("TimeSource: a type-erased clock", .timeLimit(.minutes(1)))
 struct TimeSourceTests {

@@ -10,15 +10,19 @@ import Synchronization
 /// On Apple platforms this wraps `OSAllocatedUnfairLock` (iOS 16 / macOS 13), elsewhere
 /// `Synchronization.Mutex`, so the package keeps its deployment targets below iOS 18.
 /// Critical sections must be short and must never `await`.
+///
+/// `@inlinable`, so other modules of the package get `withLock` specialised for their state
+/// (compiled down to the lock calls and the field updates) rather than unspecialised generic code.
 package final class Locked<State: Sendable>: @unchecked Sendable {
     // @unchecked Sendable: every access to `state` goes through the lock below; `State` values
     // are only ever touched inside `withLock`, one thread at a time.
     #if canImport(os)
-    private let lock: OSAllocatedUnfairLock<State>
+    @usableFromInline let lock: OSAllocatedUnfairLock<State>
     #else
-    private let lock: Mutex<State>
+    @usableFromInline let lock: Mutex<State>
     #endif
 
+    @inlinable
     package init(_ initial: State) {
         #if canImport(os)
         lock = OSAllocatedUnfairLock(uncheckedState: initial)
@@ -28,7 +32,7 @@ package final class Locked<State: Sendable>: @unchecked Sendable {
     }
 
     /// Runs `body` with exclusive access to the state.
-    @inline(__always)
+    @inlinable @inline(__always)
     package func withLock<R>(_ body: (inout State) throws -> R) rethrows -> R {
         #if canImport(os)
         return try lock.withLockUnchecked(body)

@@ -1,0 +1,75 @@
+/// At most `limit` holders at once; the rest wait in arrival order, and `leave()` hands the place
+/// straight to the longest waiter. Cancellation-aware: a waiter whose task is cancelled leaves the
+/// line at once with `CancellationError`. Lock-based, so callers on any actor or none can share it.
+///
+/// Users in the package:
+/// - Auth's engine admits each attempt through one (opt-in limit) and reads the token only once
+///   admitted, so at most `limit` requests carry a token that a refresh has since replaced.
+/// - The offline queue runs its drain passes one at a time through one with limit 1, and a drain
+///   service its cycles; a pass or cycle cancelled while it waits leaves without running.
+package final class AdmissionGate: Sendable {
+    private struct State: Sendable {
+        var available: Int
+        /// `true`: admitted; `false`: cancelled while waiting.
+        var waiters = WaiterList<Bool, Void>()
+    }
+
+    private let state: Locked<State>
+    /// For tests: runs between deciding to wait and waiting (the window a lost wakeup needs).
+    private let beforeWaiting: (@Sendable () async -> Void)?
+
+    package init(limit: Int, beforeWaiting: (@Sendable () async -> Void)? = nil) {
+        state = Locked(State(available: max(1, limit)))
+        self.beforeWaiting = beforeWaiting
+    }
+
+    /// The number of callers waiting for a place.
+    package var waiterCount: Int {
+        state.withLock { $0.waiters.count }
+    }
+
+    /// Waits for a place; call `leave()` exactly once afterwards. Throws `CancellationError`, with
+    /// no place taken, when the caller is cancelled while it waits.
+    ///
+    /// Races this guards against (the waiter list settles both): a `leave()` that runs after a
+    /// caller decided to wait but before it suspended hands its place to that caller instead of
+    /// freeing it, so the caller cannot be left waiting with a place free; and a newcomer never
+    /// takes a free place while anyone is in line, on its way to it included, so the order is
+    /// arrival order. A caller cancelled after its place was handed to it keeps the place.
+    package func enter() async throws {
+        let ticket = state.withLock { state -> WaiterList<Bool, Void>.Ticket? in
+            if state.available > 0, state.waiters.isEmpty {
+                state.available -= 1
+                return nil
+            }
+            return state.waiters.issue(())
+        }
+        guard let ticket else { return }
+        if let beforeWaiting { await beforeWaiting() }
+        let admitted = await suspendCancellably { continuation in
+            state.withLock { state -> Bool? in
+                if let handed = state.waiters.claim(ticket) { return handed }
+                state.waiters.park(ticket, continuation)
+                return nil
+            }
+        } onCancel: {
+            state.withLock { $0.waiters.cancel(ticket, with: false) }?.resume(returning: false)
+        }
+        if !admitted { throw CancellationError() }
+    }
+
+    /// Gives the place back to the earliest arrival still waiting — in line, or on its way to it —
+    /// or frees it when nobody waits.
+    package func leave() {
+        let next = state.withLock { state -> WaiterList<Bool, Void>.Waiter? in
+            switch state.waiters.resumeFirst(with: true) {
+            case .resume(let waiter)?: return waiter
+            case .handedToPending?: return nil
+            case nil:
+                state.available += 1
+                return nil
+            }
+        }
+        next?.resume(returning: true)
+    }
+}

@@ -1,0 +1,301 @@
+/// Callers suspended until something happens, kept in arrival order, with the bookkeeping that
+/// makes cancellation safe at every moment: before the caller has suspended, while it waits, and
+/// after it was resumed. The package's one waiting line: gates, shared calls, refresh waiters,
+/// test clocks and scripted sessions all keep theirs here.
+///
+/// A `WaiterList` is a value kept inside its owner's locked state (`Locked`, or a `Mutex` held
+/// inline): every mutating method runs under the owner's lock, and continuations it returns are
+/// resumed by the caller after the lock is released. `Locked.wait(on:tag:cancelled:until:)` is
+/// the usual way in; `suspendCancellably(install:onCancel:)` is the lower-level step for owners
+/// that hold their lock some other way.
+///
+/// A waiter's life, by its ticket:
+/// 1. `issue(_:)` (under the lock that decided to wait) — the ticket is *pending*: in line, in
+///    arrival order, but not suspended yet.
+/// 2. `claim(_:)`, then `park(_:_:)` (under the lock, inside the continuation's closure) — a value
+///    handed to the ticket meanwhile (by `resumeFirst` or `cancel`) is taken at once; otherwise the
+///    continuation waits.
+/// 3. It leaves by being resumed (`resumeFirst`, `takeAll`), by `cancel(_:with:)`, or, if its
+///    owner finds it need not wait after all, by `withdraw(_:)`.
+///
+/// Races this settles (each is a test in `WaiterListTests`):
+/// - cancellation before the caller suspends: the cancel value is handed to the pending ticket
+///   and returned by `claim`, so the caller never suspends;
+/// - cancellation after the caller was resumed: the ticket is gone, `cancel` finds nothing and
+///   leaves nothing behind (no tombstone grows the list);
+/// - a `resumeFirst` while the earliest arrival is still pending: the value is handed to that
+///   ticket, so first come is first served and no value is lost in the gap.
+///
+/// Costs: `issue` appends to an array; `cancel` and `claim` find their ticket by binary search
+/// (tickets are increasing); a cancelled waiter leaves a hole that is compacted once holes are
+/// half the storage, so cancelling any number of waiters stays linear overall.
+package struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
+    package typealias Continuation = UnsafeContinuation<Value, Never>
+
+    /// A waiter's place in line. Increasing in arrival order.
+    package struct Ticket: Hashable, Comparable, Sendable {
+        package let rawValue: UInt64
+        package static func < (lhs: Ticket, rhs: Ticket) -> Bool { lhs.rawValue < rhs.rawValue }
+    }
+
+    /// A suspended waiter taken out of the list, to be resumed outside the lock.
+    package struct Waiter: Sendable {
+        package let ticket: Ticket
+        package let tag: Tag
+        package let continuation: Continuation
+
+        package func resume(returning value: Value) { continuation.resume(returning: value) }
+    }
+
+    /// What `resumeFirst(with:)` did with the value.
+    package enum Handoff: Sendable {
+        /// The earliest waiter was suspended: resume it (outside the lock).
+        case resume(Waiter)
+        /// The earliest arrival had not suspended yet: the value is its own; it takes it as it
+        /// suspends.
+        case handedToPending
+    }
+
+    private enum Slot: Sendable {
+        case pending
+        case waiting(Continuation)
+        case handed(Value)
+        case left
+    }
+
+    private struct Entry: Sendable {
+        let ticket: UInt64
+        let tag: Tag
+        var slot: Slot
+    }
+
+    private var entries: [Entry] = []
+    /// Entries before `head` have left; compacted lazily.
+    private var head = 0
+    /// Entries at or after `head` that have left (holes).
+    private var holes = 0
+    private var nextTicket: UInt64 = 0
+
+    package init() {}
+
+    /// Waiters in line: suspended, or issued and on their way to suspend.
+    package var count: Int { entries.count - head - holes }
+
+    package var isEmpty: Bool { count == 0 }
+
+    /// Places a new waiter at the end of the line. Call under the lock that decided to wait, then
+    /// suspend (`claim`, then `park`).
+    package mutating func issue(_ tag: Tag) -> Ticket {
+        nextTicket &+= 1
+        entries.append(Entry(ticket: nextTicket, tag: tag, slot: .pending))
+        return Ticket(rawValue: nextTicket)
+    }
+
+    /// As the waiter suspends: the value handed to its ticket while it was on its way (by
+    /// `resumeFirst` or `cancel`), which it returns at once; `nil` when there is none and it should
+    /// `park` (or `withdraw`).
+    package mutating func claim(_ ticket: Ticket) -> Value? {
+        guard let index = index(of: ticket), case .handed(let value) = entries[index].slot else { return nil }
+        markLeft(index)
+        return value
+    }
+
+    /// Suspends a pending waiter on `continuation`. Call after `claim` returned `nil`.
+    package mutating func park(_ ticket: Ticket, _ continuation: Continuation) {
+        guard let index = index(of: ticket), case .pending = entries[index].slot else {
+            preconditionFailure("WaiterList.park: the ticket is not pending")
+        }
+        entries[index].slot = .waiting(continuation)
+    }
+
+    /// Takes a pending waiter out of line without suspending it (its owner found it need not
+    /// wait). A value handed to it meanwhile is returned, and must be dealt with by the caller.
+    @discardableResult
+    package mutating func withdraw(_ ticket: Ticket) -> Value? {
+        guard let index = index(of: ticket) else { return nil }
+        let handed: Value?
+        if case .handed(let value) = entries[index].slot { handed = value } else { handed = nil }
+        markLeft(index)
+        return handed
+    }
+
+    /// The waiter's task was cancelled. A suspended waiter is taken out and returned, to be
+    /// resumed with `value` outside the lock; a pending one is handed `value` (it returns it as
+    /// it suspends); a waiter already resumed, or already handed a value, is left alone and `nil`
+    /// is returned.
+    package mutating func cancel(_ ticket: Ticket, with value: Value) -> Waiter? {
+        guard let index = index(of: ticket) else { return nil }
+        let entry = entries[index]
+        switch entry.slot {
+        case .pending:
+            entries[index].slot = .handed(value)
+            return nil
+        case .waiting(let continuation):
+            markLeft(index)
+            return Waiter(ticket: ticket, tag: entry.tag, continuation: continuation)
+        case .handed, .left:
+            return nil
+        }
+    }
+
+    /// Serves the earliest arrival with `value`: a suspended one is taken out and returned, a
+    /// pending one is handed the value. `nil` when nobody is in line (or everyone in line already
+    /// holds a value).
+    package mutating func resumeFirst(with value: Value) -> Handoff? {
+        var index = head
+        while index < entries.count {
+            let entry = entries[index]
+            switch entry.slot {
+            case .waiting(let continuation):
+                markLeft(index)
+                return .resume(Waiter(ticket: Ticket(rawValue: entry.ticket), tag: entry.tag, continuation: continuation))
+            case .pending:
+                entries[index].slot = .handed(value)
+                return .handedToPending
+            case .handed, .left:
+                index += 1
+            }
+        }
+        return nil
+    }
+
+    /// Takes every suspended waiter whose tag matches, in arrival order, to be resumed outside
+    /// the lock. Pending waiters stay: they look at their owner's state again as they suspend.
+    package mutating func takeAll(where matches: (Tag) -> Bool = { _ in true }) -> [Waiter] {
+        var taken: [Waiter] = []
+        for index in head..<entries.count {
+            let entry = entries[index]
+            guard case .waiting(let continuation) = entry.slot, matches(entry.tag) else { continue }
+            taken.append(Waiter(ticket: Ticket(rawValue: entry.ticket), tag: entry.tag, continuation: continuation))
+            markLeft(index, compact: false)
+        }
+        compactIfSparse()
+        return taken
+    }
+
+    /// The tags of the waiters in line (suspended or pending), in arrival order.
+    package var tags: [Tag] {
+        entries[head...].compactMap { entry in
+            switch entry.slot {
+            case .pending, .waiting: entry.tag
+            case .handed, .left: nil
+            }
+        }
+    }
+
+    /// The number of suspended waiters whose tag matches.
+    package func waitingCount(where matches: (Tag) -> Bool = { _ in true }) -> Int {
+        entries[head...].reduce(0) { count, entry in
+            if case .waiting = entry.slot, matches(entry.tag) { return count + 1 }
+            return count
+        }
+    }
+
+    private func index(of ticket: Ticket) -> Int? {
+        var low = head
+        var high = entries.count
+        while low < high {
+            let middle = (low + high) / 2
+            if entries[middle].ticket < ticket.rawValue { low = middle + 1 } else { high = middle }
+        }
+        guard low < entries.count, entries[low].ticket == ticket.rawValue else { return nil }
+        if case .left = entries[low].slot { return nil }
+        return low
+    }
+
+    private mutating func markLeft(_ index: Int, compact: Bool = true) {
+        entries[index].slot = .left
+        holes += 1
+        if compact { compactIfSparse() }
+    }
+
+    /// Drops leading holes at once (moving `head`), and rebuilds the storage once holes and served
+    /// entries make up more than half of it.
+    private mutating func compactIfSparse() {
+        while head < entries.count, case .left = entries[head].slot {
+            head += 1
+            holes -= 1
+        }
+        if head == entries.count {
+            entries.removeAll(keepingCapacity: entries.count <= 64)
+            head = 0
+            holes = 0
+            return
+        }
+        let dead = head + holes
+        if dead > 32, dead * 2 > entries.count {
+            entries = entries[head...].filter {
+                if case .left = $0.slot { return false }
+                return true
+            }
+            head = 0
+            holes = 0
+        }
+    }
+}
+
+/// Suspends the current task on a continuation that `install` either resumes at once (by
+/// returning a value) or stores, under its owner's lock, for someone to resume later; on
+/// cancellation `onCancel` runs (at once, if the task is already cancelled) and must resume the
+/// stored continuation, or arrange for `install` to return a value, exactly once.
+///
+/// With a `WaiterList`: `install` is `claim` then `park` (or a ready value and `withdraw`);
+/// `onCancel` is `cancel(_:with:)` and a resume of what it returns.
+@inlinable
+package func suspendCancellably<Value: Sendable>(
+    install: (UnsafeContinuation<Value, Never>) -> Value?,
+    onCancel: @Sendable () -> Void
+) async -> Value {
+    await withTaskCancellationHandler {
+        await withUnsafeContinuation { (continuation: UnsafeContinuation<Value, Never>) in
+            if let value = install(continuation) { continuation.resume(returning: value) }
+        }
+    } onCancel: {
+        onCancel()
+    }
+}
+
+extension Locked {
+    /// Waits in `list` until resumed, answering at once when `ready` already has a value, and with
+    /// `cancelled` when the task is cancelled while it waits (or already was).
+    ///
+    /// `ready` runs under the lock: once before joining the line, and again as the caller
+    /// suspends, so a change made in between (and the resumes it would have done) is not missed.
+    package func wait<Value: Sendable, Tag: Sendable>(
+        on list: WritableKeyPath<State, WaiterList<Value, Tag>> & Sendable,
+        tag: Tag,
+        cancelled: Value,
+        until ready: (inout State) -> Value? = { _ in nil }
+    ) async -> Value {
+        let start = withLock { state -> Result<WaiterList<Value, Tag>.Ticket, ReadyValue<Value>> in
+            if let value = ready(&state) { return .failure(ReadyValue(value: value)) }
+            return .success(state[keyPath: list].issue(tag))
+        }
+        let ticket: WaiterList<Value, Tag>.Ticket
+        switch start {
+        case .failure(let ready): return ready.value
+        case .success(let issued): ticket = issued
+        }
+        return await suspendCancellably(
+            install: { continuation in
+                withLock { state -> Value? in
+                    if let handed = state[keyPath: list].claim(ticket) { return handed }
+                    if let value = ready(&state) {
+                        state[keyPath: list].withdraw(ticket)
+                        return value
+                    }
+                    state[keyPath: list].park(ticket, continuation)
+                    return nil
+                }
+            },
+            onCancel: {
+                self.withLock { $0[keyPath: list].cancel(ticket, with: cancelled) }?.resume(returning: cancelled)
+            }
+        )
+    }
+}
+
+/// The answer `Locked.wait` found without waiting (carried as a `Result`'s other case).
+private struct ReadyValue<Value: Sendable>: Error {
+    let value: Value
+}
