@@ -48,15 +48,15 @@ public actor TokenRefreshCoordinator {
 
     private struct State: Sendable {
         var machine: Machine
-        /// Waiters whose task is suspended, by id.
-        var continuations: [Machine.WaiterID: CheckedContinuation<WaitOutcome?, Never>] = [:]
-        /// Outcomes that arrived before their waiter suspended (it takes them when it does).
-        var parked: [Machine.WaiterID: WaitOutcome] = [:]
+        /// Callers waiting for a refresh, tagged with their id in the machine; resumed with the
+        /// refresh's outcome, or `nil` when cancelled. A ticket is issued in the same critical
+        /// section as the machine's `.wait`, so an outcome that arrives before the caller has
+        /// suspended is handed to its ticket rather than lost.
+        var waiters = WaiterList<WaitOutcome?, Machine.WaiterID>()
         /// The armed timeout of each refresh in flight, cancelled when its result arrives first.
         var timers: [Machine.RefreshID: Task<Void, Never>] = [:]
-        /// Callers of `waitUntil` (tests): each resumes once its condition holds.
-        var watchers: [(id: UInt64, condition: @Sendable (Machine) -> Bool, continuation: CheckedContinuation<Void, Never>)] = []
-        var lastWatcherID: UInt64 = 0
+        /// Callers of `waitUntil` (tests), tagged with their condition: each resumes once it holds.
+        var watchers = WaiterList<Void, @Sendable (Machine) -> Bool>()
     }
 
     /// The token source this coordinator reads and refreshes.
@@ -131,8 +131,7 @@ public actor TokenRefreshCoordinator {
     ///   `AuthError.excessiveRefresh` when the loop guard refuses to start one, and
     ///   `CancellationError` when the calling task is cancelled (the refresh goes on).
     public nonisolated func refresh() async throws -> String {
-        let action = state.withLock { $0.machine.refreshRequested(now: time.now()) }
-        return try await perform(action).token
+        return try await perform(decide { $0.refreshRequested(now: time.now()) }).token
     }
 
     // MARK: - Used by AuthenticatedRequestEngine
@@ -144,8 +143,7 @@ public actor TokenRefreshCoordinator {
     nonisolated func tokenForRequest() async throws -> Machine.IssuedToken {
         let stamp = state.withLock { $0.machine.stamp }
         let token = await provider.currentToken()
-        let action = state.withLock { $0.machine.tokenRead(token, stamp: stamp, now: time.now()) }
-        return try await perform(action)
+        return try await perform(decide { $0.tokenRead(token, stamp: stamp, now: time.now()) })
     }
 
     /// The token to retry with after the server answered 401 to `rejected`: the current token if
@@ -153,8 +151,7 @@ public actor TokenRefreshCoordinator {
     ///
     /// - Throws: `AuthError` when no token can be had, `CancellationError` when cancelled.
     nonisolated func tokenAfterUnauthorized(_ rejected: Machine.IssuedToken) async throws -> Machine.IssuedToken {
-        let action = state.withLock { $0.machine.unauthorized(rejected.stamp, now: time.now()) }
-        return try await perform(action)
+        return try await perform(decide { $0.unauthorized(rejected.stamp, now: time.now()) })
     }
 
     // MARK: - Observation (tests)
@@ -181,32 +178,35 @@ public actor TokenRefreshCoordinator {
     /// Returns once `condition` holds for the state machine (checked after every join, every
     /// refresh's end and every timeout), or when the calling task is cancelled.
     nonisolated func waitUntil(_ condition: @escaping @Sendable (Machine) -> Bool) async {
-        let id = state.withLock { state -> UInt64 in
-            state.lastWatcherID += 1
-            return state.lastWatcherID
-        }
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let ready = state.withLock { state -> Bool in
-                    if Task.isCancelled || condition(state.machine) { return true }
-                    state.watchers.append((id, condition, continuation))
-                    return false
-                }
-                if ready { continuation.resume() }
-            }
-        } onCancel: {
-            let continuation = state.withLock { state -> CheckedContinuation<Void, Never>? in
-                guard let index = state.watchers.firstIndex(where: { $0.id == id }) else { return nil }
-                return state.watchers.remove(at: index).continuation
-            }
-            continuation?.resume()
+        await state.wait(on: \.watchers, tag: condition, cancelled: ()) { state in
+            condition(state.machine) ? () : nil
         }
     }
 
     // MARK: - Performing the machine's actions
 
-    private nonisolated func perform(_ action: Machine.Action) async throws -> Machine.IssuedToken {
-        switch action {
+    /// What the machine decided, and for a caller that must wait, its place in the waiting line.
+    private struct Decision {
+        let action: Machine.Action
+        let ticket: WaiterList<WaitOutcome?, Machine.WaiterID>.Ticket?
+    }
+
+    /// Runs one of the machine's inputs and, when it says wait, issues the caller's ticket in the
+    /// same critical section.
+    private nonisolated func decide(_ input: (inout Machine) -> Machine.Action) -> Decision {
+        state.withLock { state in
+            let action = input(&state.machine)
+            switch action {
+            case .wait(let id), .startRefreshAndWait(let id, _):
+                return Decision(action: action, ticket: state.waiters.issue(id))
+            case .send, .sendAndReadExpiry, .sendAndStartRefresh, .fail:
+                return Decision(action: action, ticket: nil)
+            }
+        }
+    }
+
+    private nonisolated func perform(_ decision: Decision) async throws -> Machine.IssuedToken {
+        switch decision.action {
         case .send(let issued):
             return issued
         case .sendAndReadExpiry(let issued):
@@ -222,11 +222,11 @@ public actor TokenRefreshCoordinator {
             return issued
         case .wait(let id):
             notifyWatchers()
-            return try await waitForRefresh(id)
+            return try await waitForRefresh(id, decision.ticket)
         case .startRefreshAndWait(let id, let refresh):
             startRefresh(refresh)
             notifyWatchers()
-            return try await waitForRefresh(id)
+            return try await waitForRefresh(id, decision.ticket)
         case .fail(let error):
             throw error
         }
@@ -279,7 +279,7 @@ public actor TokenRefreshCoordinator {
         }
         // Disarmed before anyone is answered, so that no timer outlives the refresh it guards.
         timer?.cancel()
-        for continuation in ready { continuation.resume(returning: outcome) }
+        for waiter in ready { waiter.resume(returning: outcome) }
         notifyWatchers()
     }
 
@@ -290,58 +290,42 @@ public actor TokenRefreshCoordinator {
             state.timers[id] = nil
             return Self.take(state.machine.refreshTimedOut(id), from: &state)
         }
-        for continuation in ready { continuation.resume(returning: outcome) }
+        for waiter in ready { waiter.resume(returning: outcome) }
         notifyWatchers()
     }
 
-    /// The continuations to resume with `completion`'s outcome; waiters registered but not yet
-    /// suspended find the outcome parked when they suspend.
+    /// The waiters to resume with `completion`'s outcome; those in line but not yet suspended
+    /// are handed it and take it as they suspend.
     private static func take(
         _ completion: Machine.Completion, from state: inout State
-    ) -> ([CheckedContinuation<WaitOutcome?, Never>], WaitOutcome) {
-        var ready: [CheckedContinuation<WaitOutcome?, Never>] = []
-        ready.reserveCapacity(completion.waiters.count)
-        for id in completion.waiters {
-            if let continuation = state.continuations.removeValue(forKey: id) {
-                ready.append(continuation)
-            } else {
-                // Registered but not suspended yet: it takes the outcome when it suspends.
-                state.parked[id] = completion.outcome
-            }
-        }
-        return (ready, completion.outcome)
+    ) -> ([WaiterList<WaitOutcome?, Machine.WaiterID>.Waiter], WaitOutcome) {
+        guard !completion.waiters.isEmpty else { return ([], completion.outcome) }
+        let ids = Set(completion.waiters)
+        return (state.waiters.resumeAll(where: { ids.contains($0) }, with: completion.outcome), completion.outcome)
     }
 
     /// Suspends waiter `id` until its refresh ends; answers at once when the caller is cancelled.
-    private nonisolated func waitForRefresh(_ id: Machine.WaiterID) async throws -> Machine.IssuedToken {
-        let outcome: WaitOutcome? = await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome?, Never>) in
-                enum Registration { case suspended, ready(WaitOutcome), cancelled }
-                // Checking `Task.isCancelled` under the lock closes the race with `onCancel`:
-                // either the flag is already set here, or the handler runs later and finds the
-                // continuation registered.
-                let registration = state.withLock { state -> Registration in
-                    if let parked = state.parked.removeValue(forKey: id) { return .ready(parked) }
-                    if Task.isCancelled {
-                        state.machine.waiterLeft(id)
-                        return .cancelled
-                    }
-                    state.continuations[id] = continuation
-                    return .suspended
+    private nonisolated func waitForRefresh(
+        _ id: Machine.WaiterID, _ ticket: WaiterList<WaitOutcome?, Machine.WaiterID>.Ticket?
+    ) async throws -> Machine.IssuedToken {
+        guard let ticket else { preconditionFailure("a waiting decision always carries a ticket") }
+        let outcome = await suspendCancellably { continuation in
+            state.withLock { state -> WaitOutcome?? in
+                if let handed = state.waiters.claim(ticket) {
+                    // Cancelled before it suspended: it leaves the machine's refresh too.
+                    if case .none = handed { _ = state.machine.waiterLeft(id) }
+                    return .some(handed)
                 }
-                switch registration {
-                case .suspended: break
-                case .ready(let outcome): continuation.resume(returning: outcome)
-                case .cancelled: continuation.resume(returning: nil)
-                }
+                state.waiters.park(ticket, continuation)
+                return nil
             }
         } onCancel: {
-            let continuation = state.withLock { state -> CheckedContinuation<WaitOutcome?, Never>? in
-                guard let continuation = state.continuations.removeValue(forKey: id) else { return nil }
-                state.machine.waiterLeft(id)
-                return continuation
+            let waiter = state.withLock { state in
+                let waiter = state.waiters.cancel(ticket, with: nil)
+                if waiter != nil { _ = state.machine.waiterLeft(id) }
+                return waiter
             }
-            continuation?.resume(returning: nil)
+            waiter?.resume(returning: nil)
         }
         switch outcome {
         case .success(let issued): return issued
@@ -351,14 +335,12 @@ public actor TokenRefreshCoordinator {
     }
 
     private nonisolated func notifyWatchers() {
-        let ready = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+        let ready = state.withLock { state -> [WaiterList<Void, @Sendable (Machine) -> Bool>.Waiter] in
             guard !state.watchers.isEmpty else { return [] }
             let machine = state.machine
-            let ready = state.watchers.filter { $0.condition(machine) }.map(\.continuation)
-            state.watchers.removeAll { $0.condition(machine) }
-            return ready
+            return state.watchers.takeAll { $0(machine) }
         }
-        for continuation in ready { continuation.resume() }
+        for watcher in ready { watcher.resume(returning: ()) }
     }
 
     /// `date` as a time on the coordinator's clock.

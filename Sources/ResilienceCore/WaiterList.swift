@@ -173,6 +173,28 @@ package struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
         return taken
     }
 
+    /// Serves every waiter whose tag matches with `value`: suspended ones are taken out and
+    /// returned, to be resumed outside the lock; pending ones are handed the value (they return it
+    /// as they suspend). Waiters already holding a value keep theirs.
+    package mutating func resumeAll(where matches: (Tag) -> Bool, with value: Value) -> [Waiter] {
+        var taken: [Waiter] = []
+        for index in head..<entries.count {
+            let entry = entries[index]
+            guard matches(entry.tag) else { continue }
+            switch entry.slot {
+            case .waiting(let continuation):
+                taken.append(Waiter(ticket: Ticket(rawValue: entry.ticket), tag: entry.tag, continuation: continuation))
+                markLeft(index, compact: false)
+            case .pending:
+                entries[index].slot = .handed(value)
+            case .handed, .left:
+                break
+            }
+        }
+        compactIfSparse()
+        return taken
+    }
+
     /// The tags of the waiters in line (suspended or pending), in arrival order.
     package var tags: [Tag] {
         entries[head...].compactMap { entry in
