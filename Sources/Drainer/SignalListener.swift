@@ -22,9 +22,8 @@ import ResilienceCore
 public final class SignalListener: Sendable {
     private struct State {
         var received: [Int32] = []
-        var waiters: [(id: UInt64, continuation: CheckedContinuation<Int32?, Never>)] = []
-        var nextWaiterID: UInt64 = 0
-        var cancelledEarly: Set<UInt64> = []
+        /// Callers of `next()`: resumed with a signal, or `nil` when cancelled.
+        var waiters = WaiterList<Int32?, Void>()
         var cancelled = false
     }
 
@@ -42,13 +41,15 @@ public final class SignalListener: Sendable {
         self.signals = signals
         let state = self.state
         id = SignalHub.shared.add(signals: signals) { number in
-            let waiter: CheckedContinuation<Int32?, Never>? = state.withLock { state in
+            let waiter = state.withLock { state -> WaiterList<Int32?, Void>.Waiter? in
                 guard !state.cancelled else { return nil }
-                if state.waiters.isEmpty {
+                switch state.waiters.resumeFirst(with: number) {
+                case .resume(let waiter)?: return waiter
+                case .handedToPending?: return nil
+                case nil:
                     state.received.append(number)
                     return nil
                 }
-                return state.waiters.removeFirst().continuation
             }
             waiter?.resume(returning: number)
         }
@@ -58,29 +59,10 @@ public final class SignalListener: Sendable {
     /// Waits for the next signal and returns its number; `nil` once the listener is cancelled or
     /// when the calling task is cancelled.
     public func next() async -> Int32? {
-        let id = state.withLock { state -> UInt64 in
-            state.nextWaiterID += 1
-            return state.nextWaiterID
-        }
-        return await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                let immediate: Int32?? = state.withLock { state in
-                    if !state.received.isEmpty { return .some(state.received.removeFirst()) }
-                    if state.cancelled || state.cancelledEarly.remove(id) != nil { return .some(nil) }
-                    state.waiters.append((id, continuation))
-                    return .none
-                }
-                if case .some(let value) = immediate { continuation.resume(returning: value) }
-            }
-        } onCancel: {
-            let waiter = state.withLock { state -> CheckedContinuation<Int32?, Never>? in
-                guard let index = state.waiters.firstIndex(where: { $0.id == id }) else {
-                    state.cancelledEarly.insert(id)
-                    return nil
-                }
-                return state.waiters.remove(at: index).continuation
-            }
-            waiter?.resume(returning: nil)
+        await state.wait(on: \.waiters, tag: (), cancelled: nil) { state -> Int32?? in
+            if !state.received.isEmpty { return .some(state.received.removeFirst()) }
+            if state.cancelled { return .some(nil) }
+            return .none
         }
     }
 
@@ -92,14 +74,12 @@ public final class SignalListener: Sendable {
 
     /// `cancel()`, returning the signals received but never handed to `next()`.
     func cancelReturningUnconsumed() -> [Int32] {
-        let ended: (waiters: [CheckedContinuation<Int32?, Never>], unconsumed: [Int32])? = state.withLock { state in
+        let ended = state.withLock { state -> (waiters: [WaiterList<Int32?, Void>.Waiter], unconsumed: [Int32])? in
             guard !state.cancelled else { return nil }
             state.cancelled = true
-            defer {
-                state.waiters.removeAll()
-                state.received.removeAll()
-            }
-            return (state.waiters.map(\.continuation), state.received)
+            defer { state.received.removeAll() }
+            // Callers on their way to suspend see `cancelled` as they do.
+            return (state.waiters.takeAll(), state.received)
         }
         guard let ended else { return [] }
         if let id { SignalHub.shared.remove(id) }

@@ -161,7 +161,7 @@ public actor AsyncRequestEngine: RequestSending {
     /// `deduplicated` event (only when events are observed).
     private nonisolated func enter(
         _ request: some NetworkRequest
-    ) -> (call: SharedCall, waiter: Int, joinedAs: (traceID: UUID, url: URL)?) {
+    ) -> (call: SharedCall, waiter: SharedCall.Ticket, joinedAs: (traceID: UUID, url: URL)?) {
         let url = request.url
         let method = request.method
         let headers = request.headers
@@ -176,7 +176,7 @@ public actor AsyncRequestEngine: RequestSending {
             let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, key: nil)
             let call = SharedCall(engine: self, execution: execution)
             call.start()
-            return (call, SharedCall.firstWaiterID, nil)
+            return (call, call.firstTicket, nil)
         }
         // Requests with different body limits never share a call: one could fail where the other must not.
         let key = SingleFlightTable.Key(

@@ -23,7 +23,7 @@ import Synchronization
 ///
 /// Races this guards against:
 /// - a waiter cancelled before its continuation is installed (cancellation handler runs first):
-///   it is remembered in `cancelledEarly` and answered as soon as it installs;
+///   its ticket in the `WaiterList` is handed `.cancelled`, which it takes as it installs;
 /// - a timeout racing the last waiter's departure: the successor learns under the lock whether
 ///   the call was abandoned, and then only winds it down (`cancelled`, no retry);
 /// - a superseded task's late response: its attempt number no longer matches, its claim fails
@@ -35,20 +35,18 @@ import Synchronization
 /// engine itself adds per request, besides its task (and that task's closure), its `URLRequest`
 /// and, for a deduplicated method, the identity's strings — it carries the execution plan, is the
 /// watchdog's registration (its heap slot is stored here, so no table of registrations), and
-/// holds its lock inline on Linux; the first waiter's continuation is kept outside the
-/// dictionary; continuations are unsafe (each is resumed exactly once: only after being removed
-/// from the state under the lock).
+/// holds its lock inline on Linux; continuations are unsafe (each is resumed exactly once: only
+/// after being taken out of the waiter list under the lock).
 final class SharedCall: Sendable {
     typealias Outcome = Result<(Data, HTTPURLResponse), NetworkError>
-    typealias Waiter = UnsafeContinuation<Outcome, Never>
+    typealias Waiters = WaiterList<Outcome, Void>
+    typealias Ticket = Waiters.Ticket
 
     struct State: Sendable {
-        var nextWaiter = 1
+        /// Callers waiting for the outcome: the one that started the call, and any that joined.
+        var waiters = Waiters()
+        /// Callers that have not left (by cancellation); the call is abandoned when none is left.
         var activeWaiters = 1
-        /// Waiter 1 (the caller that started the call), kept apart: most calls have no other.
-        var firstWaiter: Waiter?
-        var otherWaiters: [Int: Waiter] = [:]
-        var cancelledEarly: Set<Int> = []
         var outcome: Outcome?
         var task: Task<Void, Never>?
         var abandoned = false
@@ -69,26 +67,32 @@ final class SharedCall: Sendable {
     nonisolated(unsafe) var deadlineSlot = -1
 
     #if canImport(os)
-    private let state = Locked(State())
+    private let state: Locked<State>
     #else
-    private let state = Mutex(State())
+    private let state: Mutex<State>
     #endif
 
-    /// The id of the waiter registered with the call (the caller that starts it).
-    static let firstWaiterID = 1
+    /// The ticket of the waiter registered with the call (the caller that starts it).
+    let firstTicket: Ticket
 
     init(engine: AsyncRequestEngine, execution: Execution) {
         self.engine = engine
         self.execution = execution
+        var initial = State()
+        firstTicket = initial.waiters.issue(())
+        #if canImport(os)
+        state = Locked(initial)
+        #else
+        state = Mutex(initial)
+        #endif
     }
 
     /// Registers a waiter; `nil` when the call has completed or been abandoned.
-    func join() -> Int? {
+    func join() -> Ticket? {
         state.withLock { state in
             guard state.outcome == nil, !state.abandoned else { return nil }
-            state.nextWaiter += 1
             state.activeWaiters += 1
-            return state.nextWaiter
+            return state.waiters.issue(())
         }
     }
 
@@ -154,61 +158,48 @@ final class SharedCall: Sendable {
         if handed.abandoned { handed.new.cancel() }
     }
 
-    /// Waits for the outcome as waiter `id`; returns `.cancelled` promptly if the caller is cancelled.
-    func wait(_ id: Int) async -> Outcome {
-        await withTaskCancellationHandler {
-            await withUnsafeContinuation { (continuation: Waiter) in
-                let ready: Outcome? = state.withLock { state in
-                    if let outcome = state.outcome { return outcome }
-                    if state.cancelledEarly.remove(id) != nil { return .failure(.cancelled) }
-                    if id == Self.firstWaiterID {
-                        state.firstWaiter = continuation
-                    } else {
-                        state.otherWaiters[id] = continuation
-                    }
-                    return nil
+    /// Waits for the outcome as the waiter holding `ticket`; returns `.cancelled` promptly if the
+    /// caller is cancelled.
+    func wait(_ ticket: Ticket) async -> Outcome {
+        await suspendCancellably { continuation in
+            state.withLock { state -> Outcome? in
+                if let outcome = state.outcome {
+                    state.waiters.withdraw(ticket)
+                    return outcome
                 }
-                if let ready { continuation.resume(returning: ready) }
+                if let handed = state.waiters.claim(ticket) { return handed }
+                state.waiters.park(ticket, continuation)
+                return nil
             }
         } onCancel: {
-            leave(id)
+            leave(ticket)
         }
     }
 
-    /// Delivers the outcome to every waiter still waiting.
+    /// Delivers the outcome to every waiter still waiting (those on their way find it as they
+    /// install).
     func complete(_ outcome: Outcome) {
-        let waiting = state.withLock { state -> (first: Waiter?, others: [Int: Waiter])? in
+        let waiting = state.withLock { state -> [Waiters.Waiter]? in
             guard state.outcome == nil else { return nil }
             state.outcome = outcome
             state.task = nil
-            defer {
-                state.firstWaiter = nil
-                state.otherWaiters = [:]
-            }
-            return (state.firstWaiter, state.otherWaiters)
+            return state.waiters.takeAll()
         }
         guard let waiting else { return }
-        waiting.first?.resume(returning: outcome)
-        for continuation in waiting.others.values { continuation.resume(returning: outcome) }
+        for waiter in waiting { waiter.resume(returning: outcome) }
     }
 
-    private func leave(_ id: Int) {
-        let (continuation, taskToCancel) = state.withLock { state -> (Waiter?, Task<Void, Never>?) in
+    private func leave(_ ticket: Ticket) {
+        let cancelled = Outcome.failure(.cancelled)
+        let (waiter, taskToCancel) = state.withLock { state -> (Waiters.Waiter?, Task<Void, Never>?) in
             guard state.outcome == nil else { return (nil, nil) }
-            let continuation: Waiter?
-            if id == Self.firstWaiterID {
-                continuation = state.firstWaiter
-                state.firstWaiter = nil
-            } else {
-                continuation = state.otherWaiters.removeValue(forKey: id)
-            }
-            if continuation == nil { state.cancelledEarly.insert(id) }
+            let waiter = state.waiters.cancel(ticket, with: cancelled)
             state.activeWaiters -= 1
-            guard state.activeWaiters == 0 else { return (continuation, nil) }
+            guard state.activeWaiters == 0 else { return (waiter, nil) }
             state.abandoned = true
-            return (continuation, state.task)
+            return (waiter, state.task)
         }
-        continuation?.resume(returning: .failure(.cancelled))
+        waiter?.resume(returning: cancelled)
         taskToCancel?.cancel()
     }
 }

@@ -54,14 +54,14 @@ final class SingleFlightTable: Sendable {
     func joinOrStart(
         _ key: Key,
         makeCall: () -> SharedCall
-    ) -> (call: SharedCall, waiter: Int, joined: Bool) {
+    ) -> (call: SharedCall, waiter: SharedCall.Ticket, joined: Bool) {
         stripe(for: key).withLock { calls in
             if let existing = calls[key], let waiter = existing.join() {
                 return (existing, waiter, true)
             }
             let call = makeCall()
             calls[key] = call
-            return (call, SharedCall.firstWaiterID, false)
+            return (call, call.firstTicket, false)
         }
     }
 

@@ -277,7 +277,16 @@ package func suspendCancellably<Value: Sendable>(
     }
 }
 
-extension Locked {
+/// A lock around a state value: `Locked`, or an owner with a lock of its own (an `NSCondition`,
+/// say) that wants `wait(on:tag:cancelled:until:)` for the waiter lists in its state.
+package protocol StateLock<State>: AnyObject, Sendable {
+    associatedtype State
+    func withLock<R>(_ body: (inout State) throws -> R) rethrows -> R
+}
+
+extension Locked: StateLock {}
+
+extension StateLock {
     /// Waits in `list` until resumed, answering at once when `ready` already has a value, and with
     /// `cancelled` when the task is cancelled while it waits (or already was).
     ///
@@ -289,7 +298,7 @@ extension Locked {
         cancelled: Value,
         until ready: (inout State) -> Value? = { _ in nil }
     ) async -> Value {
-        let start = withLock { state -> Result<WaiterList<Value, Tag>.Ticket, ReadyValue<Value>> in
+        let start = withLock { (state: inout State) -> Result<WaiterList<Value, Tag>.Ticket, ReadyValue<Value>> in
             if let value = ready(&state) { return .failure(ReadyValue(value: value)) }
             return .success(state[keyPath: list].issue(tag))
         }

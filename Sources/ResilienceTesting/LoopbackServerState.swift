@@ -1,4 +1,5 @@
 import Foundation
+import ResilienceCore
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -52,8 +53,7 @@ struct LoopbackServerFields {
     var loopExited = false
     var loopThread: pthread_t?
 
-    var waiters: [Int: (condition: LoopbackWaitCondition, continuation: CheckedContinuation<Void, Never>)] = [:]
-    var nextWaiterID = 0
+    var waiters = WaiterList<Void, LoopbackWaitCondition>()
 
     /// Whether `path` matches `pattern`: equal to it, or, when `pattern` ends with `*`, starting
     /// with what precedes the `*` (the same rule as route keys).
@@ -109,15 +109,11 @@ struct LoopbackServerFields {
         }
     }
 
-    /// Removes and returns the continuations of every waiter whose condition now holds.
-    mutating func takeSatisfiedWaiters() -> [CheckedContinuation<Void, Never>] {
+    /// Removes and returns every waiter whose condition now holds.
+    mutating func takeSatisfiedWaiters() -> [WaiterList<Void, LoopbackWaitCondition>.Waiter] {
         guard !waiters.isEmpty else { return [] }
-        var ready: [CheckedContinuation<Void, Never>] = []
-        for (id, waiter) in waiters where isSatisfied(waiter.condition) {
-            ready.append(waiter.continuation)
-            waiters.removeValue(forKey: id)
-        }
-        return ready
+        let now = self
+        return waiters.takeAll { now.isSatisfied($0) }
     }
 }
 
@@ -126,7 +122,7 @@ struct LoopbackServerFields {
 /// `@unchecked Sendable` is safe because `fields` is private and read or written only inside
 /// `withLock` (or the shutdown wait), i.e. while holding `condition`, an `NSCondition` that is
 /// also a mutex. Continuations are resumed after the lock is released.
-final class LoopbackServerState: @unchecked Sendable {
+final class LoopbackServerState: StateLock, @unchecked Sendable {
     private let condition = NSCondition()
     private var fields = LoopbackServerFields()
 
@@ -140,25 +136,8 @@ final class LoopbackServerState: @unchecked Sendable {
 
     /// Returns once `condition` holds, the server has shut down, or the calling task is cancelled.
     func wait(for waitCondition: LoopbackWaitCondition) async {
-        let id = withLock { fields -> Int in
-            fields.nextWaiterID += 1
-            return fields.nextWaiterID
-        }
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                // Checking `Task.isCancelled` under the lock closes the race with `onCancel`: either
-                // the cancel handler runs after the waiter is registered (and removes it), or the
-                // flag is already set here.
-                let resumeNow = withLock { fields -> Bool in
-                    if Task.isCancelled || fields.isSatisfied(waitCondition) { return true }
-                    fields.waiters[id] = (waitCondition, continuation)
-                    return false
-                }
-                if resumeNow { continuation.resume() }
-            }
-        } onCancel: {
-            let continuation = withLock { $0.waiters.removeValue(forKey: id)?.continuation }
-            continuation?.resume()
+        await wait(on: \.waiters, tag: waitCondition, cancelled: ()) { fields in
+            fields.isSatisfied(waitCondition) ? () : nil
         }
     }
 
@@ -257,7 +236,7 @@ final class LoopbackServerState: @unchecked Sendable {
             for id in heldIDs { fields.held.removeValue(forKey: id) }
             return fields.takeSatisfiedWaiters()
         }
-        for continuation in ready { continuation.resume() }
+        for waiter in ready { waiter.resume(returning: ()) }
     }
 
     /// Marks the loop as gone (every socket is closed) and wakes every waiter and `shutdown` caller.
@@ -267,17 +246,15 @@ final class LoopbackServerState: @unchecked Sendable {
             fields.pendingReleases.removeAll()
             fields.openConnections = 0
             fields.loopExited = true
-            let continuations = fields.waiters.values.map(\.continuation)
-            fields.waiters.removeAll()
             condition.broadcast()
-            return continuations
+            return fields.waiters.takeAll()
         }
-        for continuation in ready { continuation.resume() }
+        for waiter in ready { waiter.resume(returning: ()) }
     }
 
     private func resumeSatisfiedWaiters() {
         let ready = withLock { $0.takeSatisfiedWaiters() }
-        for continuation in ready { continuation.resume() }
+        for waiter in ready { waiter.resume(returning: ()) }
     }
 }
 

@@ -33,8 +33,8 @@ package final class TemporaryDirectory: Sendable {
 package final class StreamCollector<Element: Sendable>: Sendable {
     private struct State {
         var items: [Element] = []
-        var waiters: [(id: UUID, count: Int, continuation: CheckedContinuation<Void, Never>)] = []
-        var cancelled: Set<UUID> = []
+        /// Tagged with the number of elements they wait for.
+        var waiters = WaiterList<Void, Int>()
         var finished = false
     }
 
@@ -45,22 +45,19 @@ package final class StreamCollector<Element: Sendable>: Sendable {
         let state = self.state
         task = Task {
             for await item in stream {
-                let ready = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+                let ready = state.withLock { state in
                     state.items.append(item)
                     let count = state.items.count
-                    let ready = state.waiters.filter { $0.count <= count }.map(\.continuation)
-                    state.waiters.removeAll { $0.count <= count }
-                    return ready
+                    return state.waiters.takeAll { $0 <= count }
                 }
-                for continuation in ready { continuation.resume() }
+                for waiter in ready { waiter.resume(returning: ()) }
             }
             // The stream ended: nobody waits for more.
-            let waiting = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            let waiting = state.withLock { state in
                 state.finished = true
-                defer { state.waiters.removeAll() }
-                return state.waiters.map(\.continuation)
+                return state.waiters.takeAll()
             }
-            for continuation in waiting { continuation.resume() }
+            for waiter in waiting { waiter.resume(returning: ()) }
         }
     }
 
@@ -71,25 +68,8 @@ package final class StreamCollector<Element: Sendable>: Sendable {
 
     /// Suspends until `count` elements arrived, the stream ended, or the waiting task is cancelled.
     package func wait(for count: Int) async {
-        let id = UUID()
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                let ready = state.withLock { state -> Bool in
-                    if state.items.count >= count || state.finished || state.cancelled.remove(id) != nil { return true }
-                    state.waiters.append((id, count, continuation))
-                    return false
-                }
-                if ready { continuation.resume() }
-            }
-        } onCancel: {
-            let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
-                guard let index = state.waiters.firstIndex(where: { $0.id == id }) else {
-                    state.cancelled.insert(id)
-                    return nil
-                }
-                return state.waiters.remove(at: index).continuation
-            }
-            waiter?.resume()
+        await state.wait(on: \.waiters, tag: count, cancelled: ()) { state in
+            state.items.count >= count || state.finished ? () : nil
         }
     }
 }

@@ -84,7 +84,7 @@ public final class DiskResponseCache: Sendable {
         var memory: [CacheDigest: StoredResponse] = [:]
         var memoryIndex = CacheIndex()
         var statistics = Statistics()
-        var idleWaiters: [CheckedContinuation<Void, Never>] = []
+        var idleWaiters = WaiterList<Void, Void>()
     }
 
     private let state: Locked<State>
@@ -311,18 +311,10 @@ public final class DiskResponseCache: Sendable {
     }
 
     /// Returns once every response stored so far is in its file (or its write failed, which
-    /// `statistics` counts): before the app is suspended, or a test reopens the folder.
+    /// `statistics` counts): before the app is suspended, or a test reopens the folder. A cancelled
+    /// caller returns at once.
     public func waitForWrites() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let idle = state.withLock { state -> Bool in
-                guard state.writing.isEmpty else {
-                    state.idleWaiters.append(continuation)
-                    return false
-                }
-                return true
-            }
-            if idle { continuation.resume() }
-        }
+        await state.wait(on: \.idleWaiters, tag: (), cancelled: ()) { $0.writing.isEmpty ? () : nil }
     }
 
     /// Runs on an I/O pool thread: writes the newest queued response for `key` until none is left.
@@ -368,12 +360,10 @@ public final class DiskResponseCache: Sendable {
             }
             if stale, failure == nil, isCurrent { try? FileSystem.removeFile(filePath(key)) }
         }
-        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            guard state.writing.isEmpty else { return [] }
-            defer { state.idleWaiters = [] }
-            return state.idleWaiters
+        let waiters = state.withLock { state in
+            state.writing.isEmpty ? state.idleWaiters.takeAll() : []
         }
-        for waiter in waiters { waiter.resume() }
+        for waiter in waiters { waiter.resume(returning: ()) }
     }
 
     // MARK: - Internals

@@ -10,99 +10,61 @@ import ResilienceCore
 final class SharedFetches: Sendable {
     typealias Exchange = CachedRequestEngine.Exchange
 
-    private struct Flight: Sendable {
-        /// Readers suspended on the result.
-        var waiting: [UInt64: CheckedContinuation<Exchange, Never>] = [:]
-        /// Readers that joined but have not suspended yet.
-        var joining: Set<UInt64> = []
-    }
-
     private struct State: Sendable {
-        var flights: [CacheDigest: Flight] = [:]
-        var nextID: UInt64 = 0
-        /// Results for readers that joined a flight which ended before they suspended.
-        var parked: [UInt64: Exchange] = [:]
-        /// Readers cancelled before they suspended.
-        var cancelledEarly: Set<UInt64> = []
-        var idleWaiters: [CheckedContinuation<Void, Never>] = []
+        /// Keys with an exchange running.
+        var flights: Set<CacheDigest> = []
+        /// Readers of a running exchange, tagged with its key: resumed with its result, or
+        /// `.failed(.cancelled)` when the reader is cancelled.
+        var readers = WaiterList<Exchange, CacheDigest>()
+        var idleWatchers = WaiterList<Void, Void>()
     }
 
     private let state = Locked(State())
 
     /// Joins the exchange running for `key`, or starts `work` as it; returns its result.
     func run(_ key: CacheDigest, _ work: @escaping @Sendable () async -> Exchange) async -> Exchange {
-        let (id, start) = state.withLock { state -> (UInt64, Bool) in
-            state.nextID += 1
-            let start = state.flights[key] == nil
-            state.flights[key, default: Flight()].joining.insert(state.nextID)
-            return (state.nextID, start)
+        let (ticket, start) = state.withLock { state in
+            (state.readers.issue(key), state.flights.insert(key).inserted)
         }
         if start { launch(key, work) }
-        return await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Exchange, Never>) in
-                let ready = state.withLock { state -> Exchange? in
-                    if let result = state.parked.removeValue(forKey: id) { return result }
-                    if state.cancelledEarly.remove(id) != nil { return .failed(NetworkError.cancelled) }
-                    state.flights[key]?.joining.remove(id)
-                    state.flights[key]?.waiting[id] = continuation
-                    return nil
-                }
-                if let ready { continuation.resume(returning: ready) }
-            }
-        } onCancel: {
-            let continuation = state.withLock { state -> CheckedContinuation<Exchange, Never>? in
-                if let continuation = state.flights[key]?.waiting.removeValue(forKey: id) { return continuation }
-                if state.flights[key]?.joining.remove(id) != nil { state.cancelledEarly.insert(id) }
+        return await suspendCancellably { continuation in
+            state.withLock { state -> Exchange? in
+                if let result = state.readers.claim(ticket) { return result }
+                state.readers.park(ticket, continuation)
                 return nil
             }
-            continuation?.resume(returning: .failed(NetworkError.cancelled))
+        } onCancel: {
+            let cancelled = Exchange.failed(NetworkError.cancelled)
+            state.withLock { $0.readers.cancel(ticket, with: cancelled) }?.resume(returning: cancelled)
         }
     }
 
     /// Starts `work` for `key` unless an exchange for it is already running; nobody waits for it.
     func startInBackground(_ key: CacheDigest, _ work: @escaping @Sendable () async -> Exchange) {
-        let start = state.withLock { state -> Bool in
-            guard state.flights[key] == nil else { return false }
-            state.flights[key] = Flight()
-            return true
-        }
-        if start { launch(key, work) }
+        if state.withLock({ $0.flights.insert(key).inserted }) { launch(key, work) }
     }
 
-    /// Returns once no exchange is running.
+    /// Returns once no exchange is running, or the waiting task is cancelled.
     func waitUntilIdle() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let idle = state.withLock { state -> Bool in
-                guard state.flights.isEmpty else {
-                    state.idleWaiters.append(continuation)
-                    return false
-                }
-                return true
-            }
-            if idle { continuation.resume() }
-        }
+        await state.wait(on: \.idleWatchers, tag: (), cancelled: ()) { $0.flights.isEmpty ? () : nil }
     }
 
     /// Readers joined or waiting on `key` (for tests).
     func readers(_ key: CacheDigest) -> Int {
-        state.withLock { state in state.flights[key].map { $0.waiting.count + $0.joining.count } ?? 0 }
+        state.withLock { state in state.readers.tags.count { $0 == key } }
     }
 
     private func launch(_ key: CacheDigest, _ work: @escaping @Sendable () async -> Exchange) {
         Task {
             let result = await work()
-            let (waiting, idle) = state.withLock { state -> ([CheckedContinuation<Exchange, Never>], [CheckedContinuation<Void, Never>]) in
-                guard let flight = state.flights.removeValue(forKey: key) else { return ([], []) }
-                for id in flight.joining { state.parked[id] = result }
-                var idle: [CheckedContinuation<Void, Never>] = []
-                if state.flights.isEmpty {
-                    idle = state.idleWaiters
-                    state.idleWaiters = []
-                }
-                return (Array(flight.waiting.values), idle)
+            let (readers, idle) = state.withLock { state in
+                state.flights.remove(key)
+                // Readers on their way to suspend are handed the result and take it as they do.
+                let readers = state.readers.resumeAll(where: { $0 == key }, with: result)
+                return (readers, state.flights.isEmpty ? state.idleWatchers.takeAll() : [])
             }
-            for continuation in waiting { continuation.resume(returning: result) }
-            for continuation in idle { continuation.resume() }
+            for reader in readers { reader.resume(returning: result) }
+            for watcher in idle { watcher.resume(returning: ()) }
         }
     }
 }

@@ -200,7 +200,7 @@ final class EventLog: RequestEventSink {
     private struct State {
         var lines: [String] = []
         var deduplicated = 0
-        var waiters: [(Int, CheckedContinuation<Void, Never>)] = []
+        var waiters = WaiterList<Void, Int>()
     }
     private let state = Locked(State())
     private let quiet: Bool
@@ -217,26 +217,17 @@ final class EventLog: RequestEventSink {
         case .failed(_, let error, let attempt): "✗ \(error) on attempt \(attempt)"
         case .deduplicated: nil
         }
-        let ready = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+        let ready = state.withLock { state -> [WaiterList<Void, Int>.Waiter] in
             if let line, !quiet { state.lines.append(line) }
             guard case .deduplicated = event else { return [] }
             state.deduplicated += 1
             let count = state.deduplicated
-            let ready = state.waiters.filter { $0.0 <= count }.map(\.1)
-            state.waiters.removeAll { $0.0 <= count }
-            return ready
+            return state.waiters.takeAll { $0 <= count }
         }
-        for continuation in ready { continuation.resume() }
+        for waiter in ready { waiter.resume(returning: ()) }
     }
 
     func waitForDeduplicated(_ count: Int) async {
-        await withCheckedContinuation { continuation in
-            let ready = state.withLock { state -> Bool in
-                if state.deduplicated >= count { return true }
-                state.waiters.append((count, continuation))
-                return false
-            }
-            if ready { continuation.resume() }
-        }
+        await state.wait(on: \.waiters, tag: count, cancelled: ()) { $0.deduplicated >= count ? () : nil }
     }
 }

@@ -218,7 +218,7 @@ enum Serve {
 final class StopSignal: Sendable {
     private struct State {
         var reason: String?
-        var waiters: [CheckedContinuation<String, Never>] = []
+        var waiters = WaiterList<String, Void>()
     }
     private let state = Locked(State())
     private let queue = DispatchQueue(label: "resilience-demo.signals")
@@ -237,25 +237,17 @@ final class StopSignal: Sendable {
     }
 
     func trigger(_ reason: String) {
-        let waiters = state.withLock { state -> [CheckedContinuation<String, Never>] in
+        let waiters = state.withLock { state -> [WaiterList<String, Void>.Waiter] in
             guard state.reason == nil else { return [] }
             state.reason = reason
-            defer { state.waiters.removeAll() }
-            return state.waiters
+            return state.waiters.takeAll()
         }
         for waiter in waiters { waiter.resume(returning: reason) }
     }
 
     /// Returns the reason once stopped.
     func wait() async -> String {
-        await withCheckedContinuation { continuation in
-            let reason = state.withLock { state -> String? in
-                if let reason = state.reason { return reason }
-                state.waiters.append(continuation)
-                return nil
-            }
-            if let reason { continuation.resume(returning: reason) }
-        }
+        await state.wait(on: \.waiters, tag: (), cancelled: "cancelled") { $0.reason }
     }
 }
 

@@ -279,31 +279,22 @@ final class KeySet: Sendable {
 final class DeduplicationCounter: RequestEventSink {
     private struct State {
         var count = 0
-        var waiters: [(Int, CheckedContinuation<Void, Never>)] = []
+        var waiters = WaiterList<Void, Int>()
     }
     private let state = Locked(State())
 
     func record(_ event: RequestEvent) async {
         guard case .deduplicated = event else { return }
-        let ready = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+        let ready = state.withLock { state in
             state.count += 1
             let count = state.count
-            let ready = state.waiters.filter { $0.0 <= count }.map(\.1)
-            state.waiters.removeAll { $0.0 <= count }
-            return ready
+            return state.waiters.takeAll { $0 <= count }
         }
-        for continuation in ready { continuation.resume() }
+        for waiter in ready { waiter.resume(returning: ()) }
     }
 
     func wait(for count: Int) async {
-        await withCheckedContinuation { continuation in
-            let ready = state.withLock { state -> Bool in
-                if state.count >= count { return true }
-                state.waiters.append((count, continuation))
-                return false
-            }
-            if ready { continuation.resume() }
-        }
+        await state.wait(on: \.waiters, tag: count, cancelled: ()) { $0.count >= count ? () : nil }
     }
 }
 

@@ -206,7 +206,7 @@ struct AsyncRequestEngineTimeoutHandOffTests {
     @Test func aTimeoutAfterTheLastWaiterLeftTellsTheSuccessorTheCallWasAbandoned() async {
         let call = SharedCall.unstarted()
         call.open(attempt: 0)
-        let waiter = Task { await call.wait(SharedCall.firstWaiterID) }
+        let waiter = Task { await call.wait(call.firstTicket) }
         waiter.cancel()
         let answer = await waiter.value
         #expect(answer.failure?.caseName == "cancelled")
