@@ -43,18 +43,20 @@ let package = Package(
             dependencies: ["Retry", "RequestEngine", "Reachability", "OfflineQueue", "ResponseCache", "Auth", "Observability", "Drainer"]
         ),
         .target(name: "ResilienceTesting", dependencies: ["Retry", "RequestEngine", "ResilienceCore"]),
-        .executableTarget(name: "resilience-demo", dependencies: ["Resilience", "ResilienceTesting", "ResilienceCore"]),
+        // Helpers for this package's own tests and demo (package access, not a product).
+        .target(name: "ResilienceTestSupport", dependencies: ["Retry", "RequestEngine", "ResilienceCore"]),
+        .executableTarget(name: "resilience-demo", dependencies: ["Resilience", "ResilienceTesting", "ResilienceTestSupport", "ResilienceCore"]),
 
-        .testTarget(name: "ResilienceCoreTests", dependencies: ["ResilienceCore", "ResilienceTesting"]),
-        .testTarget(name: "RetryTests", dependencies: ["ResilienceCore", "Retry", "ResilienceTesting"]),
-        .testTarget(name: "RequestEngineTests", dependencies: ["ResilienceCore", "RequestEngine", "ResilienceTesting"]),
-        .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceCore", "ResilienceTesting"]),
-        .testTarget(name: "ReachabilityTests", dependencies: ["ResilienceCore", "Reachability", "ResilienceTesting"]),
-        .testTarget(name: "OfflineQueueTests", dependencies: ["ResilienceCore", "OfflineQueue", "ResilienceTesting"]),
-        .testTarget(name: "ResponseCacheTests", dependencies: ["ResilienceCore", "ResponseCache", "Auth", "Observability", "ResilienceTesting"]),
-        .testTarget(name: "AuthTests", dependencies: ["ResilienceCore", "Auth", "OfflineQueue", "ResilienceTesting"]),
-        .testTarget(name: "ObservabilityTests", dependencies: ["ResilienceCore", "Observability", "ResilienceTesting"]),
-        .testTarget(name: "DrainerTests", dependencies: ["ResilienceCore", "Drainer", "OfflineQueue", "ResilienceTesting"]),
+        .testTarget(name: "ResilienceCoreTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "ResilienceTesting"]),
+        .testTarget(name: "RetryTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Retry", "ResilienceTesting"]),
+        .testTarget(name: "RequestEngineTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "RequestEngine", "ResilienceTesting"]),
+        .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "ResilienceTesting"]),
+        .testTarget(name: "ReachabilityTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Reachability", "ResilienceTesting"]),
+        .testTarget(name: "OfflineQueueTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "OfflineQueue", "ResilienceTesting"]),
+        .testTarget(name: "ResponseCacheTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "ResponseCache", "Auth", "Observability", "ResilienceTesting"]),
+        .testTarget(name: "AuthTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Auth", "OfflineQueue", "ResilienceTesting"]),
+        .testTarget(name: "ObservabilityTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Observability", "ResilienceTesting"]),
+        .testTarget(name: "DrainerTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Drainer", "OfflineQueue", "ResilienceTesting"]),
     ],
     swiftLanguageModes: [.v6]
 )

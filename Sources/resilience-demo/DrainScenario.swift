@@ -1,6 +1,7 @@
 import Foundation
 import Resilience
 import ResilienceTesting
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -89,7 +89,7 @@ enum Stress {
         let server = try LoopbackHTTPServer()
         defer { server.shutdown() }
         server.route("/catalog", LoopbackResponse.ok("catalog").held())
-        let joins = DeduplicationCounter()
+        let joins = EventLog(quiet: true)
         let engine = AsyncRequestEngine(session: URLSession(configuration: .ephemeral), eventSink: joins)
         let url = server.url("/catalog")
         print("stress dedup: \(callers) concurrent identical GETs, one engine, loopback server \(server.baseURL)")
@@ -103,7 +103,7 @@ enum Stress {
                 return data.count
             }
         }
-        await joins.wait(for: callers - 1)
+        await joins.waitForDeduplicated(callers - 1)
         await server.waitForHits("/catalog", atLeast: 1)
         server.releaseHeld("/catalog")
         var answered = 0
@@ -273,29 +273,6 @@ final class KeySet: Sendable {
     func insert(_ key: String) { _ = keys.withLock { $0.insert(key) } }
     var count: Int { keys.withLock { $0.count } }
     var all: Set<String> { keys.withLock { $0 } }
-}
-
-/// Counts `.deduplicated` events and lets a caller wait for a number of them.
-final class DeduplicationCounter: RequestEventSink {
-    private struct State {
-        var count = 0
-        var waiters = WaiterList<Void, Int>()
-    }
-    private let state = Locked(State())
-
-    func record(_ event: RequestEvent) async {
-        guard case .deduplicated = event else { return }
-        let ready = state.withLock { state in
-            state.count += 1
-            let count = state.count
-            return state.waiters.takeAll { $0 <= count }
-        }
-        for waiter in ready { waiter.resume(returning: ()) }
-    }
-
-    func wait(for count: Int) async {
-        await state.wait(on: \.waiters, tag: count, cancelled: ()) { $0.count >= count ? () : nil }
-    }
 }
 
 /// The token the loopback server accepts.

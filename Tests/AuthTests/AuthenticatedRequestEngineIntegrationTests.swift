@@ -4,6 +4,7 @@ import RequestEngine
 import ResilienceTesting
 @testable import Auth
 import ResilienceCore
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -3,6 +3,7 @@ import Testing
 import RequestEngine
 import ResilienceTesting
 @testable import Auth
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -209,8 +210,8 @@ struct AuthenticatedRequestEngineTests {
         let (engine, _, _) = Self.fixture(current: "SECRET-expired", valid: "x", behaviour: .returns("SECRET-fresh"), eventSink: recorder)
         let error = await thrownError { try await engine.send(TestRequest()) }
         #expect(error?.label == "httpError(401)")
-        #expect(recorder.recorded.count >= 4)
-        let rendered = recorder.recorded.map { String(reflecting: $0) } + [String(describing: error!)]
+        #expect(recorder.events.count >= 4)
+        let rendered = recorder.events.map { String(reflecting: $0) } + [String(describing: error!)]
         #expect(!rendered.contains { $0.contains("SECRET") })
 
         struct LeakyError: Error, CustomStringConvertible { var description: String { "refresh token SECRET-refresh rejected" } }

@@ -5,6 +5,7 @@ import RequestEngine
 import OfflineQueue
 import ResilienceTesting
 @testable import Auth
+import ResilienceTestSupport
 
 /// `AuthenticatedRequestEngine` as the offline queue's sender (Docs/Auth.md, "As the offline
 /// queue's sender"): what a drain pass does when the token cannot be refreshed.

@@ -3,59 +3,10 @@ import RequestEngine
 import Retry
 @testable import Auth
 import ResilienceCore
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
-
-/// A request for tests; the timeout defaults to infinity so that no engine deadline sits on a clock.
-struct TestRequest: NetworkRequest {
-    var url: URL
-    var method: HTTPMethod = .get
-    var headers: [String: String] = [:]
-    var body: Data? = nil
-    var timeout: TimeInterval = .infinity
-
-    init(_ path: String = "/resource", method: HTTPMethod = .get, headers: [String: String] = [:]) {
-        url = URL(string: "https://api.example.test\(path)")!
-        self.method = method
-        self.headers = headers
-    }
-
-    init(url: URL, method: HTTPMethod = .get, headers: [String: String] = [:]) {
-        self.url = url
-        self.method = method
-        self.headers = headers
-    }
-}
-
-/// A one-shot async gate: `wait()` suspends until `open()`; after that it returns at once.
-final class Gate: Sendable {
-    private struct State {
-        var isOpen = false
-        var waiters: [CheckedContinuation<Void, Never>] = []
-    }
-    private let state = Locked(State())
-
-    func open() {
-        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            state.isOpen = true
-            defer { state.waiters.removeAll() }
-            return state.waiters
-        }
-        for waiter in waiters { waiter.resume() }
-    }
-
-    func wait() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let open = state.withLock { state -> Bool in
-                if state.isOpen { return true }
-                state.waiters.append(continuation)
-                return false
-            }
-            if open { continuation.resume() }
-        }
-    }
-}
 
 /// The token a fake server accepts; the provider rotates it on refresh.
 final class ValidToken: Sendable {
@@ -192,23 +143,6 @@ final class TokenCheckingSession: NetworkSession {
             throw URLError(.badServerResponse)
         }
         return (Data((accepted ? "ok" : "denied").utf8), response)
-    }
-}
-
-/// Records the engine's events (to check that no token reaches them).
-final class EventRecorder: RequestEventSink {
-    private let events = Locked<[RequestEvent]>([])
-    var recorded: [RequestEvent] { events.withLock { $0 } }
-    func record(_ event: RequestEvent) async { events.withLock { $0.append(event) } }
-}
-
-/// Runs `body` and returns the error it throws (nil if it succeeded).
-func thrownError(_ body: () async throws -> Void) async -> (any Error)? {
-    do {
-        try await body()
-        return nil
-    } catch {
-        return error
     }
 }
 

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import ResilienceTesting
 @testable import Auth
+import ResilienceTestSupport
 
 /// The coordinator with real tasks: one provider call per storm, failure and cancellation
 /// delivered to every waiter, the loop guard and expiry on a ManualClock.

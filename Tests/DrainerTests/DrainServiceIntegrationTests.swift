@@ -4,6 +4,7 @@ import RequestEngine
 import OfflineQueue
 import ResilienceTesting
 @testable import Drainer
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -6,6 +6,7 @@ import OfflineQueue
 import ResilienceTesting
 @testable import Drainer
 import ResilienceCore
+import ResilienceTestSupport
 
 @Suite("DrainService on a manual clock", .timeLimit(.minutes(1)))
 struct DrainServiceTests {

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import RequestEngine
 import ResilienceTesting
+import ResilienceTestSupport
 @testable import Observability
 import ResilienceCore
 #if canImport(FoundationNetworking)
@@ -36,7 +37,7 @@ struct ObservabilityIntegrationTests {
 
         let collector = RequestMetricsCollector()
         let logged = LockedBox<[String]>([])
-        let deduplications = DeduplicationWaiter()
+        let deduplications = EventRecorder()
         let sink = FanOutEventSink(collector, LoggingEventSink { line in logged.mutate { $0.append(line) } }, deduplications)
         let clock = ManualClock()
         let engine = AsyncRequestEngine(
@@ -76,7 +77,7 @@ struct ObservabilityIntegrationTests {
             for _ in 0..<20 {
                 group.addTask { _ = try await engine.send(LoopbackGet(url: self.server.url("/catalog"))) }
             }
-            await deduplications.waitForDeduplications(19)
+            await deduplications.waitForDeduplicated(19)
             await server.waitForHits("/catalog", atLeast: 1)
             server.releaseHeld("/catalog")
             try await group.waitForAll()
@@ -117,37 +118,5 @@ struct ObservabilityIntegrationTests {
         let log = logged.value
         #expect(log.count == stats.requestsStarted + stats.requestsSucceeded + stats.requestsFailed + stats.retriesScheduled + stats.deduplicationsHit)
         #expect(!log.joined().contains("SECRET"))
-    }
-}
-
-/// A sink that lets a test wait, without polling, until it has seen `count` `deduplicated` events.
-final class DeduplicationWaiter: RequestEventSink {
-    private struct State {
-        var seen = 0
-        var waiters: [(Int, CheckedContinuation<Void, Never>)] = []
-    }
-    private let state = Locked(State())
-
-    func record(_ event: RequestEvent) async {
-        guard case .deduplicated = event else { return }
-        let ready = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            state.seen += 1
-            let seen = state.seen
-            let ready = state.waiters.filter { $0.0 <= seen }.map(\.1)
-            state.waiters.removeAll { $0.0 <= seen }
-            return ready
-        }
-        for continuation in ready { continuation.resume() }
-    }
-
-    func waitForDeduplications(_ count: Int) async {
-        await withCheckedContinuation { continuation in
-            let now = state.withLock { state -> Bool in
-                if state.seen >= count { return true }
-                state.waiters.append((count, continuation))
-                return false
-            }
-            if now { continuation.resume() }
-        }
     }
 }

@@ -3,6 +3,7 @@ import Testing
 import RequestEngine
 import ResilienceTesting
 @testable import Observability
+import ResilienceTestSupport
 
 /// One parsed sample line.
 struct Sample: Equatable {

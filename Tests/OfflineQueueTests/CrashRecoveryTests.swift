@@ -3,6 +3,7 @@ import Testing
 import RequestEngine
 import ResilienceTesting
 @testable import OfflineQueue
+import ResilienceTestSupport
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)

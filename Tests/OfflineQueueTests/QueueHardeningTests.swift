@@ -5,6 +5,7 @@ import RequestEngine
 import ResilienceTesting
 @testable import OfflineQueue
 import ResilienceCore
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -206,8 +207,9 @@ final class StuckSender: RequestSending {
     private struct State {
         var calls = 0
         var released = false
-        var stuck: [CheckedContinuation<Void, Never>] = []
-        var callWaiters: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
+        var stuck = WaiterList<Void, Void>()
+        /// Tagged with the call count they wait for.
+        var callWaiters = WaiterList<Void, Int>()
     }
 
     private let state = Locked(State())
@@ -217,38 +219,37 @@ final class StuckSender: RequestSending {
     }
 
     func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let (due, released) = state.withLock { state -> ([CheckedContinuation<Void, Never>], Bool) in
-                state.calls += 1
-                let calls = state.calls
-                let due = state.callWaiters.filter { $0.count <= calls }.map(\.continuation)
-                state.callWaiters.removeAll { $0.count <= calls }
-                if !state.released { state.stuck.append(continuation) }
-                return (due, state.released)
+        let due = state.withLock { state in
+            state.calls += 1
+            let calls = state.calls
+            return state.callWaiters.takeAll { $0 <= calls }
+        }
+        for waiter in due { waiter.resume(returning: ()) }
+        // Not cancellable on purpose: it returns only once released.
+        let ticket = state.withLock { $0.stuck.issue(()) }
+        await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+            let released = state.withLock { state -> Bool in
+                guard !state.released else {
+                    state.stuck.withdraw(ticket)
+                    return true
+                }
+                state.stuck.park(ticket, continuation)
+                return false
             }
-            for waiter in due { waiter.resume() }
             if released { continuation.resume() }
         }
         throw NetworkError.cancelled
     }
 
     func waitForCalls(_ count: Int) async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let done = state.withLock { state -> Bool in
-                if state.calls >= count { return true }
-                state.callWaiters.append((count, continuation))
-                return false
-            }
-            if done { continuation.resume() }
-        }
+        await state.wait(on: \.callWaiters, tag: count, cancelled: ()) { $0.calls >= count ? () : nil }
     }
 
     func release() {
-        let stuck = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+        let stuck = state.withLock { state in
             state.released = true
-            defer { state.stuck = [] }
-            return state.stuck
+            return state.stuck.takeAll()
         }
-        for continuation in stuck { continuation.resume() }
+        for waiter in stuck { waiter.resume(returning: ()) }
     }
 }

@@ -3,6 +3,7 @@ import Testing
 import RequestEngine
 import ResilienceTesting
 @testable import OfflineQueue
+import ResilienceTestSupport
 
 /// Random sequences of saves, re-saves with another priority, removals and reopens, checked after
 /// every step against a model that is too simple to be wrong: a dictionary of live entries, each

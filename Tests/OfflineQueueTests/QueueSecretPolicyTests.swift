@@ -5,6 +5,7 @@ import RequestEngine
 import ResilienceTesting
 @testable import OfflineQueue
 import ResilienceCore
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

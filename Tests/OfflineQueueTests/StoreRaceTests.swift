@@ -6,6 +6,7 @@ import Retry
 import ResilienceCore
 import ResilienceTesting
 @testable import OfflineQueue
+import ResilienceTestSupport
 
 /// Writes that race removals, ordered by hand: the store's only I/O thread is held until the test
 /// has done what must happen while a write waits.

@@ -4,6 +4,7 @@ import Retry
 import RequestEngine
 import ResilienceTesting
 @testable import OfflineQueue
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -66,15 +67,5 @@ extension QueueEntryResult {
         case .expired: return "expired"
         case .deadLettered(_, let attempts): return "dead(\(attempts))"
         }
-    }
-}
-
-/// Runs `body` and returns the error it throws.
-func thrownError(_ body: () async throws -> Void) async -> (any Error)? {
-    do {
-        try await body()
-        return nil
-    } catch {
-        return error
     }
 }

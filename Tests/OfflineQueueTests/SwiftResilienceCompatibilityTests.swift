@@ -4,6 +4,7 @@ import Retry
 import RequestEngine
 import ResilienceTesting
 @testable import OfflineQueue
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

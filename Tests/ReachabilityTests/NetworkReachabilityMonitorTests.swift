@@ -3,6 +3,7 @@ import Testing
 import RequestEngine
 import ResilienceTesting
 @testable import Reachability
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

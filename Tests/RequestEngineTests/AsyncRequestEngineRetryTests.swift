@@ -3,6 +3,7 @@ import Testing
 import Retry
 import ResilienceTesting
 @testable import RequestEngine
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

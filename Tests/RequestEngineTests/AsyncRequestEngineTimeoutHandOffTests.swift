@@ -4,6 +4,7 @@ import Retry
 import ResilienceTesting
 @testable import RequestEngine
 import ResilienceCore
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import ResilienceTesting
 @testable import RequestEngine
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

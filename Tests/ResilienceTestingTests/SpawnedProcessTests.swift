@@ -3,6 +3,7 @@ import Retry
 import ResilienceTesting
 import Testing
 import ResilienceCore
+import ResilienceTestSupport
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)

@@ -6,6 +6,7 @@ import Reachability
 import RequestEngine
 import ResilienceTesting
 @testable import ResponseCache
+import ResilienceTestSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import ResilienceTesting
 @testable import ResponseCache
+import ResilienceTestSupport
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)

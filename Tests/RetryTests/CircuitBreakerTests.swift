@@ -1,6 +1,7 @@
 import ResilienceTesting
 import Testing
 @testable import Retry
+import ResilienceTestSupport
 
 @Suite("CircuitBreaker")
 struct CircuitBreakerTests {

@@ -1,6 +1,7 @@
 import Testing
 @testable import Retry
 import ResilienceTesting
+import ResilienceTestSupport
 
 @Suite("ExponentialRetryPolicy")
 struct ExponentialRetryPolicyTests {

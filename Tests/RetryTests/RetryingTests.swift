@@ -1,6 +1,7 @@
 import ResilienceTesting
 import Testing
 @testable import Retry
+import ResilienceTestSupport
 
 @Suite("retrying", .timeLimit(.minutes(1)))
 struct RetryingTests {
