@@ -46,7 +46,7 @@ public actor TokenRefreshCoordinator {
     typealias Machine = TokenRefreshStateMachine
     typealias WaitOutcome = Result<Machine.IssuedToken, AuthError>
 
-    private struct State: Sendable {
+    struct State: Sendable {
         var machine: Machine
         /// Callers waiting for a refresh, tagged with their id in the machine; resumed with the
         /// refresh's outcome, or `nil` when cancelled. A ticket is issued in the same critical
@@ -72,7 +72,7 @@ public actor TokenRefreshCoordinator {
     /// no limit.
     public nonisolated let refreshTimeout: Duration
 
-    private nonisolated let state: Locked<State>
+    nonisolated let state: Locked<State>
     private nonisolated let time: TimeSource
     /// The wall-clock moment the clock's zero corresponds to, to place a provider's expiry `Date`
     /// on the clock (so a `ManualClock` moves expiries in tests, as it does TTLs in the queue).
@@ -152,35 +152,6 @@ public actor TokenRefreshCoordinator {
     /// - Throws: `AuthError` when no token can be had, `CancellationError` when cancelled.
     nonisolated func tokenAfterUnauthorized(_ rejected: Machine.IssuedToken) async throws -> Machine.IssuedToken {
         return try await perform(decide { $0.unauthorized(rejected.stamp, now: time.now()) })
-    }
-
-    // MARK: - Observation (tests)
-
-    /// How many callers wait for the refresh in flight.
-    nonisolated var waiterCount: Int { state.withLock { $0.machine.waiterCount } }
-
-    /// Whether a refresh is in flight.
-    nonisolated var isRefreshing: Bool { state.withLock { $0.machine.isRefreshing } }
-
-    /// The current token's generation (0 before the first token).
-    nonisolated var currentGeneration: UInt64 { state.withLock { $0.machine.currentGeneration } }
-
-    /// Returns once at least `count` callers wait for the refresh in flight (no polling).
-    nonisolated func waitForWaiters(_ count: Int) async {
-        await waitUntil { $0.waiterCount >= count }
-    }
-
-    /// Returns once no refresh is in flight (no polling).
-    nonisolated func waitUntilIdle() async {
-        await waitUntil { !$0.isRefreshing }
-    }
-
-    /// Returns once `condition` holds for the state machine (checked after every join, every
-    /// refresh's end and every timeout), or when the calling task is cancelled.
-    nonisolated func waitUntil(_ condition: @escaping @Sendable (Machine) -> Bool) async {
-        await state.wait(on: \.watchers, tag: condition, cancelled: ()) { state in
-            condition(state.machine) ? () : nil
-        }
     }
 
     // MARK: - Performing the machine's actions

@@ -60,9 +60,9 @@ public actor DrainService {
     private var stoppingLoop: Task<Void, Never>?
     private var sleepTask: Task<Bool, Never>?
     private var stopRequested = false
-    private var reconnectPending = false
+    private(set) var reconnectPending = false
     /// One cycle at a time (the loop's, `drainNow()`'s); FIFO; a cancelled waiter leaves the line.
-    private let cycleGate = AdmissionGate(limit: 1)
+    let cycleGate = AdmissionGate(limit: 1)
     private var loopWaitsForTurn = false
     private var stopsRequested: UInt64 = 0
     private nonisolated let subscribers = StreamSubscribers<DrainCycleReport>()
@@ -189,11 +189,6 @@ public actor DrainService {
         let factor = pow(backoff.multiplier, Double(min(consecutiveFailures, 1000)))
         return Duration.clamped(seconds: interval.seconds * factor, upperBound: cap)
     }
-
-    /// For tests: a reconnect arrived and its cycle has not begun yet.
-    var reconnectIsPending: Bool { reconnectPending }
-    /// For tests: cycles (the loop's or `drainNow()`'s) waiting for the one in flight.
-    var cycleWaiterCount: Int { cycleGate.waiterCount }
 
     // MARK: - Internals
 

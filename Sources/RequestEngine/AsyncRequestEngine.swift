@@ -79,9 +79,8 @@ public actor AsyncRequestEngine: RequestSending {
     /// every deduplicated send joins or starts a call here, and an actor hop each way measurably
     /// slowed the request path (Benchmarks/README.md).
     private nonisolated let inFlight = SingleFlightTable()
-    /// For tests: called after a superseded attempt's late answer has been dropped (its timeout
-    /// had handed the request to a new task). Read only on that path.
-    nonisolated let droppedLateAnswer = Locked<(@Sendable () -> Void)?>(nil)
+    /// Where tests observe paths that have no other visible effect (see AsyncRequestEngine+Testing).
+    nonisolated let testHooks = EngineTestHooks()
     /// `options.deduplicatedMethods` as a bit set, read by every send.
     private nonisolated let deduplicated: HTTPMethodSet
     /// Whether an event sink is set and whether a retry policy is, read by every send (testing an
@@ -332,7 +331,7 @@ public actor AsyncRequestEngine: RequestSending {
         let result = await Self.call(call.execution, on: session)
         watchdog.cancel(call, attempt: attempt)
         guard call.claim(attempt: attempt) else {
-            droppedLateAnswer.withLock { $0 }?()
+            testHooks.lateAnswerDropped()
             return nil
         }
         return result

@@ -12,20 +12,20 @@ import ResilienceCore
 /// themselves (each call stores its slot, `SharedCall.deadlineSlot`) and are removed eagerly, so
 /// memory stays proportional to attempts in flight.
 final class DeadlineWatchdog: Sendable {
-    private struct Entry: Sendable {
+    struct Entry: Sendable {
         let deadline: Duration
         let call: SharedCall
         let attempt: Int
     }
 
-    private struct State: Sendable {
+    struct State: Sendable {
         var heap: [Entry] = []
         var sleeper: Task<Void, Never>?
         var sleeperDeadline: Duration?
         var isShutDown = false
     }
 
-    private let state = Locked(State())
+    let state = Locked(State())
     private let time: TimeSource
 
     init(time: TimeSource) {
@@ -66,23 +66,6 @@ final class DeadlineWatchdog: Sendable {
             return state.sleeper
         }
         sleeper?.cancel()
-    }
-
-    /// The number of registered deadlines (for tests).
-    var pendingCount: Int { state.withLock { $0.heap.count } }
-
-    /// `call`'s heap slot, read under the lock (for tests).
-    func slot(of call: SharedCall) -> Int { state.withLock { _ in call.deadlineSlot } }
-
-    /// Whether the heap is ordered and every entry's call knows its slot (for tests).
-    var isConsistent: Bool {
-        state.withLock { state in
-            state.heap.indices.allSatisfy { index in
-                let entry = state.heap[index]
-                return entry.call.deadlineSlot == index
-                    && (index == 0 || state.heap[(index - 1) / 2].deadline <= entry.deadline)
-            }
-        }
     }
 
     private func startSleeper(until first: Duration) -> Task<Void, Never> {

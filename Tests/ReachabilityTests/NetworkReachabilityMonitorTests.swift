@@ -401,8 +401,9 @@ struct NetlinkReachabilityTests {
     /// A network namespace with lo only, then a veth pair (one end in it, the other in a peer
     /// namespace acting as the gateway), addresses and a default route; the monitor watches the
     /// namespace through a netlink socket opened inside it.
-    @Test func linkDownAndUpInANetworkNamespaceAreReported() async throws {
-        guard let lab = NetworkNamespaceLab.make() else { return }
+    @Test(.enabled(if: NetworkNamespaceLab.isAvailable, "needs root, iproute2 and permission to create network namespaces"))
+    func linkDownAndUpInANetworkNamespaceAreReported() async throws {
+        let lab = try #require(NetworkNamespaceLab.make(), "the namespace probe passed but the lab could not be built")
         defer { lab.remove() }
         let monitor = NetworkReachabilityMonitor(linkLayer: .netlink(namespacePath: lab.namespacePath))
         await monitor.start()
@@ -449,6 +450,13 @@ struct NetworkNamespaceLab {
 
     /// The lab with the observed namespace holding only `lo` (up), or `nil` after printing why
     /// namespaces cannot be made here.
+    /// Whether a lab can be made here: tried once, with a namespace made and removed at once.
+    static let isAvailable: Bool = {
+        guard let lab = make() else { return false }
+        lab.remove()
+        return true
+    }()
+
     static func make() -> NetworkNamespaceLab? {
         func skip(_ reason: String) -> NetworkNamespaceLab? {
             print("Skipping the network namespace test: \(reason)")

@@ -161,7 +161,7 @@ struct AsyncRequestEngineTimeoutHandOffTests {
         // 1's deadline, or that request would wait for its transport forever.
         let harness = Harness(hangingCalls: 2)
         let (dropped, droppedContinuation) = AsyncStream.makeStream(of: Void.self)
-        harness.engine.droppedLateAnswer.withLock { $0 = { droppedContinuation.yield() } }
+        harness.engine.testHooks.droppedLateAnswer.withLock { $0 = { droppedContinuation.yield() } }
         let task = Task { await networkError { try await harness.engine.send(TestRequest(timeout: 5)) } }
         await harness.firstCallHangs()
         harness.fireTimeout()
@@ -224,11 +224,11 @@ struct AsyncRequestEngineTimeoutHandOffTests {
 
 extension SharedCall {
     /// A call that no task runs, for tests of its claim and hand-off rules on their own.
-    static func unstarted() -> SharedCall {
+    static func unstarted(key: SingleFlightTable.Key? = nil) -> SharedCall {
         let url = URL(string: "https://api.example.test/resource")!
         let execution = Execution(
             url: url, method: .get, urlRequest: URLRequest(url: url), invalid: nil, timeout: .seconds(5), maximumBodySize: nil,
-            mayRetry: false, traceID: UUID(), started: .zero, priority: .medium, key: nil
+            mayRetry: false, traceID: UUID(), started: .zero, priority: .medium, key: key
         )
         return SharedCall(engine: AsyncRequestEngine(session: ScriptedNetworkSession([]), clock: ManualClock()), execution: execution)
     }
