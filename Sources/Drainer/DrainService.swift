@@ -55,16 +55,14 @@ public actor DrainService {
     private let time: TimeSource
     private let randomUnit: @Sendable () -> Double
 
+    /// The lifecycle: phase and loop position. The tasks below are its I/O.
+    private(set) var machine = DrainServiceStateMachine()
+    /// The loop task, while running and while a stop waits for it to end.
     private var loopTask: Task<Void, Never>?
     private var listenerTask: Task<Void, Never>?
-    private var stoppingLoop: Task<Void, Never>?
     private var sleepTask: Task<Bool, Never>?
-    private var stopRequested = false
-    private(set) var reconnectPending = false
     /// One cycle at a time (the loop's, `drainNow()`'s); FIFO; a cancelled waiter leaves the line.
     let cycleGate = AdmissionGate(limit: 1)
-    private var loopWaitsForTurn = false
-    private var stopsRequested: UInt64 = 0
     private nonisolated let subscribers = StreamSubscribers<DrainCycleReport>()
 
     /// Consecutive failed cycles (0 after a success).
@@ -118,22 +116,23 @@ public actor DrainService {
     // MARK: - Running
 
     /// Whether `start()` is in effect.
-    public var isRunning: Bool { loopTask != nil }
+    public var isRunning: Bool { machine.isRunning }
 
     /// Runs a cycle now and then keeps cycling until `stop()`. Calling it again while running does
     /// nothing; after `stop()` it starts afresh (backoff reset). A `start()` called while a `stop()`
     /// still waits for its cycle starts after that stop completes.
     public func start() async {
-        let stopsBefore = stopsRequested
-        while let stoppingLoop { await stoppingLoop.value }
-        // A stop() asked for while this start() waited wins: starting now would leave a loop
-        // running behind a stop() that has returned.
-        guard loopTask == nil, stopsRequested == stopsBefore else { return }
-        stopRequested = false
-        reconnectPending = false
+        let stopsBefore = machine.stopsRequested
+        while case .stopping(let id) = machine.phase, let loop = loopTask {
+            await loop.value
+            machine.loopEnded(id)
+        }
+        // A stop() asked for while this start() waited wins (the machine refuses): starting now
+        // would leave a loop running behind a stop() that has returned.
+        guard machine.start(stopsBefore: stopsBefore) else { return }
         consecutiveFailures = 0
-        // No suspension between the check above and this line: a concurrent stop() either sees
-        // the loop and stops it, or comes before it and is a no-op.
+        // No suspension between the machine's decision and this line: a concurrent stop() either
+        // sees the loop and stops it, or comes before it and is a no-op.
         loopTask = Task { await self.runLoop() }
     }
 
@@ -143,27 +142,22 @@ public actor DrainService {
     /// Every `reports` stream obtained before the call ends. A `drainNow()` call in flight is its
     /// caller's and runs to its end.
     public func stop(interruptingCycle: Bool = false) async {
-        stopsRequested &+= 1
         // The streams to end are those that exist now, not ones a later start() subscribes.
         let endingReports = subscribers.current
         defer { subscribers.finish(endingReports) }
-        if let loop = loopTask {
-            loopTask = nil
-            stoppingLoop = loop
-            stopRequested = true
+        let action = machine.stop(interruptingCycle: interruptingCycle)
+        if action.endListenerAndSleep {
             listenerTask?.cancel()
             listenerTask = nil
             sleepTask?.cancel()
-            // A loop cycle still waiting for its turn (behind drainNow() cycles) never runs: the
-            // cancelled loop leaves the line, or, if handed the turn meanwhile, gives it back
-            // unused (it sees `stopRequested`).
-            if loopWaitsForTurn { loop.cancel() }
         }
-        // Also reached by a second stop() while the first still waits: it may interrupt the cycle.
-        guard let loop = stoppingLoop else { return }
-        if interruptingCycle { loop.cancel() }
+        // A loop cycle still waiting for its turn (behind drainNow() cycles) never runs: the
+        // cancelled loop leaves the line, or, if handed the turn meanwhile, gives it back unused.
+        guard action.awaitLoop, case .stopping(let id) = machine.phase, let loop = loopTask else { return }
+        if action.cancelLoop { loop.cancel() }
         await loop.value
-        if stoppingLoop == loop { stoppingLoop = nil }
+        machine.loopEnded(id)
+        if loopTask == loop, case .idle = machine.phase { loopTask = nil }
     }
 
     /// Runs one cycle now (bounded by `cycleBudget`), after any cycle in flight, whether or not the
@@ -192,16 +186,12 @@ public actor DrainService {
 
     // MARK: - Internals
 
-    private enum Wake {
-        case elapsed, reconnect, stopped
-    }
-
     private func runLoop() async {
         // Subscribe before the first cycle so a reconnect during it is not missed.
         let monitor = queue.reachabilityMonitor
         let wasConnected = await monitor.isConnected
         let connectivity = await monitor.connectivity
-        guard !stopRequested, !Task.isCancelled else { return }
+        guard machine.subscribed(), !Task.isCancelled else { return }
         listenerTask = Task { [weak self] in
             var last = wasConnected
             for await connected in connectivity {
@@ -210,13 +200,15 @@ public actor DrainService {
             }
         }
         var trigger = DrainCycleReport.Trigger.start
-        while !stopRequested {
-            reconnectPending = false
+        while machine.cycleWanted() {
             guard await runCycle(trigger, forLoop: true) != nil else { return }
-            if stopRequested || Task.isCancelled { return }
-            if reconnectPending {
+            switch machine.cycleEnded(loopCancelled: Task.isCancelled) {
+            case .exit: return
+            case .runForReconnect:
                 trigger = .reconnect
                 continue
+            case .sleep:
+                break
             }
             switch await sleepUntilNextCycle() {
             case .elapsed: trigger = consecutiveFailures > 0 ? .retry : .interval
@@ -226,7 +218,7 @@ public actor DrainService {
         }
     }
 
-    private func sleepUntilNextCycle() async -> Wake {
+    private func sleepUntilNextCycle() async -> DrainServiceStateMachine.Wake {
         let base = scheduledDelay.seconds
         let factor = 1 + jitter * (2 * min(max(randomUnit(), 0), 1) - 1)
         let delay = Duration.clamped(seconds: base * factor, upperBound: .seconds(86_400 * 365))
@@ -248,14 +240,11 @@ public actor DrainService {
             sleeper.cancel()
         }
         sleepTask = nil
-        if stopRequested || Task.isCancelled { return .stopped }
-        if elapsed { return .elapsed }
-        return reconnectPending ? .reconnect : .stopped
+        return machine.sleepEnded(elapsed: elapsed, loopCancelled: Task.isCancelled)
     }
 
     private func connectivityReturned() {
-        guard loopTask != nil, !stopRequested else { return }
-        reconnectPending = true
+        guard machine.connectivityReturned() else { return }
         consecutiveFailures = 0
         sleepTask?.cancel()
     }
@@ -263,12 +252,9 @@ public actor DrainService {
     /// One cycle, after any cycle in flight. `nil` when the caller was cancelled while it waited
     /// for its turn, or, for the loop, when `stop()` was asked for meanwhile: nothing was sent.
     private func runCycle(_ trigger: DrainCycleReport.Trigger, forLoop: Bool) async -> DrainCycleReport? {
-        if forLoop { loopWaitsForTurn = true }
-        let admitted = (try? await cycleGate.enter()) != nil
-        if forLoop { loopWaitsForTurn = false }
-        guard admitted else { return nil }
+        guard (try? await cycleGate.enter()) != nil else { return nil }
         defer { cycleGate.leave() }
-        if forLoop && stopRequested { return nil }
+        if forLoop && !machine.turnGranted() { return nil }
         let report = await DrainCycle.run(queue: queue, trigger: trigger, budget: cycleBudget, time: time)
         cyclesRun += 1
         lastReport = report

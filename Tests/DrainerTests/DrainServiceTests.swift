@@ -177,19 +177,20 @@ struct DrainServiceTests {
         try await h.enqueue(1)
         await h.service.start()
         await h.session.waitForCalls(1)
-        let returned = Locked(false)
-        let stopping = Task {
-            await h.service.stop()
-            returned.withLock { $0 = true }
-        }
-        await waitUntil { await !h.service.isRunning }
-        for _ in 0..<100 { await Task.yield() }
-        #expect(!returned.withLock { $0 }, "stop() must not return while the cycle is held")
+        let stopping = Task { await h.service.stop() }
+        // stop() has begun: the loop is winding down, its cycle still held.
+        await waitUntil { await h.service.phase == .stopping(loop: 1) }
         h.session.releaseHeld()
         await stopping.value
-        // stop() returned after the cycle finished: its report exists and the entry was delivered.
+        // stop() ends the report streams that existed when it was called once it returns, so a
+        // stop() that returned before the cycle ended would have ended `h.reports` without the
+        // cycle's report (a report yielded into a finished stream is dropped): this holds only if
+        // stop() waited.
+        await h.reports.wait(for: .max)
+        #expect(h.reports.items.map(\.delivered) == [1])
         let last = try #require(await h.service.lastReport)
         #expect(last.delivered == 1 && !last.interrupted)
+        #expect(await h.service.phase == .idle)
         #expect(await h.queue.pendingCount() == 0)
         #expect(h.clock.sleeperCount == 0, "no timer is left behind")
         h.clock.advance(by: .seconds(3600))
