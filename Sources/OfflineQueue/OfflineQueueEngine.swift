@@ -406,15 +406,15 @@ public actor OfflineQueueEngine {
             let (data, response) = try await sender.response(for: request)
             learnedOffline = false
             let status = response.statusCode
-            if (200...299).contains(status) { return .delivered(status: status) }
+            let verdict = ResponseClassification(response, now: now)
             let error = NetworkError.httpError(statusCode: status, data: data)
-            guard error.isRetryable else { return .permanent(error) }
-            var delay = backoff(afterAttempts: previousAttempts + 1)
-            if status == 429 || status == 503,
-               let retryAfter = RetryAfter.delay(headerValue: response.value(forHTTPHeaderField: HTTPHeader.retryAfter), now: now) {
-                delay = min(retryAfter, configuration.maximumRetryAfter)
+            switch verdict.kind {
+            case .success: return .delivered(status: status)
+            case .permanent: return .permanent(error)
+            case .retryable:
+                let delay = verdict.retryAfter.map { min($0, configuration.maximumRetryAfter) }
+                return .retry(error, after: delay ?? backoff(afterAttempts: previousAttempts + 1))
             }
-            return .retry(error, after: delay)
         } catch let error as NetworkError {
             // Cancelled first: a send cut by a drain budget may surface as any error, and must
             // neither count as an attempt nor mark the network offline.
@@ -428,10 +428,12 @@ public actor OfflineQueueEngine {
             case .responseTooLarge(_, let status?):
                 // The server answered; only its body was too large, and the queue never reads a
                 // body: the status decides, as for any response (a 201 is delivered, a 503 kept).
-                if (200...299).contains(status) { return .delivered(status: status) }
                 let statusError = NetworkError.httpError(statusCode: status, data: nil)
-                guard statusError.isRetryable else { return .permanent(statusError) }
-                return .retry(statusError, after: backoff(afterAttempts: previousAttempts + 1))
+                switch ResponseClassification(status: status, retryAfterHeader: nil).kind {
+                case .success: return .delivered(status: status)
+                case .permanent: return .permanent(statusError)
+                case .retryable: return .retry(statusError, after: backoff(afterAttempts: previousAttempts + 1))
+                }
             case .invalidRequest, .responseTooLarge:
                 // Sent again, the request would fail the same way.
                 return .permanent(error)

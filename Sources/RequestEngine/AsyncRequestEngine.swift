@@ -374,12 +374,11 @@ public actor AsyncRequestEngine: RequestSending {
         var finalResponse: (Data, HTTPURLResponse)?
         switch result {
         case .success(let (data, response)):
-            if (200...299).contains(response.statusCode) { return .succeed((data, response)) }
-            error = .httpError(statusCode: response.statusCode, data: data)
+            let status = response.statusCode
+            if (200...299).contains(status) { return .succeed((data, response)) }
+            error = .httpError(statusCode: status, data: data)
             finalResponse = (data, response)
-            if options.honorsRetryAfter, response.statusCode == 429 || response.statusCode == 503 {
-                retryAfter = RetryAfter.delay(headerValue: response.value(forHTTPHeaderField: HTTPHeader.retryAfter))
-            }
+            if options.honorsRetryAfter { retryAfter = ResponseClassification(response).retryAfter }
         case .failure(let failure):
             error = failure
         }
@@ -407,9 +406,7 @@ public actor AsyncRequestEngine: RequestSending {
     private static func breakerOutcome(of result: Result<(Data, HTTPURLResponse), NetworkError>) -> CircuitBreaker.Outcome {
         switch result {
         case .success(let (_, response)):
-            let status = response.statusCode
-            let unhealthy = (500...599).contains(status) && status != 501 || status == 408 || status == 429
-            return unhealthy ? .failure : .success
+            return ResponseClassification.isRetryable(status: response.statusCode) ? .failure : .success
         case .failure(let error):
             switch error {
             case .transport, .timedOut, .invalidResponse: return .failure

@@ -37,7 +37,7 @@ public enum NetworkError: Error, Sendable {
     public var isRetryable: Bool {
         switch self {
         case .httpError(let statusCode, _):
-            return (500...599).contains(statusCode) && statusCode != 501 || statusCode == 408 || statusCode == 429
+            return ResponseClassification.isRetryable(status: statusCode)
         case .noConnection, .timedOut:
             return true
         case .transport(let failure):
