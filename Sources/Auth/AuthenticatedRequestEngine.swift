@@ -42,18 +42,18 @@ import FoundationNetworking
 ///   carry no headers, and no error or description here contains a token.
 ///
 /// `send` and `response(for:)` are `nonisolated`: a request never hops onto this actor.
-public actor AuthenticatedRequestEngine: RequestSending {
+public final class AuthenticatedRequestEngine: RequestSending {
     /// The header that carries the token. Default `"Authorization"`.
-    public nonisolated let tokenHeaderName: String
+    public let tokenHeaderName: String
     /// Put before the token in the header value. Default `"Bearer "` (note the space).
-    public nonisolated let tokenPrefix: String
+    public let tokenPrefix: String
     /// Hands out tokens and shares refreshes; share one between engines that use the same tokens.
-    public nonisolated let coordinator: TokenRefreshCoordinator
+    public let coordinator: TokenRefreshCoordinator
     /// Sends every attempt (an `AsyncRequestEngine` unless you passed another sender).
-    public nonisolated let requestEngine: any RequestSending
+    public let requestEngine: any RequestSending
     /// Attempts allowed in flight at once (see "Admission"); `nil` means no limit.
-    public nonisolated let maxConcurrentRequests: Int?
-    private nonisolated let gate: AdmissionGate?
+    public let maxConcurrentRequests: Int?
+    private let gate: AdmissionGate?
 
     /// - Parameters:
     ///   - requestEngine: sends each attempt; `AsyncRequestEngine()` (on `URLSession.shared`, no
@@ -78,28 +78,15 @@ public actor AuthenticatedRequestEngine: RequestSending {
         self.gate = maxConcurrentRequests.map { AdmissionGate(limit: max(1, $0)) }
     }
 
-    /// Sends `request` with the token and returns the body and response of a 2xx reply.
-    ///
-    /// - Throws: `NetworkError.httpError(statusCode: 401, data:)` when the retry with a new token is
-    ///   answered 401 too; any other `NetworkError` of the underlying engine (other statuses as
-    ///   `.httpError`, `.cancelled` when the caller is cancelled, also while waiting for a
-    ///   refresh); `AuthError` when no token can be had.
-    @discardableResult
-    public nonisolated func send(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-        let (data, response) = try await response(for: request)
-        guard (200...299).contains(response.statusCode) else {
-            throw NetworkError.httpError(statusCode: response.statusCode, data: data)
-        }
-        return (data, response)
-    }
-
-    /// Like `send(_:)` — same token injection, shared refresh and single retry after a 401 — but
+    /// Sends `request` with the token — one shared refresh and a single retry after a 401 — and
     /// returns the final HTTP response whatever its status (the offline queue replays through
-    /// this). A second 401 is returned, not thrown.
+    /// this). A second 401 is returned, not thrown. `send(_:)` (from `RequestSending`) is this,
+    /// with a final status outside 2xx thrown as `NetworkError.httpError` (a second 401 as
+    /// `.httpError(statusCode: 401, data:)`).
     ///
     /// - Throws: `NetworkError` when no HTTP response was obtained (`.cancelled` included),
     ///   `AuthError` when no token can be had.
-    public nonisolated func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+    public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         // With an admission limit, the place is held from the token read through the 401, the
         // shared refresh and the retry: the 401 must start the refresh at once, not after
         // queueing again behind requests that would then all go out with the rejected token.
@@ -113,7 +100,7 @@ public actor AuthenticatedRequestEngine: RequestSending {
     }
 
     /// Runs `body` holding a place in the admission gate, if there is one.
-    private nonisolated func admitted<T>(_ body: () async throws -> T) async throws -> T {
+    private func admitted<T>(_ body: () async throws -> T) async throws -> T {
         guard let gate else { return try await body() }
         do {
             try await gate.enter()
@@ -124,12 +111,12 @@ public actor AuthenticatedRequestEngine: RequestSending {
         return try await body()
     }
 
-    private nonisolated func authorized<R: NetworkRequest>(_ request: R, _ token: String) -> AuthenticatedRequest<R> {
+    private func authorized<R: NetworkRequest>(_ request: R, _ token: String) -> AuthenticatedRequest<R> {
         AuthenticatedRequest(request, headerName: tokenHeaderName, value: tokenPrefix + token)
     }
 
     /// Runs a coordinator call, reporting its cancellation the way the engines do.
-    private nonisolated func token(
+    private func token(
         _ body: () async throws -> TokenRefreshStateMachine.IssuedToken
     ) async throws -> TokenRefreshStateMachine.IssuedToken {
         do {

@@ -4,27 +4,27 @@ import ResilienceCore
 /// waits for a condition on it without polling.
 extension TokenRefreshCoordinator {
     /// How many callers wait for the refresh in flight.
-    nonisolated var waiterCount: Int { state.withLock { $0.machine.waiterCount } }
+    var waiterCount: Int { state.withLock { $0.machine.waiterCount } }
 
     /// Whether a refresh is in flight.
-    nonisolated var isRefreshing: Bool { state.withLock { $0.machine.isRefreshing } }
+    var isRefreshing: Bool { state.withLock { $0.machine.isRefreshing } }
 
     /// The current token's generation (0 before the first token).
-    nonisolated var currentGeneration: UInt64 { state.withLock { $0.machine.currentGeneration } }
+    var currentGeneration: UInt64 { state.withLock { $0.machine.currentGeneration } }
 
     /// Returns once at least `count` callers wait for the refresh in flight (no polling).
-    nonisolated func waitForWaiters(_ count: Int) async {
+    func waitForWaiters(_ count: Int) async {
         await waitUntil { $0.waiterCount >= count }
     }
 
     /// Returns once no refresh is in flight (no polling).
-    nonisolated func waitUntilIdle() async {
+    func waitUntilIdle() async {
         await waitUntil { !$0.isRefreshing }
     }
 
     /// Returns once `condition` holds for the state machine (checked after every join, every
     /// refresh's end and every timeout), or when the calling task is cancelled.
-    nonisolated func waitUntil(_ condition: @escaping @Sendable (Machine) -> Bool) async {
+    func waitUntil(_ condition: @escaping @Sendable (Machine) -> Bool) async {
         await state.wait(on: \.watchers, tag: condition, cancelled: ()) { state in
             condition(state.machine) ? () : nil
         }

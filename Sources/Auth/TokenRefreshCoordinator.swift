@@ -39,10 +39,9 @@ import ResilienceCore
 /// - **Secrets.** Tokens never appear in errors, descriptions or logs; replaced tokens are
 ///   remembered only by hash.
 ///
-/// It is an actor for compatibility with the published API, but its state sits behind a lock and
-/// its methods are `nonisolated`: every request reads it, which must not cost an actor hop, and a
-/// cancelled waiter must be removed synchronously from its cancellation handler.
-public actor TokenRefreshCoordinator {
+/// Its state sits behind a lock, not in an actor: every request reads it, which must not cost an
+/// actor hop, and a cancelled waiter must be removed synchronously from its cancellation handler.
+public final class TokenRefreshCoordinator: Sendable {
     typealias Machine = TokenRefreshStateMachine
     typealias WaitOutcome = Result<Machine.IssuedToken, AuthError>
 
@@ -60,23 +59,23 @@ public actor TokenRefreshCoordinator {
     }
 
     /// The token source this coordinator reads and refreshes.
-    public nonisolated let provider: any TokenProvider
+    public let provider: any TokenProvider
     /// At most this many refreshes start within `window` (the loop guard). At least 1.
-    public nonisolated let maxRefreshes: Int
+    public let maxRefreshes: Int
     /// The loop guard's sliding window, on the coordinator's clock. Zero disables the guard.
-    public nonisolated let window: Duration
+    public let window: Duration
     /// How long before a reported expiry a token is refreshed in the background.
-    public nonisolated let proactiveRefreshLead: Duration
+    public let proactiveRefreshLead: Duration
     /// The longest anyone waits for a refresh, from its start, on the coordinator's clock; then
     /// the waiters get `AuthError.refreshTimedOut` and the refresh is abandoned. Zero or negative:
     /// no limit.
-    public nonisolated let refreshTimeout: Duration
+    public let refreshTimeout: Duration
 
-    nonisolated let state: Locked<State>
-    private nonisolated let time: TimeSource
+    let state: Locked<State>
+    private let time: TimeSource
     /// The wall-clock moment the clock's zero corresponds to, to place a provider's expiry `Date`
     /// on the clock (so a `ManualClock` moves expiries in tests, as it does TTLs in the queue).
-    private nonisolated let wallClockOrigin: Date
+    private let wallClockOrigin: Date
 
     /// - Parameters:
     ///   - provider: reads and refreshes the token.
@@ -118,7 +117,7 @@ public actor TokenRefreshCoordinator {
     /// The token the next request would carry, without refreshing: the provider's current token,
     /// or a newer one this coordinator obtained when the provider's answer is one it has already
     /// replaced. `nil` when the provider has none.
-    public nonisolated func currentToken() async -> String? {
+    public func currentToken() async -> String? {
         let token = await provider.currentToken()
         return state.withLock { $0.machine.newestToken(for: token) }
     }
@@ -130,7 +129,7 @@ public actor TokenRefreshCoordinator {
     ///   `AuthError.refreshTimedOut` when it has not returned within `refreshTimeout`,
     ///   `AuthError.excessiveRefresh` when the loop guard refuses to start one, and
     ///   `CancellationError` when the calling task is cancelled (the refresh goes on).
-    public nonisolated func refresh() async throws -> String {
+    public func refresh() async throws -> String {
         return try await perform(decide { $0.refreshRequested(now: time.now()) }).token
     }
 
@@ -140,7 +139,7 @@ public actor TokenRefreshCoordinator {
     /// the current one is known to be unusable (then this waits for the shared refresh).
     ///
     /// - Throws: `AuthError` when no token can be had, `CancellationError` when cancelled.
-    nonisolated func tokenForRequest() async throws -> Machine.IssuedToken {
+    func tokenForRequest() async throws -> Machine.IssuedToken {
         let stamp = state.withLock { $0.machine.stamp }
         let token = await provider.currentToken()
         return try await perform(decide { $0.tokenRead(token, stamp: stamp, now: time.now()) })
@@ -150,7 +149,7 @@ public actor TokenRefreshCoordinator {
     /// it is newer, else the result of the shared refresh.
     ///
     /// - Throws: `AuthError` when no token can be had, `CancellationError` when cancelled.
-    nonisolated func tokenAfterUnauthorized(_ rejected: Machine.IssuedToken) async throws -> Machine.IssuedToken {
+    func tokenAfterUnauthorized(_ rejected: Machine.IssuedToken) async throws -> Machine.IssuedToken {
         return try await perform(decide { $0.unauthorized(rejected.stamp, now: time.now()) })
     }
 
@@ -164,7 +163,7 @@ public actor TokenRefreshCoordinator {
 
     /// Runs one of the machine's inputs and, when it says wait, issues the caller's ticket in the
     /// same critical section.
-    private nonisolated func decide(_ input: (inout Machine) -> Machine.Action) -> Decision {
+    private func decide(_ input: (inout Machine) -> Machine.Action) -> Decision {
         state.withLock { state in
             let action = input(&state.machine)
             switch action {
@@ -176,7 +175,7 @@ public actor TokenRefreshCoordinator {
         }
     }
 
-    private nonisolated func perform(_ decision: Decision) async throws -> Machine.IssuedToken {
+    private func perform(_ decision: Decision) async throws -> Machine.IssuedToken {
         switch decision.action {
         case .send(let issued):
             return issued
@@ -205,7 +204,7 @@ public actor TokenRefreshCoordinator {
 
     /// Arms refresh `id`'s timeout, then runs the provider's refresh in a task of its own, so that
     /// no caller's cancellation reaches it, and reports its end to the machine.
-    private nonisolated func startRefresh(_ id: Machine.RefreshID) {
+    private func startRefresh(_ id: Machine.RefreshID) {
         if refreshTimeout > .zero {
             // The deadline is taken now, at the start, so that a timer task that runs late still
             // fires `refreshTimeout` after the start. The timer is registered before the refresh
@@ -236,7 +235,7 @@ public actor TokenRefreshCoordinator {
         }
     }
 
-    private nonisolated func finishRefresh(_ id: Machine.RefreshID, _ result: Result<String, AuthError>, expiresAt: Duration?) {
+    private func finishRefresh(_ id: Machine.RefreshID, _ result: Result<String, AuthError>, expiresAt: Duration?) {
         let (timer, ready, outcome) = state.withLock { state in
             let completion: Machine.Completion
             switch result {
@@ -256,7 +255,7 @@ public actor TokenRefreshCoordinator {
 
     /// Refresh `id`'s timer fired: the machine abandons the refresh if it still runs, and its
     /// waiters get `AuthError.refreshTimedOut`.
-    private nonisolated func refreshTimedOut(_ id: Machine.RefreshID) {
+    private func refreshTimedOut(_ id: Machine.RefreshID) {
         let (ready, outcome) = state.withLock { state in
             state.timers[id] = nil
             return Self.take(state.machine.refreshTimedOut(id), from: &state)
@@ -276,7 +275,7 @@ public actor TokenRefreshCoordinator {
     }
 
     /// Suspends waiter `id` until its refresh ends; answers at once when the caller is cancelled.
-    private nonisolated func waitForRefresh(
+    private func waitForRefresh(
         _ id: Machine.WaiterID, _ ticket: WaiterList<WaitOutcome?, Machine.WaiterID>.Ticket?
     ) async throws -> Machine.IssuedToken {
         guard let ticket else { preconditionFailure("a waiting decision always carries a ticket") }
@@ -305,7 +304,7 @@ public actor TokenRefreshCoordinator {
         }
     }
 
-    private nonisolated func notifyWatchers() {
+    private func notifyWatchers() {
         let ready = state.withLock { state -> [WaiterList<Void, @Sendable (Machine) -> Bool>.Waiter] in
             guard !state.watchers.isEmpty else { return [] }
             let machine = state.machine
@@ -315,7 +314,7 @@ public actor TokenRefreshCoordinator {
     }
 
     /// `date` as a time on the coordinator's clock.
-    private nonisolated func clockTime(of date: Date) -> Duration {
+    private func clockTime(of date: Date) -> Duration {
         let seconds = date.timeIntervalSince(wallClockOrigin)
         // A date before the origin is simply "already expired": clamp to the clock's zero.
         return .clamped(seconds: seconds, upperBound: .seconds(Int64.max / 4))

@@ -29,7 +29,7 @@ import FoundationNetworking
 ///   cancelled only when its last waiter is.
 /// - **Circuit breaker** (optional): while open, sends fail fast with `NetworkError.circuitOpen`.
 /// - **Events** go to `eventSink` with one traceID per logical request; no sink, no cost.
-public actor AsyncRequestEngine: RequestSending {
+public final class AsyncRequestEngine: RequestSending {
     /// Tuning knobs with safe defaults.
     public struct Options: Sendable {
         /// Longest wait honoured from a `Retry-After` header (longer values are capped). Default 60 s.
@@ -66,27 +66,27 @@ public actor AsyncRequestEngine: RequestSending {
         }
     }
 
-    public nonisolated let session: any NetworkSession
-    public nonisolated let retryPolicy: (any RetryPolicy)?
-    public nonisolated let eventSink: (any RequestEventSink)?
-    public nonisolated let retryBudget: RetryBudget?
-    public nonisolated let circuitBreaker: CircuitBreaker?
-    public nonisolated let options: Options
-    private nonisolated let time: TimeSource
-    private nonisolated let watchdog: DeadlineWatchdog
+    public let session: any NetworkSession
+    public let retryPolicy: (any RetryPolicy)?
+    public let eventSink: (any RequestEventSink)?
+    public let retryBudget: RetryBudget?
+    public let circuitBreaker: CircuitBreaker?
+    public let options: Options
+    private let time: TimeSource
+    private let watchdog: DeadlineWatchdog
 
     /// Shared calls in flight, by identity (deduplicated methods only). Locks, not actor state:
     /// every deduplicated send joins or starts a call here, and an actor hop each way measurably
     /// slowed the request path (Benchmarks/README.md).
-    private nonisolated let inFlight = SingleFlightTable()
+    private let inFlight = SingleFlightTable()
     /// Where tests observe paths that have no other visible effect (see AsyncRequestEngine+Testing).
-    nonisolated let testHooks = EngineTestHooks()
+    let testHooks = EngineTestHooks()
     /// `options.deduplicatedMethods` as a bit set, read by every send.
-    private nonisolated let deduplicated: HTTPMethodSet
+    private let deduplicated: HTTPMethodSet
     /// Whether an event sink is set and whether a retry policy is, read by every send (testing an
     /// optional existential copies it).
-    private nonisolated let observed: Bool
-    private nonisolated let retries: Bool
+    private let observed: Bool
+    private let retries: Bool
 
     /// - Parameters:
     ///   - session: the transport; `URLSessionTransport.shared` by default. A plain `URLSession`
@@ -123,24 +123,16 @@ public actor AsyncRequestEngine: RequestSending {
         watchdog.shutdown()
     }
 
-    /// Sends `request` and returns the body and response of a 2xx reply.
-    ///
-    /// - Throws: `NetworkError` — the last failure once retrying stops, `.cancelled` when the calling
-    ///   task is cancelled, `.invalidRequest` before anything is sent for a malformed request.
-    @discardableResult
-    public nonisolated func send(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-        let (data, response) = try await response(for: request)
-        guard (200...299).contains(response.statusCode) else {
-            throw NetworkError.httpError(statusCode: response.statusCode, data: data)
-        }
-        return (data, response)
-    }
-
-    /// Like `send(_:)` — same retries, deduplication, timeouts and events — but returns the final
+    /// Sends `request` — with retries, deduplication, timeouts and events — and returns the final
     /// HTTP response whatever its status, so a caller can read headers such as `Retry-After` on a
-    /// 503. Throws `NetworkError` only when no HTTP response was obtained (offline, transport
-    /// failure, timeout, invalid reply, cancellation, open circuit, invalid request).
-    public nonisolated func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+    /// 503. `send(_:)` (from `RequestSending`) is this, with a final status outside 2xx thrown as
+    /// `NetworkError.httpError`.
+    ///
+    /// - Throws: `NetworkError` only when no HTTP response was obtained — the last failure once
+    ///   retrying stops (offline, transport failure, timeout, invalid reply, open circuit),
+    ///   `.cancelled` when the calling task is cancelled, `.invalidRequest` before anything is sent
+    ///   for a malformed request.
+    public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         let entry = enter(request)
         if let joinedAs = entry.joinedAs {
             await emitDeduplicated(joinedAs.traceID, url: joinedAs.url, method: entry.call.execution.method)
@@ -150,7 +142,7 @@ public actor AsyncRequestEngine: RequestSending {
 
     /// The number of distinct shared calls in flight now (deduplicated methods only); approximate
     /// while sends run concurrently.
-    public nonisolated var inFlightCount: Int { inFlight.count }
+    public var inFlightCount: Int { inFlight.count }
 
     // MARK: - Entering a request
 
@@ -158,7 +150,7 @@ public actor AsyncRequestEngine: RequestSending {
     /// identical call in flight or starts a new one. Synchronous, so the caller's async frame
     /// stays small. A caller that joined gets its own trace id and URL back for its
     /// `deduplicated` event (only when events are observed).
-    private nonisolated func enter(
+    private func enter(
         _ request: some NetworkRequest
     ) -> (call: SharedCall, waiter: SharedCall.Ticket, joinedAs: (traceID: UUID, url: URL)?) {
         let url = request.url
@@ -194,7 +186,7 @@ public actor AsyncRequestEngine: RequestSending {
 
     /// A fresh trace id when events are observed; without a sink none is needed (`UUID()` reads
     /// /dev/urandom on Linux: three system calls per request for nothing).
-    private nonisolated func makeTraceID() -> UUID {
+    private func makeTraceID() -> UUID {
         observed ? UUID() : Self.unobservedTraceID
     }
 
@@ -202,7 +194,7 @@ public actor AsyncRequestEngine: RequestSending {
 
     /// What the call's attempts will need. A request that cannot be sent gets a plan that reports
     /// why (after `started`), so every send has the same event sequence.
-    private nonisolated func plan(
+    private func plan(
         _ url: URL,
         _ method: HTTPMethod,
         _ headers: [String: String],
@@ -243,7 +235,7 @@ public actor AsyncRequestEngine: RequestSending {
     // MARK: - One logical request: attempts, retries, events
 
     /// The whole logical request, in the call's task: attempts and retries.
-    nonisolated func run(_ call: SharedCall) async {
+    func run(_ call: SharedCall) async {
         if observed { await emitStarted(call) }
         if let invalid = call.execution.invalid {
             return await end(call, invalid, attempt: 0)
@@ -254,7 +246,7 @@ public actor AsyncRequestEngine: RequestSending {
 
     /// Attempt `attempt` of `call` timed out (the watchdog's deadline passed): unless its response
     /// came first, the rest of the request moves to a new task at the caller's priority.
-    nonisolated func attemptTimedOut(_ call: SharedCall, attempt: Int) {
+    func attemptTimedOut(_ call: SharedCall, attempt: Int) {
         call.timeOut(attempt: attempt, priority: call.execution.priority) { expired in
             await self.attempts(call, from: attempt, afterTimeout: expired)
         }
@@ -267,7 +259,7 @@ public actor AsyncRequestEngine: RequestSending {
     /// Every decision is made by synchronous helpers and every event is built in an out-of-line
     /// one: an async frame holds every value kept across an `await`, so keeping those few keeps
     /// this frame small (640 bytes, was 1 904) and the task needs fewer allocator slabs.
-    private nonisolated func attempts(
+    private func attempts(
         _ call: SharedCall,
         from first: Int,
         afterTimeout: TimedOutAttempt?
@@ -318,7 +310,7 @@ public actor AsyncRequestEngine: RequestSending {
     /// request (the timed-out result, retries) to a new task and cancelled this one, so neither a
     /// retry nor the waiters wait for the transport to wind down (libcurl-based URLSession can take
     /// seconds to acknowledge a cancel under load). Non-HTTP responses become `invalidResponse`.
-    private nonisolated func perform(
+    private func perform(
         _ call: SharedCall,
         attempt: Int,
         permit: CircuitBreaker.Permit?
@@ -364,7 +356,7 @@ public actor AsyncRequestEngine: RequestSending {
     /// request may be retried, the task is not cancelled, the policy gives a delay and the budget
     /// grants a token (`Retry-After` on 429/503 replaces the policy's delay, capped); anything else
     /// fails.
-    private nonisolated func next(
+    private func next(
         after result: Result<(Data, HTTPURLResponse), NetworkError>,
         attempt: Int,
         mayRetry: Bool
@@ -394,7 +386,7 @@ public actor AsyncRequestEngine: RequestSending {
     /// The result of an attempt whose timeout fired, counted by the circuit breaker. A call whose
     /// waiters all left before the timeout fired ends as cancelled, as it would have without the
     /// timeout: no retry, ignored by the breaker.
-    private nonisolated func outcome(of expired: TimedOutAttempt) -> Result<(Data, HTTPURLResponse), NetworkError> {
+    private func outcome(of expired: TimedOutAttempt) -> Result<(Data, HTTPURLResponse), NetworkError> {
         let result: Result<(Data, HTTPURLResponse), NetworkError> =
             .failure(expired.abandoned || Task.isCancelled ? .cancelled : .timedOut)
         if let permit = expired.permit { circuitBreaker?.record(Self.breakerOutcome(of: result), for: permit) }
@@ -419,7 +411,7 @@ public actor AsyncRequestEngine: RequestSending {
     // MARK: - Ending a request
 
     /// Unregisters a finished call from the single-flight table and answers its waiters.
-    private nonisolated func finish(
+    private func finish(
         _ call: SharedCall,
         _ outcome: Result<(Data, HTTPURLResponse), NetworkError>
     ) {
@@ -431,7 +423,7 @@ public actor AsyncRequestEngine: RequestSending {
     /// Ends a request without success: emits `failed`, then answers the waiters with the final
     /// non-2xx response when there is one (`send` turns it into `httpError`), else with `error`.
     @inline(never)
-    private nonisolated func end(
+    private func end(
         _ call: SharedCall,
         _ error: NetworkError,
         attempt: Int,
@@ -446,23 +438,23 @@ public actor AsyncRequestEngine: RequestSending {
     // MARK: - Events (out of line: only an observed engine pays for building them)
 
     @inline(never)
-    private nonisolated func emitStarted(_ call: SharedCall) async {
+    private func emitStarted(_ call: SharedCall) async {
         await eventSink?.record(.started(traceID: call.execution.traceID, url: call.execution.url, method: call.execution.method))
     }
 
     @inline(never)
-    private nonisolated func emitDeduplicated(_ traceID: UUID, url: URL, method: HTTPMethod) async {
+    private func emitDeduplicated(_ traceID: UUID, url: URL, method: HTTPMethod) async {
         await eventSink?.record(.deduplicated(traceID: traceID, url: url, method: method))
     }
 
     @inline(never)
-    private nonisolated func emitSucceeded(_ call: SharedCall, status: Int, attempt: Int) async {
+    private func emitSucceeded(_ call: SharedCall, status: Int, attempt: Int) async {
         let duration = (time.now() - call.execution.started).seconds
         await eventSink?.record(.succeeded(traceID: call.execution.traceID, statusCode: status, duration: duration, attempt: attempt))
     }
 
     @inline(never)
-    private nonisolated func emitRetryScheduled(_ call: SharedCall, attempt: Int, delay: Duration) async {
+    private func emitRetryScheduled(_ call: SharedCall, attempt: Int, delay: Duration) async {
         await eventSink?.record(.retryScheduled(traceID: call.execution.traceID, attempt: attempt, delay: delay.seconds))
     }
 }

@@ -9,10 +9,24 @@ import FoundationNetworking
 public protocol RequestSending: Sendable {
     /// Sends `request` and returns the body and response of a 2xx reply; throws `NetworkError`
     /// otherwise (`httpError` for any other status).
+    @discardableResult
     func send(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse)
 
     /// Sends `request` and returns the final HTTP response whatever its status, so the caller can
     /// act on status and headers itself (e.g. `Retry-After` on 503). Throws `NetworkError` only
     /// when no HTTP response was obtained.
     func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse)
+}
+
+extension RequestSending {
+    /// `response(for:)`, with a final status outside 2xx thrown as `NetworkError.httpError` (its
+    /// body kept): every sender's `send(_:)`, written once.
+    @discardableResult
+    public func send(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+        let (data, response) = try await response(for: request)
+        guard (200...299).contains(response.statusCode) else {
+            throw NetworkError.httpError(statusCode: response.statusCode, data: data)
+        }
+        return (data, response)
+    }
 }

@@ -173,14 +173,6 @@ public final class CachedRequestEngine: RequestSending {
 
     // MARK: - RequestSending
 
-    /// `response(for:mode:staleTime:)` with `defaultMode` and `defaultStaleTime`, as a 2xx reply.
-    public func send(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-        let (data, response) = try await response(for: request)
-        guard (200...299).contains(response.statusCode) else {
-            throw NetworkError.httpError(statusCode: response.statusCode, data: data)
-        }
-        return (data, response)
-    }
 
     /// `response(for:mode:staleTime:)` with `defaultMode` and `defaultStaleTime`, whatever the status.
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
