@@ -87,13 +87,14 @@ public final class RequestMetricsCollector: RequestEventSink {
 
     // MARK: - Reading
 
-    /// A copy of everything counted so far. The same as `currentSnapshot()`; `async` for source
-    /// compatibility with SwiftResilience's actor-based collector.
+    /// A copy of everything counted so far: the compatibility spelling (`async`, as on
+    /// SwiftResilience's actor-based collector) of the canonical `currentSnapshot()`.
     public func snapshot() async -> RequestMetrics {
         currentSnapshot()
     }
 
-    /// A copy of everything counted so far, from any context without awaiting. Takes each shard's
+    /// A copy of everything counted so far, from any context without awaiting (canonical;
+    /// `snapshot()` is the compatibility spelling). Takes each shard's
     /// lock in turn for the time it takes to add its counters up.
     public func currentSnapshot() -> RequestMetrics {
         let (keys, rows) = aggregate()

@@ -198,23 +198,27 @@ public final class DiskQueueStore: Sendable {
 
     // MARK: - Reading (from the index, never from the folder)
 
-    /// The entries that have not expired by the system clock, in replay order — what
-    /// SwiftResilience's `load()` returned. Expired entries stay in the store (and in `count()`)
-    /// until a pass or `deleteExpired()` sweeps them; `orderedEntries()` lists them too.
+    /// The entries that have not expired by the system clock, in replay order.
+    ///
+    /// The compatibility spelling (SwiftResilience's `load()`, and what it returned): the
+    /// canonical reading is `orderedEntries()`, which does not suspend and lists expired entries
+    /// too. Expired entries stay in the store (and in `entryCount`) until a pass or
+    /// `deleteExpired()` sweeps them.
     public func load() async -> [QueueEntry] {
         let now = Date()
         return orderedEntries().filter { !$0.isExpired(at: now) }
     }
 
-    /// The number of entries (expired ones included until they are swept).
+    /// The number of entries (expired ones included until they are swept). The compatibility
+    /// spelling (SwiftResilience) of the canonical `entryCount`.
     public func count() async -> Int { entryCount }
 
     /// Every entry, expired or not, in replay order (priority descending, then FIFO), without
-    /// suspending. This is the order a pass replays in; `load()` is the same list without the
-    /// expired entries.
+    /// suspending: the order a pass replays in. Canonical; `load()` is the compatibility spelling
+    /// that leaves out expired entries.
     public func orderedEntries() -> [QueueEntry] { state.withLock { $0.index.ordered() } }
 
-    /// The number of entries, without suspending.
+    /// The number of entries, without suspending. Canonical; `count()` is the compatibility spelling.
     public var entryCount: Int { state.withLock { $0.index.count } }
 
     /// A new stream for each access: the number of entries at once, then every change (a slow
@@ -276,6 +280,10 @@ public final class DiskQueueStore: Sendable {
     /// key (if that is another id) once it is durable, and it is numbered from the store's counter,
     /// so that after a crash the open keeps it rather than an older edit.
     ///
+    /// The public spelling (SwiftResilience's); the queue itself calls the internal
+    /// `insert(_:limit:replacing:)`, which adds the queue's size limit and the coalescing
+    /// replacement it decided.
+    ///
     /// - Throws: `OfflineQueueError.storage` (a full disk, an unwritable folder),
     ///   `.unstorable` (an entry too large to store, or whose `sequence` is out of range).
     public func save(_ entry: QueueEntry) async throws {
@@ -306,7 +314,8 @@ public final class DiskQueueStore: Sendable {
     }
 
     /// Removes an entry (a no-op if it is not there, or if its file cannot be deleted: it then
-    /// stays queued).
+    /// stays queued). The public spelling (SwiftResilience's); the queue itself calls the
+    /// internal, throwing `remove(id:)`, which reports a file that could not be deleted.
     public func delete(id: UUID) async {
         try? remove(id: id)
     }
