@@ -258,7 +258,7 @@ public final class AsyncRequestEngine: RequestSending {
     ///
     /// Every decision is made by synchronous helpers and every event is built in an out-of-line
     /// one: an async frame holds every value kept across an `await`, so keeping those few keeps
-    /// this frame small (640 bytes, was 1 904) and the task needs fewer allocator slabs.
+    /// this frame small (figures in Benchmarks/README.md) and the task needs fewer allocator slabs.
     private func attempts(
         _ call: SharedCall,
         from first: Int,
