@@ -117,6 +117,8 @@ public final class AsyncRequestEngine: RequestSending {
         self.retries = retryPolicy != nil
         self.time = TimeSource(clock)
         self.watchdog = DeadlineWatchdog(time: time)
+        // Weak: the watchdog's sleeper may outlive the engine by a moment (deinit shuts it down).
+        watchdog.onExpiry { [weak self] call, attempt in self?.attemptTimedOut(call, attempt: attempt) }
     }
 
     deinit {
@@ -165,8 +167,8 @@ public final class AsyncRequestEngine: RequestSending {
         let priority = Task.currentPriority
         guard deduplicated.contains(method) else {
             let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, key: nil)
-            let call = SharedCall(engine: self, execution: execution)
-            call.start()
+            let call = SharedCall(execution: execution)
+            call.start { Task { await self.run(call) } }
             return (call, call.firstTicket, nil)
         }
         // Requests with different body limits never share a call: one could fail where the other must not.
@@ -175,10 +177,10 @@ public final class AsyncRequestEngine: RequestSending {
             maximumBodySize: bodyLimit ?? options.maximumResponseBodySize
         )
         let (call, waiter, joined) = inFlight.joinOrStart(key) {
-            SharedCall(engine: self, execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, key: key))
+            SharedCall(execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, key: key))
         }
         guard joined else {
-            call.start()
+            call.start { Task { await self.run(call) } }
             return (call, waiter, nil)
         }
         return (call, waiter, observed ? (traceID, url) : nil)

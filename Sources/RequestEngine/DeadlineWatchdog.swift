@@ -23,6 +23,8 @@ final class DeadlineWatchdog: Sendable {
         var sleeper: Task<Void, Never>?
         var sleeperDeadline: Duration?
         var isShutDown = false
+        /// Told of each passed deadline (the engine's `attemptTimedOut`); set once after init.
+        var onExpiry: (@Sendable (SharedCall, Int) -> Void)?
     }
 
     let state = Locked(State())
@@ -32,7 +34,12 @@ final class DeadlineWatchdog: Sendable {
         self.time = time
     }
 
-    /// Calls `call.deadlinePassed(attempt:)` (on some task, once) when `delay` has passed, unless
+    /// Sets what is told of each passed deadline. Set once, before any schedule.
+    func onExpiry(_ handler: @escaping @Sendable (SharedCall, Int) -> Void) {
+        state.withLock { $0.onExpiry = handler }
+    }
+
+    /// Calls the expiry handler with `call` and `attempt` (on some task, once) when `delay` has passed, unless
     /// `cancel(_:attempt:)` comes first. A call registers one attempt at a time.
     func schedule(_ call: SharedCall, attempt: Int, after delay: Duration) {
         let deadline = time.now() + delay
@@ -81,7 +88,7 @@ final class DeadlineWatchdog: Sendable {
                     return  // re-armed for an earlier deadline, or shut down
                 }
                 let now = time.now()
-                let (due, next) = state.withLock { state -> ([Entry], Duration?) in
+                let (due, next, onExpiry) = state.withLock { state -> ([Entry], Duration?, (@Sendable (SharedCall, Int) -> Void)?) in
                     var due: [Entry] = []
                     while let top = state.heap.first, top.deadline <= now {
                         due.append(top)
@@ -90,9 +97,9 @@ final class DeadlineWatchdog: Sendable {
                     let next = state.heap.first?.deadline
                     state.sleeperDeadline = next
                     if next == nil { state.sleeper = nil }
-                    return (due, next)
+                    return (due, next, state.onExpiry)
                 }
-                for entry in due { entry.call.deadlinePassed(attempt: entry.attempt) }
+                if let onExpiry { for entry in due { onExpiry(entry.call, entry.attempt) } }
                 guard let next else { return }
                 wake = next
             }

@@ -21,7 +21,9 @@ import Synchronization
 /// (`timeOut(attempt:…)`). The watchdog hands the rest of the work to a new task and cancels the old
 /// one, so neither a retry nor the waiters wait for a transport slow to acknowledge the cancel.
 ///
-/// Races this guards against:
+/// The rules live in `SharedCallStateMachine` (SharedCall+StateMachine.swift); this class holds it
+/// behind its lock and performs what it returns — and the call never calls back into the engine:
+/// the engine hands it the task to run and the successor to start. Races this guards against:
 /// - a waiter cancelled before its continuation is installed (cancellation handler runs first):
 ///   its ticket in the `WaiterList` is handed `.cancelled`, which it takes as it installs;
 /// - a timeout racing the last waiter's departure: the successor learns under the lock whether
@@ -38,26 +40,9 @@ import Synchronization
 /// holds its lock inline on Linux; continuations are unsafe (each is resumed exactly once: only
 /// after being taken out of the waiter list under the lock).
 final class SharedCall: Sendable {
-    typealias Outcome = Result<(Data, HTTPURLResponse), NetworkError>
-    typealias Waiters = WaiterList<Outcome, Void>
-    typealias Ticket = Waiters.Ticket
+    typealias Outcome = SharedCallStateMachine.Outcome
+    typealias Ticket = SharedCallStateMachine.Ticket
 
-    struct State: Sendable {
-        /// Callers waiting for the outcome: the one that started the call, and any that joined.
-        var waiters = Waiters()
-        /// Callers that have not left (by cancellation); the call is abandoned when none is left.
-        var activeWaiters = 1
-        var outcome: Outcome?
-        var task: Task<Void, Never>?
-        var abandoned = false
-        /// The attempt in flight that neither its task nor the watchdog has claimed yet.
-        var openAttempt: Int?
-        /// That attempt's circuit-breaker permit, handed to the successor if the timeout claims it.
-        var openPermit: CircuitBreaker.Permit?
-    }
-
-    /// The engine whose task runs the call (and carries it on after a timeout).
-    let engine: AsyncRequestEngine
     /// What every attempt needs, fixed before the task starts.
     let execution: Execution
 
@@ -67,69 +52,50 @@ final class SharedCall: Sendable {
     nonisolated(unsafe) var deadlineSlot = -1
 
     #if canImport(os)
-    private let state: Locked<State>
+    private let state: Locked<SharedCallStateMachine>
     #else
-    private let state: Mutex<State>
+    private let state: Mutex<SharedCallStateMachine>
     #endif
 
     /// The ticket of the waiter registered with the call (the caller that starts it).
     let firstTicket: Ticket
 
-    init(engine: AsyncRequestEngine, execution: Execution) {
-        self.engine = engine
+    init(execution: Execution) {
         self.execution = execution
-        var initial = State()
-        firstTicket = initial.waiters.issue(())
+        let machine = SharedCallStateMachine()
+        firstTicket = machine.firstTicket
         #if canImport(os)
-        state = Locked(initial)
+        state = Locked(machine)
         #else
-        state = Mutex(initial)
+        state = Mutex(machine)
         #endif
     }
 
     /// Registers a waiter; `nil` when the call has completed or been abandoned.
     func join() -> Ticket? {
-        state.withLock { state in
-            guard state.outcome == nil, !state.abandoned else { return nil }
-            state.activeWaiters += 1
-            return state.waiters.issue(())
-        }
+        state.withLock { $0.join() }
     }
 
-    /// Starts the engine's work in a new task (inheriting the caller's priority and task-local
-    /// values). The task is recorded before its body can reach the lock, so a timeout always finds
-    /// it. (Waiters start waiting only after this, so none can have left; the check is a guard.)
-    func start() {
-        let (task, abandoned) = state.withLock { state in
-            let task = Task { await self.engine.run(self) }
-            state.task = task
-            return (task, state.abandoned)
+    /// Starts the call's task, made by `makeTask` (which must not touch the call's lock). The
+    /// task is recorded before its body can reach the lock, so a timeout always finds it.
+    /// (Waiters start waiting only after this, so none can have left; the check is a guard.)
+    func start(_ makeTask: () -> Task<Void, Never>) {
+        let (task, cancel) = state.withLock { machine in
+            let task = makeTask()
+            return (task, machine.taskStarted(task))
         }
-        if abandoned { task.cancel() }
+        if cancel { task.cancel() }
     }
 
     /// Marks `attempt` as in flight, to be claimed by its task or by its timeout.
     func open(attempt: Int, permit: CircuitBreaker.Permit? = nil) {
-        state.withLock { state in
-            state.openAttempt = attempt
-            state.openPermit = permit
-        }
+        state.withLock { $0.open(attempt: attempt, permit: permit) }
     }
 
     /// The attempt's task claims its response; false when the timeout claimed it first (this
     /// task has been superseded and must stop).
     func claim(attempt: Int) -> Bool {
-        state.withLock { state in
-            guard state.openAttempt == attempt else { return false }
-            state.openAttempt = nil
-            return true
-        }
-    }
-
-    /// Called by the watchdog when `attempt`'s deadline passes: the engine carries the request on
-    /// in a new task, unless the response came first.
-    func deadlinePassed(attempt: Int) {
-        engine.attemptTimedOut(self, attempt: attempt)
+        state.withLock { $0.claim(attempt: attempt) }
     }
 
     /// The watchdog claims `attempt` for its timeout and moves the rest of the work to a new task
@@ -142,65 +108,35 @@ final class SharedCall: Sendable {
         priority: TaskPriority?,
         successor: @escaping @Sendable (TimedOutAttempt) async -> Void
     ) {
-        let handed = state.withLock { state -> (old: Task<Void, Never>?, new: Task<Void, Never>, abandoned: Bool)? in
-            guard state.openAttempt == attempt, state.outcome == nil else { return nil }
-            state.openAttempt = nil
-            let old = state.task
-            let expired = TimedOutAttempt(permit: state.openPermit, abandoned: state.abandoned)
+        let handed = state.withLock { machine -> (old: Task<Void, Never>?, new: Task<Void, Never>, cancelNew: Bool)? in
+            guard let (superseded, expired) = machine.timeOut(attempt: attempt) else { return nil }
             // Detached: created on the watchdog's task, a plain `Task` would inherit that task's
             // task-local values, which belong to no request.
             let new = Task.detached(priority: priority) { await successor(expired) }
-            state.task = new
-            return (old, new, expired.abandoned)
+            return (superseded, new, machine.taskStarted(new))
         }
         guard let handed else { return }
         handed.old?.cancel()
-        if handed.abandoned { handed.new.cancel() }
+        if handed.cancelNew { handed.new.cancel() }
     }
 
     /// Waits for the outcome as the waiter holding `ticket`; returns `.cancelled` promptly if the
     /// caller is cancelled.
     func wait(_ ticket: Ticket) async -> Outcome {
         await suspendCancellably { continuation in
-            state.withLock { state -> Outcome? in
-                if let outcome = state.outcome {
-                    state.waiters.withdraw(ticket)
-                    return outcome
-                }
-                if let handed = state.waiters.claim(ticket) { return handed }
-                state.waiters.park(ticket, continuation)
-                return nil
-            }
+            state.withLock { $0.install(ticket, continuation) }
         } onCancel: {
-            leave(ticket)
+            let departure = state.withLock { $0.leave(ticket) }
+            departure.waiter?.resume(returning: .failure(.cancelled))
+            departure.taskToCancel?.cancel()
         }
     }
 
     /// Delivers the outcome to every waiter still waiting (those on their way find it as they
     /// install).
     func complete(_ outcome: Outcome) {
-        let waiting = state.withLock { state -> [Waiters.Waiter]? in
-            guard state.outcome == nil else { return nil }
-            state.outcome = outcome
-            state.task = nil
-            return state.waiters.takeAll()
-        }
-        guard let waiting else { return }
+        guard let waiting = state.withLock({ $0.complete(outcome) }) else { return }
         for waiter in waiting { waiter.resume(returning: outcome) }
-    }
-
-    private func leave(_ ticket: Ticket) {
-        let cancelled = Outcome.failure(.cancelled)
-        let (waiter, taskToCancel) = state.withLock { state -> (Waiters.Waiter?, Task<Void, Never>?) in
-            guard state.outcome == nil else { return (nil, nil) }
-            let waiter = state.waiters.cancel(ticket, with: cancelled)
-            state.activeWaiters -= 1
-            guard state.activeWaiters == 0 else { return (waiter, nil) }
-            state.abandoned = true
-            return (waiter, state.task)
-        }
-        waiter?.resume(returning: cancelled)
-        taskToCancel?.cancel()
     }
 }
 

@@ -230,7 +230,7 @@ extension SharedCall {
             url: url, method: .get, urlRequest: URLRequest(url: url), invalid: nil, timeout: .seconds(5), maximumBodySize: nil,
             mayRetry: false, traceID: UUID(), started: .zero, priority: .medium, key: key
         )
-        return SharedCall(engine: AsyncRequestEngine(session: ScriptedNetworkSession([]), clock: ManualClock()), execution: execution)
+        return SharedCall(execution: execution)
     }
 }
 

@@ -55,6 +55,12 @@ struct DeadlineWatchdogTests {
         // Each call's attempt is open, as during a request, so a fired deadline shows: the
         // timeout claims the attempt and the call's own claim then fails.
         let calls = delays.map { _ in SharedCall.unstarted() }
+        // As the engine does: a passed deadline claims the attempt for its timeout.
+        let firedOrder = Locked<[ObjectIdentifier]>([])
+        watchdog.onExpiry { call, attempt in
+            firedOrder.withLock { $0.append(ObjectIdentifier(call)) }
+            call.timeOut(attempt: attempt, priority: nil) { _ in }
+        }
         for (index, seconds) in delays.enumerated() {
             calls[index].open(attempt: 0)
             watchdog.schedule(calls[index], attempt: 0, after: .seconds(seconds))
@@ -79,6 +85,12 @@ struct DeadlineWatchdogTests {
         }
         // Every timeout claimed its attempt: the calls' own (late) claims all fail.
         for call in calls { #expect(!call.claim(attempt: 0)) }
+        // Fired in deadline order (ties in any order).
+        let position = Dictionary(uniqueKeysWithValues: firedOrder.withLock { $0 }.enumerated().map { ($1, $0) })
+        let byDeadline = calls.indices.sorted { delays[$0] < delays[$1] }
+        for (earlier, later) in zip(byDeadline, byDeadline.dropFirst()) where delays[earlier] < delays[later] {
+            #expect(position[ObjectIdentifier(calls[earlier])]! < position[ObjectIdentifier(calls[later])]!)
+        }
         #expect(clock.nextDeadline == .init(offset: .seconds(1_000)))
     }
 }

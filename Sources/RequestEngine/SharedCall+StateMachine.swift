@@ -1,0 +1,171 @@
+import Foundation
+import Retry
+import ResilienceCore
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// One logical request's life as a value: who waits for it, which task runs it, which attempt is
+/// in flight, and how it ended. `SharedCall` holds one behind its lock, feeds it every event, and
+/// performs what it returns (starting, cancelling and resuming tasks); the machine does no I/O,
+/// so every transition is unit-tested by hand (`SharedCallStateMachineTests`).
+///
+/// ```
+///              last waiter leaves                    (the task winds down)
+///   running ─────────────────────► abandoned ───────────────┐
+///      │                                                     │ complete(outcome)
+///      └─────────────────────────────────────────────────────┴──────────────► completed(outcome)
+/// ```
+///
+/// An attempt is *opened* before it is sent and then *claimed* by exactly one side: its task
+/// (`claim`), when the response comes first, or the watchdog (`timeOut`), when the deadline does.
+struct SharedCallStateMachine: Sendable {
+    typealias Outcome = Result<(Data, HTTPURLResponse), NetworkError>
+    typealias Waiters = WaiterList<Outcome, Void>
+    typealias Ticket = Waiters.Ticket
+
+    enum Phase: Sendable {
+        /// Someone waits for the outcome.
+        case running(Running)
+        /// Every waiter left before an outcome: the task is cancelled and winds down; nobody can
+        /// join any more.
+        case abandoned(Running)
+        /// The outcome is known; waiters still on their way to suspend find it.
+        case completed(Outcome)
+    }
+
+    struct Running: Sendable {
+        /// The task carrying the request (replaced after a timeout).
+        var task: Task<Void, Never>?
+        /// Callers that have not left.
+        var waiting: Int
+        /// The attempt in flight that neither its task nor the watchdog has claimed yet.
+        var open: OpenAttempt?
+    }
+
+    struct OpenAttempt: Sendable {
+        let attempt: Int
+        /// Its circuit-breaker permit, handed to the successor if the timeout claims it.
+        let permit: CircuitBreaker.Permit?
+    }
+
+    /// What `leave` asks the call to do.
+    struct Departure: Sendable {
+        /// The waiter to answer `.cancelled` (nil if it had not suspended yet: it takes the
+        /// answer as it does, or had been answered already).
+        var waiter: Waiters.Waiter?
+        /// The task to cancel: the last waiter has left.
+        var taskToCancel: Task<Void, Never>?
+    }
+
+    private(set) var phase: Phase
+    private(set) var waiters = Waiters()
+    /// The ticket of the caller that made the call.
+    let firstTicket: Ticket
+
+    init() {
+        firstTicket = waiters.issue(())
+        phase = .running(Running(task: nil, waiting: 1, open: nil))
+    }
+
+    /// The running (or abandoned) state, changed in place; `nil` once completed.
+    private mutating func withRunning<R>(_ body: (inout Running, _ abandoned: Bool) -> R) -> R? {
+        switch phase {
+        case .running(var running):
+            let result = body(&running, false)
+            phase = .running(running)
+            return result
+        case .abandoned(var running):
+            let result = body(&running, true)
+            phase = .abandoned(running)
+            return result
+        case .completed:
+            return nil
+        }
+    }
+
+    // MARK: Waiters
+
+    /// Another caller joins: its ticket, or `nil` when the call has completed or been abandoned
+    /// (the engine then starts a fresh call rather than hand out a stale or cancelled result).
+    mutating func join() -> Ticket? {
+        guard case .running(var running) = phase else { return nil }
+        running.waiting += 1
+        phase = .running(running)
+        return waiters.issue(())
+    }
+
+    /// A waiter suspends on `continuation`: the value to answer it with at once (the outcome, or
+    /// `.cancelled` if it left before suspending), or `nil` once it waits.
+    mutating func install(_ ticket: Ticket, _ continuation: Waiters.Continuation) -> Outcome? {
+        if case .completed(let outcome) = phase {
+            waiters.withdraw(ticket)
+            return outcome
+        }
+        if let handed = waiters.claim(ticket) { return handed }
+        waiters.park(ticket, continuation)
+        return nil
+    }
+
+    /// The waiter holding `ticket` was cancelled. When it was the last, the call is abandoned and
+    /// its task is to be cancelled.
+    mutating func leave(_ ticket: Ticket) -> Departure {
+        guard case .running(var running) = phase else { return Departure() }
+        let waiter = waiters.cancel(ticket, with: .failure(.cancelled))
+        running.waiting -= 1
+        guard running.waiting == 0 else {
+            phase = .running(running)
+            return Departure(waiter: waiter)
+        }
+        phase = .abandoned(running)
+        return Departure(waiter: waiter, taskToCancel: running.task)
+    }
+
+    /// The outcome is known: the waiters to answer with it, or `nil` if an outcome was already
+    /// delivered.
+    mutating func complete(_ outcome: Outcome) -> [Waiters.Waiter]? {
+        if case .completed = phase { return nil }
+        phase = .completed(outcome)
+        return waiters.takeAll()
+    }
+
+    // MARK: Tasks and attempts
+
+    /// The call's (first or successor) task exists: `true` when it must be cancelled at once (the
+    /// call was abandoned meanwhile, or has completed).
+    mutating func taskStarted(_ task: Task<Void, Never>) -> Bool {
+        withRunning { running, abandoned in
+            running.task = task
+            return abandoned
+        } ?? true
+    }
+
+    /// Attempt `attempt` is in flight, holding `permit`.
+    mutating func open(attempt: Int, permit: CircuitBreaker.Permit?) {
+        _ = withRunning { running, _ in running.open = OpenAttempt(attempt: attempt, permit: permit) }
+    }
+
+    /// The attempt's task claims its response: `false` when the timeout claimed it first (the
+    /// task has been superseded and must stop).
+    mutating func claim(attempt: Int) -> Bool {
+        withRunning { running, _ in
+            guard running.open?.attempt == attempt else { return false }
+            running.open = nil
+            return true
+        } ?? false
+    }
+
+    /// The deadline of `attempt` passed. Unless its response came first (or the call has
+    /// completed): the superseded task (to cancel) and what the successor carries on from —
+    /// the attempt's permit, and whether every waiter had already left. The successor's task is
+    /// then reported with `taskStarted`.
+    mutating func timeOut(attempt: Int) -> (superseded: Task<Void, Never>?, expired: TimedOutAttempt)? {
+        withRunning { running, abandoned -> (Task<Void, Never>?, TimedOutAttempt)? in
+            guard let open = running.open, open.attempt == attempt else { return nil }
+            running.open = nil
+            let superseded = running.task
+            running.task = nil
+            return (superseded, TimedOutAttempt(permit: open.permit, abandoned: abandoned))
+        } ?? nil
+    }
+}
