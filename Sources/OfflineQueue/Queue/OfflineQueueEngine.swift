@@ -504,51 +504,37 @@ public actor OfflineQueueEngine {
         let connected: Bool
         if ignoringReachability { connected = true } else { connected = await reachability.isConnected }
         report.endedOffline = !connected
-        var blockedKeys: Set<String> = []
-        var handled: Set<UUID> = []
-        var progress = true
-
-        // Entries with an ordering key become eligible only when their predecessor is gone, which
-        // may happen later in the same pass: scan again while the previous scan delivered something.
-        scanning: while progress {
-            progress = false
-            let snapshot = store.orderedEntries()
-            var heads: [String: UInt64] = [:]
+        // The pass's rules (ordering keys, expiry, backoff) are decided by `ReplayPass`; this loop
+        // does what it says.
+        var pass = ReplayPass(connected: connected)
+        scanning: while let snapshot = pass.nextScan({ store.orderedEntries() }) {
             for entry in snapshot {
-                if let key = entry.orderingKey { heads[key] = min(heads[key] ?? .max, entry.sequence) }
-            }
-            for entry in snapshot where !handled.contains(entry.id) {
                 if Task.isCancelled {
                     report.wasCancelled = true
                     break scanning
                 }
                 guard store.entry(id: entry.id) != nil else { continue }  // cancelled meanwhile
-                let current = now
-                if entry.isExpired(at: current) {
+                switch pass.decide(entry, now: now, beingReplaced: beingReplaced.contains(entry.id)) {
+                case .skip, .holdBack:
+                    continue
+                case .expire:
                     store.discard(id: entry.id)
-                    handled.insert(entry.id)
                     record(.expired(id: entry.id), in: &report)
-                    continue
-                }
-                if let key = entry.orderingKey, blockedKeys.contains(key) || heads[key] != entry.sequence { continue }
-                if !connected { continue }  // the monitor says offline: sweep expired entries, send nothing
-                if beingReplaced.contains(entry.id) || entry.nextAttemptAt.map({ $0 > current }) == true {
-                    if let key = entry.orderingKey { blockedKeys.insert(key) }
-                    continue
-                }
-                handled.insert(entry.id)
-                let outcome = await replay(entry, report: &report)
-                switch outcome {
-                case .delivered, .permanent:
-                    progress = true
-                case .retry:
-                    if let key = entry.orderingKey { blockedKeys.insert(key) }
-                case .offline:
-                    report.endedOffline = true
-                    break scanning
-                case .stop:
-                    report.wasCancelled = true
-                    break scanning
+                case .replay:
+                    let result: ReplayPass.SendResult
+                    switch await replay(entry, report: &report) {
+                    case .delivered, .permanent:
+                        result = .removed
+                    case .retry:
+                        result = .kept
+                    case .offline:
+                        report.endedOffline = true
+                        result = .stopped
+                    case .stop:
+                        report.wasCancelled = true
+                        result = .stopped
+                    }
+                    guard pass.sent(entry, result) else { break scanning }
                 }
             }
         }
