@@ -17,7 +17,7 @@ import Glibc
 //
 //   swift run -c release --package-path Integrations integrations-benchmark [rounds] [sequential-per-round] [concurrent-per-round]
 
-let arguments = CommandLine.arguments.dropFirst().compactMap { Int($0) }
+let arguments = CommandLine.arguments.dropFirst().compactMap { Int($0) }  // ignored with `profile`
 let rounds = arguments.count > 0 ? arguments[0] : 20
 let sequentialPerRound = arguments.count > 1 ? arguments[1] : 500
 let concurrentPerRound = arguments.count > 2 ? arguments[2] : 6400
@@ -27,6 +27,9 @@ let server = try LoopbackHTTPServer()
 let body = String(repeating: "x", count: 200)
 server.route("/bench", .ok(body))
 let url = server.url("/bench")
+// One URL per concurrent worker: identical concurrent GETs would be deduplicated by the engine
+// (one network call for many callers), which is not what is measured here.
+let workerURLs = (0..<inFlight).map { server.url("/bench?worker=\($0)") }
 
 var configuration = AsyncHTTPClientSession.recommendedConfiguration
 configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = inFlight
@@ -47,7 +50,7 @@ enum Variant: String, CaseIterable {
     case engineURLSession = "engine over URLSession"
 }
 
-@Sendable func once(_ variant: Variant) async throws {
+@Sendable func once(_ variant: Variant, _ url: URL = url) async throws {
     switch variant {
     case .rawAHC:
         let response = try await client.execute(HTTPClientRequest(url: url.absoluteString), deadline: .now() + .seconds(30))
@@ -106,9 +109,10 @@ func concurrent(_ variant: Variant, _ count: Int) async throws -> Round {
             group.addTask {
                 var mine: [Double] = []
                 mine.reserveCapacity(share)
+                let url = workerURLs[worker]
                 for _ in 0..<share {
                     let began = ContinuousClock.now
-                    try await once(variant)
+                    try await once(variant, url)
                     let took = ContinuousClock.now - began
                     mine.append(Double(took.components.attoseconds) / 1e12 + Double(took.components.seconds) * 1e6)
                 }
@@ -120,6 +124,19 @@ func concurrent(_ variant: Variant, _ count: Int) async throws -> Round {
     let elapsed = ContinuousClock.now - start
     let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
     return Round(p50: median(latencies), throughput: Double(count) / seconds, cpuPerRequest: (cpuSeconds() - cpu) / Double(count) * 1e6)
+}
+
+// `profile VARIANT COUNT`: only COUNT sequential requests of one variant (0 raw AHC, 1 engine over
+// AHC, 2 engine over URLSession), for callgrind or perf.
+if CommandLine.arguments.count > 3, CommandLine.arguments[1] == "profile",
+   let index = Int(CommandLine.arguments[2]), let count = Int(CommandLine.arguments[3]) {
+    let variant = Variant.allCases[index]
+    _ = try await sequential(variant, 100)
+    let round = try await sequential(variant, count)
+    print("\(variant.rawValue): p50 \(round.p50) µs, CPU \(round.cpuPerRequest) µs/request")
+    try await client.shutdown().get()
+    server.shutdown()
+    exit(0)
 }
 
 // Warm-up: connections opened, code paged in.
