@@ -1,0 +1,169 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+// Bridges from the dependency-free root package to the server-side Swift ecosystem, kept in their
+// own package so that the root manifest never grows a dependency (the way swift-openapi-runtime
+// keeps its transports beside it). See Docs/Integrations.md.
+let package = Package(
+    name: "ResilienceIntegrations",
+    platforms: [.macOS(.v15)],  // AsyncHTTPClient's and the root's own minimums, and Synchronization.Mutex
+    products: [
+        .library(name: "ResilienceAsyncHTTPClient", targets: ["ResilienceAsyncHTTPClient"]),
+        .library(name: "ResilienceLogging", targets: ["ResilienceLogging"]),
+        .library(name: "ResilienceMetrics", targets: ["ResilienceMetrics"]),
+        .library(name: "ResilienceTracing", targets: ["ResilienceTracing"]),
+        .library(name: "ResilienceServiceLifecycle", targets: ["ResilienceServiceLifecycle"]),
+    ],
+    dependencies: [
+        // The root package. `name:` fixes its identity whatever the clone's folder is called, so
+        // `.product(package: "Resilience")` below works on every machine and in CI.
+        .package(name: "Resilience", path: ".."),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
+        // Already in AsyncHTTPClient's graph; named here to tell TLS failures apart by type.
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-distributed-tracing", from: "1.7.3"),
+        .package(url: "https://github.com/apple/swift-service-context", from: "1.5.1"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+    ],
+    targets: [
+        .target(
+            name: "ResilienceAsyncHTTPClient",
+            dependencies: [
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ]
+        ),
+        // What the event-sink bridges share (endpoint labels, the trace-id table); not a product.
+        .target(
+            name: "ResilienceBridgeSupport",
+            dependencies: [
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "Observability", package: "Resilience"),
+            ]
+        ),
+        .target(
+            name: "ResilienceLogging",
+            dependencies: [
+                "ResilienceBridgeSupport",
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "Observability", package: "Resilience"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "ResilienceMetrics",
+            dependencies: [
+                "ResilienceBridgeSupport",
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "Observability", package: "Resilience"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Metrics", package: "swift-metrics"),
+            ]
+        ),
+        .target(
+            name: "ResilienceTracing",
+            dependencies: [
+                "ResilienceBridgeSupport",
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "Observability", package: "Resilience"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "Instrumentation", package: "swift-distributed-tracing"),
+                .product(name: "ServiceContextModule", package: "swift-service-context"),
+            ]
+        ),
+        .target(
+            name: "ResilienceServiceLifecycle",
+            dependencies: [
+                .product(name: "Drainer", package: "Resilience"),
+                .product(name: "OfflineQueue", package: "Resilience"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        // The README's and Docs/Integrations.md's adoption snippet, compiled by CI.
+        .executableTarget(
+            name: "integrations-example",
+            dependencies: [
+                "ResilienceAsyncHTTPClient", "ResilienceLogging", "ResilienceMetrics", "ResilienceTracing",
+                "ResilienceServiceLifecycle",
+                .product(name: "Resilience", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+            ]
+        ),
+        // Engine over AHC against raw AHC and the engine over URLSession, on LoopbackHTTPServer.
+        .executableTarget(
+            name: "integrations-benchmark",
+            dependencies: [
+                "ResilienceAsyncHTTPClient",
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+            ]
+        ),
+
+        // Helpers shared by the test targets (requests, an event recorder, a refusing port).
+        .target(
+            name: "IntegrationTestSupport",
+            dependencies: [
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+            ],
+            path: "Tests/IntegrationTestSupport"
+        ),
+        .testTarget(
+            name: "ResilienceAsyncHTTPClientTests",
+            dependencies: [
+                "IntegrationTestSupport",
+                "ResilienceAsyncHTTPClient",
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "Auth", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]
+        ),
+        .testTarget(
+            name: "ResilienceBridgesTests",
+            dependencies: [
+                "IntegrationTestSupport",
+                "ResilienceAsyncHTTPClient", "ResilienceLogging", "ResilienceMetrics", "ResilienceTracing",
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "Observability", package: "Resilience"),
+                .product(name: "Auth", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "InMemoryLogging", package: "swift-log"),
+                .product(name: "MetricsTestKit", package: "swift-metrics"),
+                .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
+            ]
+        ),
+        .testTarget(
+            name: "ResilienceServiceLifecycleTests",
+            dependencies: [
+                "IntegrationTestSupport",
+                "ResilienceAsyncHTTPClient",
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "Logging", package: "swift-log"),
+                "ResilienceServiceLifecycle",
+                .product(name: "Drainer", package: "Resilience"),
+                .product(name: "OfflineQueue", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "ServiceLifecycleTestKit", package: "swift-service-lifecycle"),
+            ]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)
