@@ -11,9 +11,11 @@ import Synchronization
 /// `Synchronization.Mutex`, so the package keeps its deployment targets below iOS 18.
 /// Critical sections must be short and must never `await`.
 ///
-/// `@inlinable`, so other modules of the package get `withLock` specialised for their state
-/// (compiled down to the lock calls and the field updates) rather than unspecialised generic code.
-package final class Locked<State: Sendable>: @unchecked Sendable {
+/// `public` and `@inlinable` in a target that is not a product, so that the package's other modules
+/// get `withLock` specialised for their state (compiled down to the lock calls and the field
+/// updates): Swift 6.3 does not specialise `@inlinable` *package* declarations across modules
+/// (checked: the call stays generic), only public ones.
+public final class Locked<State: Sendable>: @unchecked Sendable {
     // @unchecked Sendable: every access to `state` goes through the lock below; `State` values
     // are only ever touched inside `withLock`, one thread at a time.
     #if canImport(os)
@@ -23,7 +25,7 @@ package final class Locked<State: Sendable>: @unchecked Sendable {
     #endif
 
     @inlinable
-    package init(_ initial: State) {
+    public init(_ initial: State) {
         #if canImport(os)
         lock = OSAllocatedUnfairLock(uncheckedState: initial)
         #else
@@ -33,7 +35,7 @@ package final class Locked<State: Sendable>: @unchecked Sendable {
 
     /// Runs `body` with exclusive access to the state.
     @inlinable @inline(__always)
-    package func withLock<R>(_ body: (inout State) throws -> R) rethrows -> R {
+    public func withLock<R>(_ body: (inout State) throws -> R) rethrows -> R {
         #if canImport(os)
         return try lock.withLockUnchecked(body)
         #else
