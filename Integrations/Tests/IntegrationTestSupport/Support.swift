@@ -120,41 +120,6 @@ public final class EventRecorder: RequestEventSink {
     }
 }
 
-/// A TCP port on 127.0.0.1 that is bound but not listening: connections to it are refused for as
-/// long as this value lives, and no other test's server can be handed the port meanwhile.
-public final class RefusingPort: Sendable {
-    public struct Failure: Error {}
-    public let port: Int
-    private let descriptor: Int32
-
-    public init() throws {
-        #if canImport(Glibc)
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        #else
-        let fd = socket(AF_INET, SOCK_STREAM, 0)
-        #endif
-        guard fd >= 0 else { throw Failure() }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = 0
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) { pointer in
-            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { raw -> Bool in
-                bind(fd, raw, length) == 0 && getsockname(fd, raw, &length) == 0
-            }
-        }
-        guard bound else {
-            close(fd)
-            throw Failure()
-        }
-        descriptor = fd
-        port = Int(UInt16(bigEndian: address.sin_port))
-    }
-
-    deinit { close(descriptor) }
-}
-
 /// A plain-HTTP server on 127.0.0.1 that answers whatever arrives on a connection — a TLS
 /// ClientHello included — with `400 Bad Request` and closes it, as an HTTP server does when a
 /// client speaks TLS to it. (LoopbackHTTPServer waits for a request head that a ClientHello never

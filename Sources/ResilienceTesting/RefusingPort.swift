@@ -6,13 +6,14 @@ import Darwin
 #endif
 
 /// A TCP port on 127.0.0.1 that is bound but not listening: connections to it are refused for as
-/// long as this value lives.
-package final class RefusingPort: Sendable {
-    package struct Failure: Error {}
-    package let port: Int
+/// long as this value lives, and no other server can be handed the port meanwhile. For tests of
+/// what a client does when a server is down (`NetworkError.transport(.cannotConnectToHost)`).
+public final class RefusingPort: Sendable {
+    public struct Failure: Error {}
+    public let port: Int
     private let descriptor: Int32
 
-    package init() throws {
+    public init() throws {
         #if canImport(Glibc)
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         #else
