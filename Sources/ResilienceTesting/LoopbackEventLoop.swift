@@ -412,6 +412,7 @@ final class LoopbackEventLoop {
                 switch LoopbackSocket.send(connection.fd, connection.output, from: connection.outputOffset) {
                 case .transferred(let count):
                     connection.outputOffset += count
+                    state.sent(count)
                 case .wouldBlock:
                     return
                 case .endOfFile, .failed:

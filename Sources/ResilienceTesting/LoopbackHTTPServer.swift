@@ -173,6 +173,20 @@ public final class LoopbackHTTPServer: Sendable {
         await state.wait(for: .openConnections(atMost: count))
     }
 
+    /// Returns once the server has written at least `count` bytes in all (`bytesSent`), or once
+    /// `openConnections <= limit`, whichever comes first; at once if either already holds. Made for
+    /// a client that should stop an endless body: it returns whether or not the client does, so
+    /// a test can measure what a flood of a known size did to it without risking a hang. Also
+    /// returns on cancellation or shutdown.
+    public func waitForBytesSent(atLeast count: Int, orOpenConnectionsAtMost limit: Int) async {
+        await state.wait(for: .bytesSent(atLeast: count, orOpenConnectionsAtMost: limit))
+    }
+
+    /// Bytes written to clients so far (response heads and bodies), counted as the kernel accepts them.
+    public var bytesSent: Int {
+        state.withLock { $0.bytesSent }
+    }
+
     /// Releases the held responses waiting right now, for requests with path `path` (a `*` prefix
     /// pattern as in `hits(_:)`, or all paths when `nil`). Requests parsed afterwards are held
     /// again. Each released response is written after its `delay`, in order on its connection.

@@ -19,6 +19,8 @@ enum LoopbackRoute {
 enum LoopbackWaitCondition {
     case hits(path: String?, atLeast: Int)
     case openConnections(atMost: Int)
+    /// `bytesSent >= count`, or `openConnections <= limit` (whichever comes first).
+    case bytesSent(atLeast: Int, orOpenConnectionsAtMost: Int)
 }
 
 /// Cross-thread commands for the event loop, taken in one go.
@@ -48,6 +50,8 @@ struct LoopbackServerFields {
     var openConnections = 0
     var peakOpenConnections = 0
     var acceptedConnections = 0
+    /// Bytes written to clients (heads and bodies), counted as the kernel accepts them.
+    var bytesSent = 0
 
     var shutdownRequested = false
     var loopExited = false
@@ -106,6 +110,8 @@ struct LoopbackServerFields {
             return totalHits >= count
         case .openConnections(let limit):
             return openConnections <= limit
+        case .bytesSent(let count, let limit):
+            return bytesSent >= count || openConnections <= limit
         }
     }
 
@@ -230,6 +236,15 @@ final class LoopbackServerState: StateLock, @unchecked Sendable {
     }
 
     /// Counts a closed connection and forgets the held responses that died with it.
+    /// Counts bytes the kernel accepted for a client; wakes a `bytesSent` waiter that now holds.
+    func sent(_ count: Int) {
+        let ready = withLock { fields in
+            fields.bytesSent += count
+            return fields.takeSatisfiedWaiters()
+        }
+        for waiter in ready { waiter.resume(returning: ()) }
+    }
+
     func connectionClosed(droppingHeld heldIDs: [Int]) {
         let ready = withLock { fields in
             fields.openConnections -= 1

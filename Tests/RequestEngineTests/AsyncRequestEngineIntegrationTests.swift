@@ -156,7 +156,10 @@ struct AsyncRequestEngineIntegrationTests {
             latencies.append(elapsed)
             #expect(error?.caseName == "cancelled")
             #expect(elapsed < .seconds(60))  // not after the backoff it was cancelled in
-            #expect(server.hits(path) == 1, "trial \(trial): \(recorder.timeline)")
+            // One attempt at most: usually its 503; none reached the server when a stall of the
+            // process's shared URLSession queue (other suites' endless bodies) made it time out
+            // unsent, which is retryable too.
+            #expect(server.hits(path) <= 1, "trial \(trial): \(recorder.timeline)")
         }
         #expect(latencies.min().map { $0 < .milliseconds(100) } == true, "cancellation took \(latencies)")
     }

@@ -203,6 +203,16 @@ struct AsyncHTTPClientSessionTests {
         await server.waitForOpenConnections(atMost: 0)
     }
 
+    /// The case URLSession on Linux cannot stop (Docs/RequestEngine.md): a body written as fast as
+    /// the client reads it. The timeout answers the caller and AHC's cancel closes the connection.
+    @Test func aTimeoutDuringAFullSpeedEndlessBodyClosesTheConnection() async throws {
+        server.route("/flood", .endlessChunkedBody(chunk: Data(repeating: 0x66, count: 64 * 1024)))
+        let engine = AsyncRequestEngine(session: session, options: .init(maximumResponseBodySize: nil))
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/flood"), timeout: 0.3)) }
+        #expect(error?.caseName == "timedOut")
+        await server.waitForOpenConnections(atMost: 0)
+    }
+
     @Test func cancellingOneDeduplicatedWaiterLeavesTheSharedCallRunning() async throws {
         server.route("/shared", LoopbackResponse.ok("kept").held())
         let recorder = EventRecorder()
