@@ -6,6 +6,9 @@
 /// var generator = SplitMix64(seed: 42)
 /// let delay = policy.delay(forAttempt: 0, using: &generator)
 /// ```
+///
+/// Lives here so non-test modules can draw from it too (`FaultInjectingSession`'s seeded faults);
+/// `ResilienceTesting` publishes it under the same name.
 public struct SplitMix64: RandomNumberGenerator, Sendable {
     private var state: UInt64
 
