@@ -1,3 +1,5 @@
+import ResilienceCore
+
 /// SplitMix64 (Steele, Lea & Flood): a tiny seeded random number generator, so a test that draws
 /// "random" jitter, inputs or schedules draws the same values on every run and fails the same way
 /// twice.
@@ -6,18 +8,7 @@
 /// var generator = SplitMix64(seed: 42)
 /// let delay = policy.delay(forAttempt: 0, using: &generator)
 /// ```
-public struct SplitMix64: RandomNumberGenerator, Sendable {
-    private var state: UInt64
-
-    public init(seed: UInt64) {
-        state = seed
-    }
-
-    public mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
+///
+/// Defined in the package's core (so `FaultInjectingSession` draws from the same generator) and
+/// published here under its usual name.
+public typealias SplitMix64 = ResilienceCore.SplitMix64
