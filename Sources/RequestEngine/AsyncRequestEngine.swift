@@ -321,9 +321,9 @@ public final class AsyncRequestEngine: RequestSending {
             return await Self.call(call.execution, on: session)
         }
         call.open(attempt: attempt, permit: permit)
-        watchdog.schedule(call, attempt: attempt, after: timeout)
+        let registration = watchdog.schedule(call, attempt: attempt, after: timeout)
         let result = await Self.call(call.execution, on: session)
-        watchdog.cancel(call, attempt: attempt)
+        watchdog.cancel(registration)
         guard call.claim(attempt: attempt) else {
             testHooks.lateAnswerDropped()
             return nil

@@ -8,18 +8,34 @@ import ResilienceCore
 /// unregisters when it ends. A single sleeper waits for the earliest live deadline. Requests with
 /// the same timeout register deadlines in increasing order, so the sleeper is almost never
 /// re-armed: a stream of fast requests costs a heap insert and remove each — no task, no timer,
-/// and in steady state no allocation. Registrations live in a binary heap indexed by the calls
-/// themselves (each call stores its slot, `SharedCall.deadlineSlot`) and are removed eagerly, so
-/// memory stays proportional to attempts in flight.
+/// and in steady state no allocation. Registrations live in a binary heap and are removed eagerly,
+/// so memory stays proportional to attempts in flight. `schedule` hands back a `Registration`
+/// whose handle indexes the watchdog's own table of heap positions (`positions`, with a free
+/// list), so a cancel finds its entry without a search and the watchdog never writes into the
+/// calls it times out.
 final class DeadlineWatchdog: Sendable {
+    /// What `cancel` needs to find an attempt's entry: kept by whoever scheduled it (the attempt's
+    /// task, in a local), never stored in the call.
+    struct Registration: Sendable {
+        let handle: Int
+        let call: ObjectIdentifier
+        let attempt: Int
+    }
+
     struct Entry: Sendable {
         let deadline: Duration
         let call: SharedCall
         let attempt: Int
+        /// Index into `State.positions`, which holds this entry's place in the heap.
+        let handle: Int
     }
 
     struct State: Sendable {
         var heap: [Entry] = []
+        /// Heap position by handle; -1 for a free handle.
+        var positions: [Int] = []
+        /// Handles free for reuse.
+        var freeHandles: [Int] = []
         var sleeper: Task<Void, Never>?
         var sleeperDeadline: Duration?
         var isShutDown = false
@@ -40,26 +56,35 @@ final class DeadlineWatchdog: Sendable {
     }
 
     /// Calls the expiry handler with `call` and `attempt` (on some task, once) when `delay` has passed, unless
-    /// `cancel(_:attempt:)` comes first. A call registers one attempt at a time.
-    func schedule(_ call: SharedCall, attempt: Int, after delay: Duration) {
+    /// `cancel(_:)` comes first with the registration returned. A call registers one attempt at a time.
+    @discardableResult
+    func schedule(_ call: SharedCall, attempt: Int, after delay: Duration) -> Registration {
         let deadline = time.now() + delay
-        state.withLock { state in
-            Self.push(Entry(deadline: deadline, call: call, attempt: attempt), into: &state)
+        return state.withLock { state in
+            let handle = state.freeHandles.popLast() ?? state.positions.count
+            if handle == state.positions.count { state.positions.append(-1) }
+            Self.push(Entry(deadline: deadline, call: call, attempt: attempt, handle: handle), into: &state)
             if !state.isShutDown, state.sleeperDeadline.map({ deadline < $0 }) ?? true {
                 state.sleeper?.cancel()
                 state.sleeperDeadline = deadline
                 state.sleeper = startSleeper(until: deadline)
             }
+            return Registration(handle: handle, call: ObjectIdentifier(call), attempt: attempt)
         }
     }
 
-    /// Forgets `attempt`'s registration; nothing happens if it has fired already (a superseded
-    /// task's late cancellation may then meet its successor's registration, which it leaves alone).
-    func cancel(_ call: SharedCall, attempt: Int) {
+    /// Forgets a registration; nothing happens if it has fired already. Its handle may then have
+    /// gone to another registration (a successor's, after a timeout), which is left alone: the
+    /// entry found must be this call's and this attempt's.
+    func cancel(_ registration: Registration) {
         state.withLock { state in
-            let slot = call.deadlineSlot
-            guard slot >= 0, state.heap[slot].call === call, state.heap[slot].attempt == attempt else { return }
-            Self.remove(at: slot, from: &state)
+            guard registration.handle < state.positions.count else { return }
+            let position = state.positions[registration.handle]
+            guard position >= 0,
+                  ObjectIdentifier(state.heap[position].call) == registration.call,
+                  state.heap[position].attempt == registration.attempt
+            else { return }
+            Self.remove(at: position, from: &state)
         }
     }
 
@@ -67,8 +92,9 @@ final class DeadlineWatchdog: Sendable {
     func shutdown() {
         let sleeper = state.withLock { state -> Task<Void, Never>? in
             state.isShutDown = true
-            for entry in state.heap { entry.call.deadlineSlot = -1 }
             state.heap = []
+            state.positions = []
+            state.freeHandles = []
             defer { state.sleeper = nil; state.sleeperDeadline = nil }
             return state.sleeper
         }
@@ -106,20 +132,23 @@ final class DeadlineWatchdog: Sendable {
         }
     }
 
-    // MARK: - Binary min-heap on deadline, each entry's index kept in its call
+    // MARK: - Binary min-heap on deadline, each entry's position kept in `positions`
 
     private static func push(_ entry: Entry, into state: inout State) {
         state.heap.append(entry)
-        entry.call.deadlineSlot = state.heap.count - 1
+        state.positions[entry.handle] = state.heap.count - 1
         siftUp(state.heap.count - 1, &state)
     }
 
+    /// Removes the entry at `position` and frees its handle.
     private static func remove(at position: Int, from state: inout State) {
         let last = state.heap.count - 1
-        state.heap[position].call.deadlineSlot = -1
+        let handle = state.heap[position].handle
+        state.positions[handle] = -1
+        state.freeHandles.append(handle)
         if position != last {
             state.heap[position] = state.heap[last]
-            state.heap[position].call.deadlineSlot = position
+            state.positions[state.heap[position].handle] = position
         }
         state.heap.removeLast()
         if position < state.heap.count {
@@ -155,7 +184,7 @@ final class DeadlineWatchdog: Sendable {
 
     private static func swapAt(_ a: Int, _ b: Int, _ state: inout State) {
         state.heap.swapAt(a, b)
-        state.heap[a].call.deadlineSlot = a
-        state.heap[b].call.deadlineSlot = b
+        state.positions[state.heap[a].handle] = a
+        state.positions[state.heap[b].handle] = b
     }
 }

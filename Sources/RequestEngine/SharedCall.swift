@@ -35,9 +35,8 @@ import Synchronization
 ///
 /// Performance notes (this is the path every request takes): the call is the only object the
 /// engine itself adds per request, besides its task (and that task's closure), its `URLRequest`
-/// and, for a deduplicated method, the identity's strings — it carries the execution plan, is the
-/// watchdog's registration (its heap slot is stored here, so no table of registrations), and
-/// holds its lock inline on Linux; continuations are unsafe (each is resumed exactly once: only
+/// and, for a deduplicated method, the identity's strings — it carries the execution plan, is
+/// what the watchdog's heap entries point to, and holds its lock inline on Linux; continuations are unsafe (each is resumed exactly once: only
 /// after being taken out of the waiter list under the lock).
 final class SharedCall: Sendable {
     typealias Outcome = SharedCallStateMachine.Outcome
@@ -45,11 +44,6 @@ final class SharedCall: Sendable {
 
     /// What every attempt needs, fixed before the task starts.
     let execution: Execution
-
-    /// This call's position in the engine's deadline heap while an attempt's deadline is
-    /// registered, otherwise -1. `nonisolated(unsafe)`: read and written only under the
-    /// `DeadlineWatchdog`'s lock, which orders every access.
-    nonisolated(unsafe) var deadlineSlot = -1
 
     #if canImport(os)
     private let state: Locked<SharedCallStateMachine>

@@ -5,10 +5,10 @@ import ResilienceTesting
 @testable import RequestEngine
 import ResilienceCore
 
-/// The watchdog's registrations on their own: each call is its own registration and knows its
-/// heap slot, so these pin the slot bookkeeping and the rule that a late cancellation of an
-/// earlier attempt leaves the current one alone.
-@Suite("DeadlineWatchdog: one heap of calls, slots kept in the calls", .timeLimit(.minutes(1)))
+/// The watchdog's registrations on their own: each registration's handle indexes the watchdog's
+/// own table of heap positions, so these pin that bookkeeping (handles reused, never confused)
+/// and the rule that a late cancellation of an earlier attempt leaves the current one alone.
+@Suite("DeadlineWatchdog: one heap of calls, positions kept by handle", .timeLimit(.minutes(1)))
 struct DeadlineWatchdogTests {
     @Test func aLateCancellationOfAnEarlierAttemptLeavesTheCurrentRegistration() {
         let watchdog = DeadlineWatchdog(time: TimeSource(ManualClock()))
@@ -16,35 +16,60 @@ struct DeadlineWatchdogTests {
         let call = SharedCall.unstarted()
         // Attempt 0 timed out (its entry is gone); the successor registered attempt 1. The
         // superseded task's transport then answers and cancels attempt 0.
-        watchdog.schedule(call, attempt: 1, after: .seconds(5))
-        watchdog.cancel(call, attempt: 0)
+        // Attempt 0's registration had handle 0, freed when it fired; attempt 1 reuses it.
+        let current = watchdog.schedule(call, attempt: 1, after: .seconds(5))
+        #expect(current.handle == 0)
+        watchdog.cancel(.init(handle: 0, call: ObjectIdentifier(call), attempt: 0))
         #expect(watchdog.pendingCount == 1)
-        #expect(watchdog.slot(of: call) == 0)
-        watchdog.cancel(call, attempt: 1)
+        #expect(watchdog.position(of: current) == 0)
+        watchdog.cancel(current)
         #expect(watchdog.pendingCount == 0)
-        #expect(watchdog.slot(of: call) == -1)
+        #expect(watchdog.position(of: current) == -1)
+        #expect(watchdog.isConsistent)
     }
 
-    @Test func cancellingFromAnywhereKeepsTheHeapOrderedAndEverySlotTrue() {
+    @Test func aStaleRegistrationNeverCancelsTheOneThatReusedItsHandle() {
+        let watchdog = DeadlineWatchdog(time: TimeSource(ManualClock()))
+        defer { watchdog.shutdown() }
+        let first = SharedCall.unstarted()
+        let stale = watchdog.schedule(first, attempt: 0, after: .seconds(5))
+        watchdog.cancel(stale)
+        // Another call's registration takes the freed handle, and so does a later attempt of the same call.
+        let other = watchdog.schedule(SharedCall.unstarted(), attempt: 0, after: .seconds(5))
+        #expect(other.handle == stale.handle)
+        watchdog.cancel(stale)
+        #expect(watchdog.position(of: other) == 0)
+        watchdog.cancel(other)
+        let later = watchdog.schedule(first, attempt: 1, after: .seconds(5))
+        #expect(later.handle == stale.handle)
+        watchdog.cancel(stale)
+        #expect(watchdog.position(of: later) == 0)
+        #expect(watchdog.isConsistent)
+    }
+
+    @Test func cancellingFromAnywhereKeepsTheHeapOrderedAndEveryPositionTrue() {
         let watchdog = DeadlineWatchdog(time: TimeSource(ManualClock()))
         defer { watchdog.shutdown() }
         var generator = SplitMix64(seed: 42)
-        var live: [(call: SharedCall, attempt: Int)] = []
+        var live: [(call: SharedCall, registration: DeadlineWatchdog.Registration)] = []
         for round in 0..<2_000 {
             if live.isEmpty || generator.next() % 3 != 0 {
                 let call = SharedCall.unstarted()
                 // Never zero: a deadline due at once would be fired by the sleeper meanwhile.
-                watchdog.schedule(call, attempt: round, after: .milliseconds(1 + Int64(generator.next() % 10_000)))
-                live.append((call, round))
+                let registration = watchdog.schedule(call, attempt: round, after: .milliseconds(1 + Int64(generator.next() % 10_000)))
+                live.append((call, registration))
             } else {
-                let (call, attempt) = live.remove(at: Int(generator.next() % UInt64(live.count)))
-                watchdog.cancel(call, attempt: attempt)
-                #expect(watchdog.slot(of: call) == -1)
+                let (_, registration) = live.remove(at: Int(generator.next() % UInt64(live.count)))
+                watchdog.cancel(registration)
+                #expect(watchdog.position(of: registration) == -1)
+                watchdog.cancel(registration)  // a second cancel finds nothing
+                #expect(watchdog.pendingCount == live.count)
             }
             if round % 50 == 0 { #expect(watchdog.isConsistent) }
         }
         #expect(watchdog.pendingCount == live.count)
         #expect(watchdog.isConsistent)
+        for (_, registration) in live { #expect(watchdog.position(of: registration) >= 0) }
     }
 
     @Test func deadlinesFireInDeadlineOrderWhateverTheRegistrationOrder() async {
@@ -61,9 +86,10 @@ struct DeadlineWatchdogTests {
             firedOrder.withLock { $0.append(ObjectIdentifier(call)) }
             call.timeOut(attempt: attempt, priority: nil) { _ in }
         }
+        var registrations: [DeadlineWatchdog.Registration] = []
         for (index, seconds) in delays.enumerated() {
             calls[index].open(attempt: 0)
-            watchdog.schedule(calls[index], attempt: 0, after: .seconds(seconds))
+            registrations.append(watchdog.schedule(calls[index], attempt: 0, after: .seconds(seconds)))
         }
         // A far deadline keeps the sleeper re-arming, so each step can wait for it.
         watchdog.schedule(SharedCall.unstarted(), attempt: 0, after: .seconds(1_000))
@@ -80,7 +106,7 @@ struct DeadlineWatchdogTests {
             #expect(watchdog.pendingCount == delays.count - fired.count + 1)
             #expect(watchdog.isConsistent)
             for index in calls.indices where !fired.contains(index) {
-                #expect(watchdog.slot(of: calls[index]) >= 0)  // not fired yet: still registered
+                #expect(watchdog.position(of: registrations[index]) >= 0)  // not fired yet: still registered
             }
         }
         // Every timeout claimed its attempt: the calls' own (late) claims all fail.
