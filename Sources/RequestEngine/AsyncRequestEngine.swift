@@ -27,8 +27,19 @@ import FoundationNetworking
 ///   `RequestIdentity` share one network call and its result.
 /// - **Cancellation**: a cancelled caller gets `NetworkError.cancelled` at once; a shared call is
 ///   cancelled only when its last waiter is.
-/// - **Circuit breaker** (optional): while open, sends fail fast with `NetworkError.circuitOpen`.
+/// - **Circuit breaker** (optional): while open, sends fail fast with `NetworkError.circuitOpen`;
+///   `circuitBreakers` keeps one per host.
+/// - **Total deadline** (optional, `Options.totalDeadline` or `NetworkRequest.deadline`): bounds the
+///   whole request; past it, `NetworkError.deadlineExceeded`.
+/// - **Hedging** (optional, `Options.hedging`): an idempotent attempt unanswered after the hedging
+///   delay is sent again beside itself; the first acceptable answer wins.
+/// - **Concurrency limit per host** (optional, `Options.maxConcurrentPerHost`): attempts beyond it
+///   wait in a bounded line; a full line fails with `NetworkError.limited`.
 /// - **Events** go to `eventSink` with one traceID per logical request; no sink, no cost.
+///
+/// The strategies apply outermost first: total deadline, retry (with its budget), circuit
+/// breaker, attempt timeout, hedging, per-host concurrency limit, transport (Docs/RequestEngine.md,
+/// "In what order the strategies apply").
 public final class AsyncRequestEngine: RequestSending {
     /// Tuning knobs with safe defaults.
     public struct Options: Sendable {
@@ -48,6 +59,22 @@ public final class AsyncRequestEngine: RequestSending {
         /// (`NetworkSession.data(for:maximumBodySize:)`).
         public var maximumResponseBodySize: Int?
 
+        /// The longest a whole request may take — attempts, backoffs and waits for a permit —
+        /// on the engine's clock from `send`; past it the request fails with
+        /// `NetworkError.deadlineExceeded`. A retry whose delay would end past it is not scheduled
+        /// (the last failure is returned, as when the retry budget is empty). A request's own
+        /// `NetworkRequest.deadline` replaces it. Default `nil`: no total deadline.
+        public var totalDeadline: Duration?
+        /// Hedged attempts for idempotent requests (`HedgingPolicy`). Default `nil`: none.
+        public var hedging: HedgingPolicy?
+        /// Attempts allowed in flight at once per host (host and port); further attempts wait in
+        /// line, first come first served, and the wait counts against the attempt's timeout and the
+        /// request's deadline. Default `nil`: no limit.
+        public var maxConcurrentPerHost: Int?
+        /// Attempts allowed to wait per host when `maxConcurrentPerHost` is set; beyond that an
+        /// attempt fails at once with `NetworkError.limited` (not retried). Default 1 000.
+        public var maxWaitingPerHost: Int
+
         /// The default `maximumResponseBodySize`: 16 MiB.
         public static let defaultMaximumResponseBodySize = 16 * 1024 * 1024
 
@@ -56,13 +83,21 @@ public final class AsyncRequestEngine: RequestSending {
             maximumRetryDelay: Duration = RetryPolicyDelay.defaultMaximum,
             deduplicatedMethods: Set<HTTPMethod> = [.get, .head, .options],
             honorsRetryAfter: Bool = true,
-            maximumResponseBodySize: Int? = Options.defaultMaximumResponseBodySize
+            maximumResponseBodySize: Int? = Options.defaultMaximumResponseBodySize,
+            totalDeadline: Duration? = nil,
+            hedging: HedgingPolicy? = nil,
+            maxConcurrentPerHost: Int? = nil,
+            maxWaitingPerHost: Int = 1_000
         ) {
             self.maximumRetryAfter = max(.zero, maximumRetryAfter)
             self.maximumRetryDelay = max(.zero, maximumRetryDelay)
             self.deduplicatedMethods = deduplicatedMethods
             self.honorsRetryAfter = honorsRetryAfter
             self.maximumResponseBodySize = maximumResponseBodySize.map { max(0, $0) }
+            self.totalDeadline = totalDeadline
+            self.hedging = hedging
+            self.maxConcurrentPerHost = maxConcurrentPerHost.map { max(1, $0) }
+            self.maxWaitingPerHost = max(0, maxWaitingPerHost)
         }
     }
 
@@ -71,6 +106,8 @@ public final class AsyncRequestEngine: RequestSending {
     public let eventSink: (any RequestEventSink)?
     public let retryBudget: RetryBudget?
     public let circuitBreaker: CircuitBreaker?
+    /// One breaker per host; when set, it is used instead of `circuitBreaker`.
+    public let circuitBreakers: CircuitBreakerRegistry?
     public let options: Options
     private let time: TimeSource
     private let watchdog: DeadlineWatchdog
@@ -87,6 +124,10 @@ public final class AsyncRequestEngine: RequestSending {
     /// optional existential copies it).
     private let observed: Bool
     private let retries: Bool
+    /// The per-host limiters, when `options.maxConcurrentPerHost` is set.
+    private let hostLimiters: HostLimiters?
+    /// The event sink, when it also hears of hedges.
+    private let hedgeSink: (any HedgingEventSink)?
 
     /// - Parameters:
     ///   - session: the transport; `URLSessionTransport.shared` by default. A plain `URLSession`
@@ -95,7 +136,9 @@ public final class AsyncRequestEngine: RequestSending {
     ///   - eventSink: receives `RequestEvent`s; `nil` emits nothing.
     ///   - retryBudget: caps retries across all requests of this engine; `nil` means no cap.
     ///   - circuitBreaker: fails fast while the dependency is down; `nil` means none.
-    ///   - options: caps and deduplication settings.
+    ///   - circuitBreakers: one breaker per host (host and port), for an engine that calls several
+    ///     dependencies; when set, `circuitBreaker` is not used. `nil` means none.
+    ///   - options: caps, deduplication, and the optional strategies (deadline, hedging, limits).
     ///   - clock: the clock timeouts and backoff sleeps run on (inject `ManualClock` in tests).
     public init(
         session: any NetworkSession = URLSessionTransport.shared,
@@ -103,6 +146,7 @@ public final class AsyncRequestEngine: RequestSending {
         eventSink: (any RequestEventSink)? = nil,
         retryBudget: RetryBudget? = nil,
         circuitBreaker: CircuitBreaker? = nil,
+        circuitBreakers: CircuitBreakerRegistry? = nil,
         options: Options = Options(),
         clock: some Clock<Duration> = ContinuousClock()
     ) {
@@ -111,7 +155,12 @@ public final class AsyncRequestEngine: RequestSending {
         self.eventSink = eventSink
         self.retryBudget = retryBudget
         self.circuitBreaker = circuitBreaker
+        self.circuitBreakers = circuitBreakers
         self.options = options
+        self.hostLimiters = options.maxConcurrentPerHost.map {
+            HostLimiters(maxConcurrent: $0, maxWaiting: options.maxWaitingPerHost)
+        }
+        self.hedgeSink = eventSink as? any HedgingEventSink
         self.deduplicated = HTTPMethodSet(options.deduplicatedMethods)
         self.observed = eventSink != nil
         self.retries = retryPolicy != nil
@@ -161,23 +210,29 @@ public final class AsyncRequestEngine: RequestSending {
         let body = request.body
         let timeout = request.timeout
         let bodyLimit = request.maximumResponseBodySize
+        let ownDeadline = request.deadline
+        let deadline = ownDeadline ?? options.totalDeadline
         // Read before any lock: the clock is the caller's (a test clock takes a lock of its own).
         let traceID = makeTraceID()
-        let started = observed ? time.now() : .zero  // read only for `succeeded`'s duration
+        // Read only for `succeeded`'s duration and the deadline.
+        let started = observed || deadline != nil ? time.now() : .zero
         let priority = Task.currentPriority
+        let limits = Limits(deadline: deadline.map { started + $0 })
         guard deduplicated.contains(method) else {
-            let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, key: nil)
+            let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, limits, key: nil)
             let call = SharedCall(execution: execution)
             call.start { Task { await self.run(call) } }
             return (call, call.firstTicket, nil)
         }
         // Requests with different body limits never share a call: one could fail where the other must not.
+        // Nor with different deadlines of their own (the engine's default is the same for all).
         let key = SingleFlightTable.Key(
             RequestIdentity(method: method, url: url, headers: headers, body: body),
-            maximumBodySize: bodyLimit ?? options.maximumResponseBodySize
+            maximumBodySize: bodyLimit ?? options.maximumResponseBodySize,
+            deadline: ownDeadline
         )
         let (call, waiter, joined) = inFlight.joinOrStart(key) {
-            SharedCall(execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, key: key))
+            SharedCall(execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, limits, key: key))
         }
         guard joined else {
             call.start { Task { await self.run(call) } }
@@ -191,6 +246,9 @@ public final class AsyncRequestEngine: RequestSending {
     private func makeTraceID() -> UUID {
         observed ? UUID() : Self.unobservedTraceID
     }
+
+    /// Methods hedged without an `Idempotency-Key`: those that only read.
+    private static let hedgeable = HTTPMethodSet([.get, .head, .options])
 
     private static let unobservedTraceID = UUID(uuid: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0))
 
@@ -206,6 +264,7 @@ public final class AsyncRequestEngine: RequestSending {
         _ traceID: UUID,
         _ started: Duration,
         _ priority: TaskPriority,
+        _ limits: Limits,
         key: SingleFlightTable.Key?
     ) -> Execution {
         let urlRequest: URLRequest
@@ -230,7 +289,14 @@ public final class AsyncRequestEngine: RequestSending {
             traceID: traceID,
             started: started,
             priority: priority,
-            key: key
+            key: key,
+            deadline: limits.deadline,
+            breaker: circuitBreakers.map { $0.breaker(for: url) } ?? circuitBreaker,
+            limiter: hostLimiters?.limiter(for: url),
+            hedging: options.hedging.flatMap { policy in
+                policy.maxAttempts > 1 && (Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
+                    ? policy : nil
+            }
         )
     }
 
@@ -272,12 +338,16 @@ public final class AsyncRequestEngine: RequestSending {
             let result: Result<(Data, HTTPURLResponse), NetworkError>
             if let timedOut = expired {
                 expired = nil
-                result = outcome(of: timedOut)
+                result = outcome(of: timedOut, breaker: call.execution.breaker)
             } else {
                 if Task.isCancelled { return await end(call, .cancelled, attempt: attempt) }
+                if let deadline = call.execution.deadline, time.now() >= deadline {
+                    return await end(call, .deadlineExceeded, attempt: attempt)
+                }
+                let breaker = call.execution.breaker
                 var permit: CircuitBreaker.Permit?
-                if let circuitBreaker {
-                    guard let granted = circuitBreaker.acquire() else {
+                if let breaker {
+                    guard let granted = breaker.acquire() else {
                         return await end(call, .circuitOpen, attempt: attempt)
                     }
                     permit = granted
@@ -286,10 +356,10 @@ public final class AsyncRequestEngine: RequestSending {
                     return  // timed out: the watchdog's task carries on
                 }
                 result = outcome
-                if let permit { circuitBreaker?.record(Self.breakerOutcome(of: result), for: permit) }
+                if let permit { breaker?.record(Self.breakerOutcome(of: result), for: permit) }
             }
 
-            switch next(after: result, attempt: attempt, mayRetry: call.execution.mayRetry) {
+            switch next(after: result, attempt: attempt, mayRetry: call.execution.mayRetry, deadline: call.execution.deadline) {
             case .succeed(let response):
                 if observed { await emitSucceeded(call, status: response.1.statusCode, attempt: attempt) }
                 return finish(call, .success(response))
@@ -307,28 +377,89 @@ public final class AsyncRequestEngine: RequestSending {
         }
     }
 
-    /// One attempt, in the call's task, bounded by the request's timeout on the engine's clock.
-    /// Returns `nil` when the timeout came first: the watchdog has then moved the rest of the
-    /// request (the timed-out result, retries) to a new task and cancelled this one, so neither a
-    /// retry nor the waiters wait for the transport to wind down (libcurl-based URLSession can take
-    /// seconds to acknowledge a cancel under load). Non-HTTP responses become `invalidResponse`.
+    /// One attempt, in the call's task, bounded by the request's timeout — or by what is left of
+    /// its total deadline, when that is sooner — on the engine's clock. Returns `nil` when that
+    /// limit came first: the watchdog has then moved the rest of the request (the timed-out
+    /// result, retries) to a new task and cancelled this one, so neither a retry nor the waiters
+    /// wait for the transport to wind down (libcurl-based URLSession can take seconds to
+    /// acknowledge a cancel under load). Non-HTTP responses become `invalidResponse`.
     private func perform(
         _ call: SharedCall,
         attempt: Int,
         permit: CircuitBreaker.Permit?
     ) async -> Result<(Data, HTTPURLResponse), NetworkError>? {
-        guard let timeout = call.execution.timeout else {
-            return await Self.call(call.execution, on: session)
+        var limit = call.execution.timeout
+        var endsAtDeadline = false
+        if let deadline = call.execution.deadline {
+            let left = deadline - time.now()
+            if limit.map({ left <= $0 }) ?? true {
+                limit = left
+                endsAtDeadline = true
+            }
         }
-        call.open(attempt: attempt, permit: permit)
-        let registration = watchdog.schedule(call, attempt: attempt, after: timeout)
-        let result = await Self.call(call.execution, on: session)
+        guard let limit else {
+            return await send(call, attempt: attempt)
+        }
+        call.open(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline)
+        let registration = watchdog.schedule(call, attempt: attempt, after: limit)
+        let result = await send(call, attempt: attempt)
         watchdog.cancel(registration)
         guard call.claim(attempt: attempt) else {
             testHooks.lateAnswerDropped()
             return nil
         }
         return result
+    }
+
+    /// Sends the attempt: hedged when the request may be, else once.
+    private func send(_ call: SharedCall, attempt: Int) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        let execution = call.execution
+        guard let hedging = execution.hedging else {
+            return await Self.sendOnce(execution, on: session)
+        }
+        return await hedge(execution, attempt: attempt, policy: hedging)
+    }
+
+    @inline(never)
+    private func hedge(
+        _ execution: Execution,
+        attempt: Int,
+        policy: HedgingPolicy
+    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        let session = session
+        let budget = retryBudget
+        var onHedge: (@Sendable (Int, TimeInterval) async -> Void)?
+        if let sink = hedgeSink {
+            let traceID = execution.traceID
+            onHedge = { @Sendable copy, after in
+                await sink.recordHedge(HedgeEvent(traceID: traceID, attempt: attempt, copy: copy, after: after))
+            }
+        }
+        let race = HedgeRace(
+            policy: policy,
+            time: time,
+            send: { await Self.sendOnce(execution, on: session) },
+            mayHedge: { budget?.tryWithdraw() ?? true },
+            onHedge: onHedge
+        )
+        return await race.run()
+    }
+
+    /// One copy of an attempt: through the host's limiter when there is one, then the session.
+    private static func sendOnce(
+        _ execution: Execution,
+        on session: any NetworkSession
+    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        guard let limiter = execution.limiter else {
+            return await call(execution, on: session)
+        }
+        do {
+            return try await limiter.withPermit { await call(execution, on: session) }
+        } catch let rejection as LimiterRejection {
+            return .failure(.limited(rejection))
+        } catch {
+            return .failure(.cancelled)  // cancelled while waiting for a place
+        }
     }
 
     private static func call(
@@ -361,7 +492,8 @@ public final class AsyncRequestEngine: RequestSending {
     private func next(
         after result: Result<(Data, HTTPURLResponse), NetworkError>,
         attempt: Int,
-        mayRetry: Bool
+        mayRetry: Bool,
+        deadline: Duration?
     ) -> Step {
         let error: NetworkError
         var retryAfter: Duration?
@@ -381,6 +513,8 @@ public final class AsyncRequestEngine: RequestSending {
         else { return .fail(error, finalResponse) }
         var delay = RetryPolicyDelay.sanitized(seconds, maximum: options.maximumRetryDelay)
         if let retryAfter { delay = min(retryAfter, options.maximumRetryAfter) }
+        // A retry that would start at or past the deadline is not scheduled.
+        if let deadline, time.now() + delay >= deadline { return .fail(error, finalResponse) }
         if let retryBudget, !retryBudget.tryWithdraw() { return .fail(error, finalResponse) }
         return .retry(after: delay)
     }
@@ -388,10 +522,14 @@ public final class AsyncRequestEngine: RequestSending {
     /// The result of an attempt whose timeout fired, counted by the circuit breaker. A call whose
     /// waiters all left before the timeout fired ends as cancelled, as it would have without the
     /// timeout: no retry, ignored by the breaker.
-    private func outcome(of expired: TimedOutAttempt) -> Result<(Data, HTTPURLResponse), NetworkError> {
-        let result: Result<(Data, HTTPURLResponse), NetworkError> =
-            .failure(expired.abandoned || Task.isCancelled ? .cancelled : .timedOut)
-        if let permit = expired.permit { circuitBreaker?.record(Self.breakerOutcome(of: result), for: permit) }
+    private func outcome(
+        of expired: TimedOutAttempt,
+        breaker: CircuitBreaker?
+    ) -> Result<(Data, HTTPURLResponse), NetworkError> {
+        let error: NetworkError =
+            expired.abandoned || Task.isCancelled ? .cancelled : expired.endsAtDeadline ? .deadlineExceeded : .timedOut
+        let result: Result<(Data, HTTPURLResponse), NetworkError> = .failure(error)
+        if let permit = expired.permit { breaker?.record(Self.breakerOutcome(of: result), for: permit) }
         return result
     }
 
@@ -405,7 +543,9 @@ public final class AsyncRequestEngine: RequestSending {
             switch error {
             case .transport, .timedOut, .invalidResponse: return .failure
             case .httpError: return error.isRetryable ? .failure : .success
-            case .noConnection, .cancelled, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying: return .ignored
+            case .noConnection, .cancelled, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying,
+                 .deadlineExceeded, .limited:
+                return .ignored
             }
         }
     }

@@ -1,4 +1,5 @@
 import Foundation
+import Retry
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -30,10 +31,19 @@ public enum NetworkError: Error, Sendable {
     case responseTooLarge(limit: Int, statusCode: Int?)
     /// Any other error from the session.
     case underlying(any Error)
+    /// The request's total deadline (`NetworkRequest.deadline`, or the engine's
+    /// `Options.totalDeadline`) passed: the attempt in flight was cancelled, or it passed before
+    /// an attempt could start. Distinct from `timedOut`, which is one attempt's own limit.
+    case deadlineExceeded
+    /// A limiter refused the attempt without sending it: the host's concurrency limit and its wait
+    /// line were full (`Options.maxConcurrentPerHost`). `rejection` says which limit and, for a
+    /// rate limit, when a permit is due.
+    case limited(LimiterRejection)
 
     /// Whether trying again may succeed: 5xx except 501, 408, 429, `noConnection`, `timedOut` and
     /// transport failures other than TLS. Never `cancelled`, other 4xx, `invalidResponse`,
-    /// `invalidRequest`, `circuitOpen`, `responseTooLarge` or `underlying`.
+    /// `invalidRequest`, `circuitOpen`, `responseTooLarge`, `underlying`, `deadlineExceeded` or
+    /// `limited` (both say the caller's own limits were reached: retrying would only add load).
     public var isRetryable: Bool {
         switch self {
         case .httpError(let statusCode, _):
@@ -42,7 +52,8 @@ public enum NetworkError: Error, Sendable {
             return true
         case .transport(let failure):
             return failure != .secureConnectionFailed
-        case .cancelled, .invalidResponse, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying:
+        case .cancelled, .invalidResponse, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying,
+             .deadlineExceeded, .limited:
             return false
         }
     }
@@ -157,6 +168,8 @@ extension NetworkError: CustomStringConvertible {
         case .underlying(let error):
             if let urlError = error as? URLError { return "URL error \(urlError.code.rawValue)" }
             return "underlying error: \(type(of: error))"
+        case .deadlineExceeded: return "total deadline exceeded"
+        case .limited(let rejection): return "limited: \(rejection)"
         }
     }
 }

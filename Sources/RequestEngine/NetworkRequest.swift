@@ -28,6 +28,12 @@ public protocol NetworkRequest: Sendable {
     /// A value here replaces the engine's, larger or smaller (`Int.max` lifts the limit for this
     /// request); a negative value is rejected as `NetworkError.invalidRequest`.
     var maximumResponseBodySize: Int? { get }
+    /// The longest the whole request may take — every attempt, every backoff and any wait for a
+    /// limiter permit — measured on the engine's clock from `send`; past it the request fails
+    /// with `NetworkError.deadlineExceeded`. Defaults to `nil`: the engine's
+    /// `AsyncRequestEngine.Options.totalDeadline` applies (none unless configured). A value here
+    /// replaces the engine's; zero or negative fails at once with `deadlineExceeded`.
+    var deadline: Duration? { get }
 }
 
 extension NetworkRequest {
@@ -35,6 +41,7 @@ extension NetworkRequest {
     public var body: Data? { nil }
     public var timeout: TimeInterval { 30 }
     public var maximumResponseBodySize: Int? { nil }
+    public var deadline: Duration? { nil }
 }
 
 /// Header names the library reads or writes.

@@ -47,6 +47,8 @@ struct SharedCallStateMachine: Sendable {
         let attempt: Int
         /// Its circuit-breaker permit, handed to the successor if the timeout claims it.
         let permit: CircuitBreaker.Permit?
+        /// Its limit is what is left of the request's total deadline, not its own timeout.
+        let endsAtDeadline: Bool
     }
 
     /// What `leave` asks the call to do.
@@ -140,9 +142,12 @@ struct SharedCallStateMachine: Sendable {
         } ?? true
     }
 
-    /// Attempt `attempt` is in flight, holding `permit`.
-    mutating func open(attempt: Int, permit: CircuitBreaker.Permit?) {
-        _ = withRunning { running, _ in running.open = OpenAttempt(attempt: attempt, permit: permit) }
+    /// Attempt `attempt` is in flight, holding `permit`; `endsAtDeadline` when its limit is the
+    /// request's total deadline rather than its own timeout.
+    mutating func open(attempt: Int, permit: CircuitBreaker.Permit?, endsAtDeadline: Bool = false) {
+        _ = withRunning { running, _ in
+            running.open = OpenAttempt(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline)
+        }
     }
 
     /// The attempt's task claims its response: `false` when the timeout claimed it first (the
@@ -165,7 +170,7 @@ struct SharedCallStateMachine: Sendable {
             running.open = nil
             let superseded = running.task
             running.task = nil
-            return (superseded, TimedOutAttempt(permit: open.permit, abandoned: abandoned))
+            return (superseded, TimedOutAttempt(permit: open.permit, abandoned: abandoned, endsAtDeadline: open.endsAtDeadline))
         } ?? nil
     }
 }

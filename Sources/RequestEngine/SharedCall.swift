@@ -81,9 +81,10 @@ final class SharedCall: Sendable {
         if cancel { task.cancel() }
     }
 
-    /// Marks `attempt` as in flight, to be claimed by its task or by its timeout.
-    func open(attempt: Int, permit: CircuitBreaker.Permit? = nil) {
-        state.withLock { $0.open(attempt: attempt, permit: permit) }
+    /// Marks `attempt` as in flight, to be claimed by its task or by its timeout (`endsAtDeadline`:
+    /// the limit is the request's total deadline, so its expiry is `deadlineExceeded`).
+    func open(attempt: Int, permit: CircuitBreaker.Permit? = nil, endsAtDeadline: Bool = false) {
+        state.withLock { $0.open(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline) }
     }
 
     /// The attempt's task claims its response; false when the timeout claimed it first (this
@@ -157,6 +158,19 @@ struct Execution: Sendable {
     let priority: TaskPriority
     /// The single-flight table key this call is registered under, if any.
     let key: SingleFlightTable.Key?
+    /// When the whole request must end, on the engine's clock; nil for no total deadline.
+    var deadline: Duration? = nil
+    /// The circuit breaker for this request's host (the registry's) or the engine's one.
+    var breaker: CircuitBreaker? = nil
+    /// The host's concurrency limiter, when the engine limits hosts.
+    var limiter: ConcurrencyLimiter? = nil
+    /// The hedging policy, when the engine hedges and this request may be sent twice.
+    var hedging: HedgingPolicy? = nil
+}
+
+/// The limits fixed when a request enters (only the deadline, for now: an absolute instant).
+struct Limits: Sendable {
+    let deadline: Duration?
 }
 
 /// An attempt whose timeout fired: the task the watchdog starts carries on from it.
@@ -165,4 +179,6 @@ struct TimedOutAttempt: Sendable {
     let permit: CircuitBreaker.Permit?
     /// Every waiter had left before the timeout fired: the request ends as cancelled.
     let abandoned: Bool
+    /// The limit that passed was the request's total deadline: it ends as `deadlineExceeded`.
+    var endsAtDeadline = false
 }

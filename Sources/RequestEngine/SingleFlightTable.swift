@@ -20,14 +20,18 @@ final class SingleFlightTable: Sendable {
         let identity: RequestIdentity
         /// The call's effective body limit: calls with different limits are never shared.
         let maximumBodySize: Int?
+        /// The request's own total deadline: calls with different deadlines are never shared.
+        let deadline: Duration?
         let hash: Int
 
-        init(_ identity: RequestIdentity, maximumBodySize: Int? = nil) {
+        init(_ identity: RequestIdentity, maximumBodySize: Int? = nil, deadline: Duration? = nil) {
             self.identity = identity
             self.maximumBodySize = maximumBodySize
+            self.deadline = deadline
             var hasher = Hasher()
             hasher.combine(identity)
             hasher.combine(maximumBodySize)
+            hasher.combine(deadline)
             hash = hasher.finalize()
         }
 
@@ -36,7 +40,8 @@ final class SingleFlightTable: Sendable {
         }
 
         static func == (lhs: Key, rhs: Key) -> Bool {
-            lhs.hash == rhs.hash && lhs.maximumBodySize == rhs.maximumBodySize && lhs.identity == rhs.identity
+            lhs.hash == rhs.hash && lhs.maximumBodySize == rhs.maximumBodySize && lhs.deadline == rhs.deadline
+                && lhs.identity == rhs.identity
         }
     }
 

@@ -32,6 +32,8 @@ extension NetworkError {
         case .invalidRequest: return "invalidRequest"
         case .responseTooLarge(let limit, _): return "responseTooLarge(\(limit))"
         case .underlying: return "underlying"
+        case .deadlineExceeded: return "deadlineExceeded"
+        case .limited: return "limited"
         }
     }
 }

@@ -15,6 +15,7 @@ package struct TestRequest: NetworkRequest {
     package var body: Data? = nil
     package var timeout: TimeInterval = .infinity
     package var maximumResponseBodySize: Int? = nil
+    package var deadline: Duration? = nil
 
     package init(_ path: String = "/resource", method: HTTPMethod = .get, headers: [String: String] = [:], body: Data? = nil, timeout: TimeInterval = .infinity) {
         url = URL(string: "https://api.example.test\(path)")!

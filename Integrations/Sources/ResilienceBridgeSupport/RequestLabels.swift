@@ -130,6 +130,8 @@ package enum StatusLabel {
         case .circuitOpen: return "circuit_open"
         case .invalidRequest: return "invalid_request"
         case .responseTooLarge, .underlying: return "other"
+        case .deadlineExceeded: return "deadline_exceeded"
+        case .limited: return "limited"
         }
     }
 }

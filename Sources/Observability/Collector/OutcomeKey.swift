@@ -10,7 +10,8 @@ struct OutcomeKey: Hashable, Sendable, Comparable {
     /// The reasons a request can fail without an HTTP response, as label values.
     static let reasonLabels = [
         "no_connection", "timed_out", "cancelled", "cannot_connect", "connection_lost", "dns_failure",
-        "tls_failure", "invalid_response", "circuit_open", "invalid_request", "other",
+        "tls_failure", "invalid_response", "circuit_open", "invalid_request", "other", "deadline_exceeded",
+        "limited",
     ]
 
     /// A success with `statusCode` (clamped to 0…999).
@@ -39,6 +40,8 @@ struct OutcomeKey: Hashable, Sendable, Comparable {
         case .circuitOpen: reason = 8
         case .invalidRequest: reason = 9
         case .responseTooLarge, .underlying: reason = 10
+        case .deadlineExceeded: reason = 11
+        case .limited: reason = 12
         }
         rawValue = -1 - Int16(reason)
     }
