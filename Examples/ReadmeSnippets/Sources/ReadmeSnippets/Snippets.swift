@@ -51,6 +51,21 @@ public enum Snippets {
         }
     }
 
+    /// The README's "strategies beyond retry" engine, unchanged.
+    public static func fetchGuarded(_ url: URL) async -> SnippetOutcome {
+        let guarded = AsyncRequestEngine(
+            retryPolicy: ExponentialRetryPolicy(maxRetries: 3, baseDelay: 0.2),
+            retryBudget: RetryBudget(),                                 // hedges draw from it too
+            circuitBreakers: CircuitBreakerRegistry(),                  // one breaker per host
+            options: .init(
+                totalDeadline: .seconds(5),                             // the whole request, retries included
+                hedging: HedgingPolicy(delay: .milliseconds(150)),      // a second copy after about the p95
+                maxConcurrentPerHost: 32                                // more wait in line, then .limited
+            )
+        )
+        return await send(R(url: url), on: guarded)
+    }
+
     static func send(_ request: R, on engine: AsyncRequestEngine) async -> SnippetOutcome {
         do {
             let (data, response) = try await engine.send(request)

@@ -23,6 +23,9 @@ server.route("/missing", .status(404))
 let missing = await Snippets.fetch(server.url("/missing"))
 check("404 is thrown as httpError without retry", missing == .httpError(statusCode: 404) && server.hits("/missing") == 1, "\(missing)")
 
+let guarded = await Snippets.fetchGuarded(server.url("/ok"))
+check("the engine with deadline, hedging, per-host breakers and limit answers", guarded == .ok(status: 200, bytes: 5), "\(guarded)")
+
 let sink = ConsoleSink()
 let observed = await Snippets.fetchObserved(server.url("/ok"), sink: sink)
 let seen = await sink.seen
