@@ -63,6 +63,8 @@ extension NetworkError {
         case .invalidRequest: return "invalidRequest"
         case .responseTooLarge(let limit, _): return "responseTooLarge(\(limit))"
         case .underlying(let error): return "underlying(\(error))"
+        case .deadlineExceeded: return "deadlineExceeded"
+        case .limited: return "limited"
         }
     }
 }
