@@ -46,15 +46,7 @@ package final class AdmissionGate: Sendable {
         }
         guard let ticket else { return }
         if let beforeWaiting { await beforeWaiting() }
-        let admitted = await suspendCancellably { continuation in
-            state.withLock { state -> Bool? in
-                if let handed = state.waiters.claim(ticket) { return handed }
-                state.waiters.park(ticket, continuation)
-                return nil
-            }
-        } onCancel: {
-            state.withLock { $0.waiters.cancel(ticket, with: false) }?.resume(returning: false)
-        }
+        let admitted = await state.wait(for: ticket, on: \.waiters, cancelled: false)
         if !admitted { throw CancellationError() }
     }
 

@@ -340,16 +340,28 @@ extension StateLock {
         cancelled: Value,
         until ready: (inout State) -> Value? = { _ in nil }
     ) async -> Value {
-        let start = withLock { (state: inout State) -> Result<WaiterList<Value, Tag>.Ticket, ReadyValue<Value>> in
-            if let value = ready(&state) { return .failure(ReadyValue(value: value)) }
-            return .success(state[keyPath: list].issue(tag))
+        let start = withLock { (state: inout State) -> WaitStart<Value, Tag> in
+            if let value = ready(&state) { return .ready(value) }
+            return .issued(state[keyPath: list].issue(tag))
         }
-        let ticket: WaiterList<Value, Tag>.Ticket
         switch start {
-        case .failure(let ready): return ready.value
-        case .success(let issued): ticket = issued
+        case .ready(let value): return value
+        case .issued(let ticket): return await wait(for: ticket, on: list, cancelled: cancelled, until: ready)
         }
-        return await suspendCancellably(
+    }
+
+    /// Waits as the holder of `ticket`, which its owner issued in `list` under this lock (having
+    /// decided there, with state of its own, that the caller must wait): returns the value handed
+    /// to the ticket, or `cancelled` when the task is cancelled (or already was). `ready`, when
+    /// given, is checked again as the caller suspends, as in `wait(on:tag:cancelled:until:)`.
+    @inlinable
+    public func wait<Value: Sendable, Tag: Sendable>(
+        for ticket: WaiterList<Value, Tag>.Ticket,
+        on list: WritableKeyPath<State, WaiterList<Value, Tag>> & Sendable,
+        cancelled: Value,
+        until ready: (inout State) -> Value? = { _ in nil }
+    ) async -> Value {
+        await suspendCancellably(
             install: { continuation in
                 withLock { state -> Value? in
                     if let handed = state[keyPath: list].claim(ticket) { return handed }
@@ -368,9 +380,9 @@ extension StateLock {
     }
 }
 
-/// The answer `Locked.wait` found without waiting (carried as a `Result`'s other case).
+/// How `wait(on:tag:cancelled:until:)` starts: with a value at once, or with a ticket in line.
 @usableFromInline
-struct ReadyValue<Value: Sendable>: Error {
-    @usableFromInline let value: Value
-    @inlinable init(value: Value) { self.value = value }
+enum WaitStart<Value: Sendable, Tag: Sendable> {
+    case ready(Value)
+    case issued(WaiterList<Value, Tag>.Ticket)
 }

@@ -92,15 +92,7 @@ public final class ConcurrencyLimiter: Sendable {
             throw LimiterRejection(reason: .concurrencyLimit(maxConcurrent: maxConcurrent, maxWaiting: maxWaiting))
         case .wait(let issued): ticket = issued
         }
-        let admitted = await suspendCancellably { continuation in
-            state.withLock { state -> Bool? in
-                if let handed = state.waiters.claim(ticket) { return handed }
-                state.waiters.park(ticket, continuation)
-                return nil
-            }
-        } onCancel: {
-            state.withLock { $0.waiters.cancel(ticket, with: false) }?.resume(returning: false)
-        }
+        let admitted = await state.wait(for: ticket, on: \.waiters, cancelled: false)
         guard admitted else { throw CancellationError() }
         if Task.isCancelled {
             // Handed a place in the same instant as the cancellation: pass it on, run nothing.
