@@ -33,12 +33,13 @@ import FoundationNetworking
 ///   whole request; past it, `NetworkError.deadlineExceeded`.
 /// - **Hedging** (optional, `Options.hedging`): an idempotent attempt unanswered after the hedging
 ///   delay is sent again beside itself; the first acceptable answer wins.
-/// - **Concurrency limit per host** (optional, `Options.maxConcurrentPerHost`): attempts beyond it
-///   wait in a bounded line; a full line fails with `NetworkError.limited`.
+/// - **Limits per host** (optional, `Options.maxConcurrentPerHost`, `Options.rateLimitPerHost`):
+///   attempts beyond them wait (in a bounded line, or up to the rate limit's `maxWait`); past that
+///   they fail with `NetworkError.limited`.
 /// - **Events** go to `eventSink` with one traceID per logical request; no sink, no cost.
 ///
 /// The strategies apply outermost first: total deadline, retry (with its budget), circuit
-/// breaker, attempt timeout, hedging, per-host concurrency limit, transport (Docs/RequestEngine.md,
+/// breaker, attempt timeout, hedging, per-host rate limit, per-host concurrency limit, transport (Docs/RequestEngine.md,
 /// "In what order the strategies apply").
 public final class AsyncRequestEngine: RequestSending {
     /// Tuning knobs with safe defaults.
@@ -74,6 +75,11 @@ public final class AsyncRequestEngine: RequestSending {
         /// Attempts allowed to wait per host when `maxConcurrentPerHost` is set; beyond that an
         /// attempt fails at once with `NetworkError.limited` (not retried). Default 1 000.
         public var maxWaitingPerHost: Int
+        /// A token bucket per host (host and port): an attempt without a token waits up to the
+        /// limit's `maxWait` for one (the wait counts against its timeout and deadline), else fails
+        /// at once with `NetworkError.limited` carrying when a token is due (not retried).
+        /// Default `nil`: no rate limit.
+        public var rateLimitPerHost: HostRateLimit?
 
         /// The default `maximumResponseBodySize`: 16 MiB.
         public static let defaultMaximumResponseBodySize = 16 * 1024 * 1024
@@ -87,7 +93,8 @@ public final class AsyncRequestEngine: RequestSending {
             totalDeadline: Duration? = nil,
             hedging: HedgingPolicy? = nil,
             maxConcurrentPerHost: Int? = nil,
-            maxWaitingPerHost: Int = 1_000
+            maxWaitingPerHost: Int = 1_000,
+            rateLimitPerHost: HostRateLimit? = nil
         ) {
             self.maximumRetryAfter = max(.zero, maximumRetryAfter)
             self.maximumRetryDelay = max(.zero, maximumRetryDelay)
@@ -98,6 +105,7 @@ public final class AsyncRequestEngine: RequestSending {
             self.hedging = hedging
             self.maxConcurrentPerHost = maxConcurrentPerHost.map { max(1, $0) }
             self.maxWaitingPerHost = max(0, maxWaitingPerHost)
+            self.rateLimitPerHost = rateLimitPerHost
         }
     }
 
@@ -125,7 +133,9 @@ public final class AsyncRequestEngine: RequestSending {
     private let observed: Bool
     private let retries: Bool
     /// The per-host limiters, when `options.maxConcurrentPerHost` is set.
-    private let hostLimiters: HostLimiters?
+    private let hostLimiters: HostLimiters<ConcurrencyLimiter>?
+    /// The per-host token buckets, when `options.rateLimitPerHost` is set.
+    private let hostRates: HostLimiters<RateLimiter>?
     /// The event sink, when it also hears of hedges.
     private let hedgeSink: (any HedgingEventSink)?
 
@@ -161,10 +171,12 @@ public final class AsyncRequestEngine: RequestSending {
             HostLimiters(maxConcurrent: $0, maxWaiting: options.maxWaitingPerHost)
         }
         self.hedgeSink = eventSink as? any HedgingEventSink
+        let time = TimeSource(clock)
+        self.hostRates = options.rateLimitPerHost.map { HostLimiters($0, time: time) }
         self.deduplicated = HTTPMethodSet(options.deduplicatedMethods)
         self.observed = eventSink != nil
         self.retries = retryPolicy != nil
-        self.time = TimeSource(clock)
+        self.time = time
         self.watchdog = DeadlineWatchdog(time: time)
         // Weak: the watchdog's sleeper may outlive the engine by a moment (deinit shuts it down).
         watchdog.onExpiry { [weak self] call, attempt in self?.attemptTimedOut(call, attempt: attempt) }
@@ -293,6 +305,7 @@ public final class AsyncRequestEngine: RequestSending {
             deadline: limits.deadline,
             breaker: circuitBreakers.map { $0.breaker(for: url) } ?? circuitBreaker,
             limiter: hostLimiters?.limiter(for: url),
+            rateLimiter: hostRates?.limiter(for: url),
             hedging: options.hedging.flatMap { policy in
                 policy.maxAttempts > 1 && (Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
                     ? policy : nil
@@ -445,16 +458,23 @@ public final class AsyncRequestEngine: RequestSending {
         return await race.run()
     }
 
-    /// One copy of an attempt: through the host's limiter when there is one, then the session.
+    /// One copy of an attempt: through the host's rate limit and concurrency limit when there
+    /// are any (a token first: tokens measure starts), then the session.
     private static func sendOnce(
         _ execution: Execution,
         on session: any NetworkSession
     ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        guard let limiter = execution.limiter else {
-            return await call(execution, on: session)
-        }
         do {
-            return try await limiter.withPermit { await call(execution, on: session) }
+            switch (execution.rateLimiter, execution.limiter) {
+            case (nil, nil):
+                return await call(execution, on: session)
+            case (nil, let limiter?):
+                return try await limiter.withPermit { await call(execution, on: session) }
+            case (let rate?, nil):
+                return try await rate.withPermit { await call(execution, on: session) }
+            case (let rate?, let limiter?):
+                return try await rate.withPermit { try await limiter.withPermit { await call(execution, on: session) } }
+            }
         } catch let rejection as LimiterRejection {
             return .failure(.limited(rejection))
         } catch {

@@ -2,34 +2,36 @@ import Foundation
 import Retry
 import ResilienceCore
 
-/// One `ConcurrencyLimiter` per authority (`CircuitBreakerRegistry.authority(of:)`: host
-/// lower-cased, with its port), made on first use: the engine's `Options.maxConcurrentPerHost`.
+/// One limiter per authority (`CircuitBreakerRegistry.authority(of:)`: host lower-cased, with its
+/// port), made on first use: the engine's `Options.maxConcurrentPerHost` (a `ConcurrencyLimiter`
+/// each) and `Options.rateLimitPerHost` (a `RateLimiter` each).
 ///
 /// Bounded against a caller that reaches very many hosts: beyond `maximumHosts` limiters, the
-/// idle ones (nothing running, nobody waiting) are dropped before a new one is made. A request
-/// that already holds a dropped limiter keeps using it, so for a moment a host may have two; its
-/// limit can then be exceeded by at most the dropped limiter's in-flight count, which was zero.
-final class HostLimiters: Sendable {
-    let maxConcurrent: Int
-    let maxWaiting: Int
-    static let maximumHosts = 1_024
-    private let table = Locked<[String: ConcurrencyLimiter]>([:])
+/// idle ones (a concurrency limiter with nothing running and nobody waiting, a rate limiter with
+/// a full bucket) are dropped before a new one is made. A dropped limiter was idle, so a request
+/// that still holds it and the host's new one together can exceed the host's limit only by what
+/// that one request does.
+final class HostLimiters<Limiter: AnyObject & Sendable>: Sendable {
+    static var maximumHosts: Int { 1_024 }
+    private let table = Locked<[String: Limiter]>([:])
+    private let make: @Sendable () -> Limiter
+    private let isIdle: @Sendable (Limiter) -> Bool
 
-    init(maxConcurrent: Int, maxWaiting: Int) {
-        self.maxConcurrent = max(1, maxConcurrent)
-        self.maxWaiting = max(0, maxWaiting)
+    init(make: @escaping @Sendable () -> Limiter, isIdle: @escaping @Sendable (Limiter) -> Bool) {
+        self.make = make
+        self.isIdle = isIdle
     }
 
     /// The limiter for `url`'s authority; `nil` for a URL without a host (the request is then
     /// refused as invalid before anything is sent).
-    func limiter(for url: URL) -> ConcurrencyLimiter? {
+    func limiter(for url: URL) -> Limiter? {
         guard let authority = CircuitBreakerRegistry.authority(of: url) else { return nil }
         return table.withLock { table in
             if let limiter = table[authority] { return limiter }
             if table.count >= Self.maximumHosts {
-                table = table.filter { $0.value.inFlight > 0 || $0.value.waiting > 0 }
+                table = table.filter { !isIdle($0.value) }
             }
-            let limiter = ConcurrencyLimiter(maxConcurrent: maxConcurrent, maxWaiting: maxWaiting)
+            let limiter = make()
             table[authority] = limiter
             return limiter
         }
@@ -37,4 +39,38 @@ final class HostLimiters: Sendable {
 
     /// Limiters kept now (for tests).
     var count: Int { table.withLock { $0.count } }
+}
+
+extension HostLimiters where Limiter == ConcurrencyLimiter {
+    convenience init(maxConcurrent: Int, maxWaiting: Int) {
+        self.init(
+            make: { ConcurrencyLimiter(maxConcurrent: maxConcurrent, maxWaiting: maxWaiting) },
+            isIdle: { $0.inFlight == 0 && $0.waiting == 0 }
+        )
+    }
+}
+
+extension HostLimiters where Limiter == RateLimiter {
+    convenience init(_ limit: HostRateLimit, time: TimeSource) {
+        self.init(
+            make: { RateLimiter(permitsPerSecond: limit.permitsPerSecond, burst: limit.burst, maxWait: limit.maxWait, time: time) },
+            isIdle: { $0.availablePermits >= $0.burst }
+        )
+    }
+}
+
+/// A token bucket per host for `AsyncRequestEngine.Options.rateLimitPerHost` (see `RateLimiter`:
+/// `permitsPerSecond` on average, `burst` at once after a quiet spell, a call without a token
+/// waiting up to `maxWait` for one, else refused).
+public struct HostRateLimit: Sendable, Hashable {
+    public var permitsPerSecond: Double
+    public var burst: Int
+    public var maxWait: Duration
+
+    /// Values are clamped as `RateLimiter` clamps them.
+    public init(permitsPerSecond: Double, burst: Int = 1, maxWait: Duration = .zero) {
+        self.permitsPerSecond = permitsPerSecond
+        self.burst = burst
+        self.maxWait = maxWait
+    }
 }

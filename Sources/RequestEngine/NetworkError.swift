@@ -36,8 +36,9 @@ public enum NetworkError: Error, Sendable {
     /// an attempt could start. Distinct from `timedOut`, which is one attempt's own limit.
     case deadlineExceeded
     /// A limiter refused the attempt without sending it: the host's concurrency limit and its wait
-    /// line were full (`Options.maxConcurrentPerHost`). `rejection` says which limit and, for a
-    /// rate limit, when a permit is due.
+    /// line were full (`Options.maxConcurrentPerHost`), or the host's token bucket was empty
+    /// (`Options.rateLimitPerHost`). The `LimiterRejection` says which limit and, for a rate
+    /// limit, when a token is due.
     case limited(LimiterRejection)
 
     /// Whether trying again may succeed: 5xx except 501, 408, 429, `noConnection`, `timedOut` and

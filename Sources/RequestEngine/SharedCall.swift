@@ -164,6 +164,8 @@ struct Execution: Sendable {
     var breaker: CircuitBreaker? = nil
     /// The host's concurrency limiter, when the engine limits hosts.
     var limiter: ConcurrencyLimiter? = nil
+    /// The host's token bucket, when the engine rate-limits hosts.
+    var rateLimiter: RateLimiter? = nil
     /// The hedging policy, when the engine hedges and this request may be sent twice.
     var hedging: HedgingPolicy? = nil
 }

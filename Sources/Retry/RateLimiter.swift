@@ -52,12 +52,17 @@ public final class RateLimiter: Sendable {
     ///   - maxWait: how long a call may wait for a token; negative becomes zero (refuse at once),
     ///     very large values saturate at ~73 years.
     ///   - clock: the clock tokens are counted on and waits sleep on.
-    public init(
+    public convenience init(
         permitsPerSecond: Double,
         burst: Int,
         maxWait: Duration = .zero,
         clock: some Clock<Duration> = ContinuousClock()
     ) {
+        self.init(permitsPerSecond: permitsPerSecond, burst: burst, maxWait: maxWait, time: TimeSource(clock))
+    }
+
+    /// The same, on a clock already wrapped (the engine's, for its per-host limits).
+    package init(permitsPerSecond: Double, burst: Int, maxWait: Duration, time: TimeSource) {
         let rate: Double = if permitsPerSecond.isNaN || permitsPerSecond <= 0 { 0 } else { min(1e9, permitsPerSecond) }
         self.permitsPerSecond = rate
         self.burst = max(1, burst)
@@ -70,7 +75,6 @@ public final class RateLimiter: Sendable {
         self.tolerance = overflow ? Self.maximumInterval : min(tolerance, Self.maximumInterval)
         self.maxWaitNanoseconds = min(max(0, maxWait.saturatingNanoseconds), Self.maximumInterval)
         self.maxWait = .nanoseconds(maxWaitNanoseconds)
-        let time = TimeSource(clock)
         self.time = time
         self.state = Locked(State(fullAt: time.now().saturatingNanoseconds))
     }

@@ -364,10 +364,49 @@ struct AsyncRequestEngineHostLimitTests {
     }
 
     @Test func hostLimitersAreBoundedByDroppingIdleOnes() {
-        let limiters = HostLimiters(maxConcurrent: 1, maxWaiting: 0)
-        for index in 0..<(HostLimiters.maximumHosts * 3) {
+        let limiters = HostLimiters<ConcurrencyLimiter>(maxConcurrent: 1, maxWaiting: 0)
+        for index in 0..<(HostLimiters<ConcurrencyLimiter>.maximumHosts * 3) {
             _ = limiters.limiter(for: URL(string: "https://h\(index).example.test/")!)
         }
-        #expect(limiters.count <= HostLimiters.maximumHosts)
+        #expect(limiters.count <= HostLimiters<ConcurrencyLimiter>.maximumHosts)
+    }
+
+    @Test func aHostWithoutATokenIsRefusedWithWhenOneIsDueAndOtherHostsAreNot() async throws {
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.ok("a")])
+        let engine = AsyncRequestEngine(
+            session: session,
+            options: .init(rateLimitPerHost: HostRateLimit(permitsPerSecond: 2, burst: 1)),
+            clock: clock
+        )
+        _ = try await engine.send(TestRequest())
+        let error = await networkError { try await engine.send(TestRequest()) }
+        guard case .limited(let rejection) = error else {
+            Issue.record("expected limited, got \(String(describing: error))")
+            return
+        }
+        #expect(rejection.reason == .rateLimit(retryAfter: .milliseconds(500)))
+        _ = try await engine.send(TestRequest(url: URL(string: "https://other.example.test/x")!))
+        #expect(session.callCount == 2)
+        clock.advance(by: .milliseconds(500))
+        _ = try await engine.send(TestRequest())
+        #expect(session.callCount == 3)
+    }
+
+    @Test func aRateLimitWithMaxWaitWaitsOnTheEnginesClock() async throws {
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.ok("a")])
+        let engine = AsyncRequestEngine(
+            session: session,
+            options: .init(rateLimitPerHost: HostRateLimit(permitsPerSecond: 1, burst: 1, maxWait: .seconds(2))),
+            clock: clock
+        )
+        _ = try await engine.send(TestRequest())
+        let waiting = Task { try await engine.send(TestRequest()) }
+        await clock.waitForSleepers(1)
+        #expect(session.callCount == 1)
+        clock.advance(by: .seconds(1))
+        _ = try await waiting.value
+        #expect(session.callCount == 2)
     }
 }
