@@ -81,6 +81,24 @@ struct StrategiesIntegrationTests {
         _ = try await third.value
     }
 
+    @Test func theHostsRateLimitRefusesWithoutReachingTheServer() async throws {
+        server.route("/rated", .ok("ok"))
+        let clock = ManualClock()
+        let engine = AsyncRequestEngine(
+            session: transport,
+            options: .init(rateLimitPerHost: HostRateLimit(permitsPerSecond: 1, burst: 2)),
+            clock: clock
+        )
+        let url = server.url("/rated")
+        for _ in 0..<2 { _ = try await engine.send(TestRequest(url: url)) }  // the burst
+        let refused = await networkError { try await engine.send(TestRequest(url: url)) }
+        #expect(refused?.caseName == "limited")
+        #expect(server.hits("/rated") == 2)
+        clock.advance(by: .seconds(1))
+        _ = try await engine.send(TestRequest(url: url))
+        #expect(server.hits("/rated") == 3)
+    }
+
     @Test func eachHostHasItsOwnBreaker() async throws {
         let other = try LoopbackHTTPServer()
         defer { other.shutdown() }
