@@ -15,6 +15,8 @@ struct AuthenticatedRequest<Wrapped: NetworkRequest>: NetworkRequest {
     var body: Data? { wrapped.body }
     var timeout: TimeInterval { wrapped.timeout }
     var maximumResponseBodySize: Int? { wrapped.maximumResponseBodySize }
+    /// Each send gets the caller's deadline afresh: the first, and the retry after a 401.
+    var deadline: Duration? { wrapped.deadline }
 
     /// `wrapped` with header `name` set to `value`; any header of the same name in another letter
     /// case is dropped, so exactly one token header goes out.

@@ -190,6 +190,7 @@ public final class CachedRequestEngine: RequestSending {
         let body: Data?
         let timeout: TimeInterval
         let maximumResponseBodySize: Int?
+        let deadline: Duration?
         /// The cache key (method, URL, partition); nil when the request may not use the cache.
         let key: CacheDigest?
         /// The identity of a network fetch: the key and every request header (requests that
@@ -209,6 +210,7 @@ public final class CachedRequestEngine: RequestSending {
             body = request.body
             timeout = request.timeout
             maximumResponseBodySize = request.maximumResponseBodySize
+            deadline = request.deadline
             let control = HTTPCachePolicy.cacheControl(headers)
             skipsStored = control.noCache
             storesNothing = control.noStore
@@ -229,6 +231,7 @@ public final class CachedRequestEngine: RequestSending {
         let body: Data?
         let timeout: TimeInterval
         let maximumResponseBodySize: Int?
+        let deadline: Duration?
 
         init(_ plan: Plan, adding extra: [String: String] = [:]) {
             url = plan.url
@@ -241,6 +244,7 @@ public final class CachedRequestEngine: RequestSending {
             body = plan.body
             timeout = plan.timeout
             maximumResponseBodySize = plan.maximumResponseBodySize
+            deadline = plan.deadline
         }
     }
 

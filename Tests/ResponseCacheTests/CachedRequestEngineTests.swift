@@ -14,6 +14,7 @@ struct Read: NetworkRequest {
     var method: HTTPMethod = .get
     var headers: [String: String] = [:]
     var timeout: TimeInterval = .infinity
+    var deadline: Duration? = nil
 
     init(_ path: String, method: HTTPMethod = .get, headers: [String: String] = [:]) {
         url = URL(string: "https://api.example.test" + path)!
@@ -64,6 +65,19 @@ extension Data {
 @Suite("CachedRequestEngine: modes, freshness, revalidation, Vary, secrets", .timeLimit(.minutes(1)))
 struct CachedRequestEngineTests {
     // MARK: .online
+
+    @Test func theRequestsOwnDeadlineReachesTheEngine() async throws {
+        let h = try CacheHarness([.ok("feed")])
+        var read = Read("/feed")
+        read.deadline = .zero  // already passed: the network part fails without sending
+        do {
+            _ = try await h.engine.response(for: read, mode: .online, staleTime: .seconds(60))
+            Issue.record("a read past its deadline was sent")
+        } catch let error as NetworkError {
+            #expect("\(error)" == "total deadline exceeded")
+        }
+        #expect(h.session.callCount == 0)
+    }
 
     @Test func aFreshStoredResponseIsServedWithoutTheNetwork() async throws {
         let h = try CacheHarness([.ok("v1", headers: ["Cache-Control": "max-age=600"])])

@@ -205,6 +205,7 @@ struct StorableRequest<Base: QueueableRequest>: QueueableRequest {
     var orderingKey: String? { base.orderingKey }
     var coalescingKey: String? { base.coalescingKey }
     var maximumResponseBodySize: Int? { base.maximumResponseBodySize }
+    var deadline: Duration? { base.deadline }
 }
 
 extension ReplayRequest {
