@@ -64,12 +64,24 @@ let overURLSession = AsyncRequestEngine(session: URLSessionTransport(configurati
 struct Get: NetworkRequest {
     let url: URL
     var method: HTTPMethod { .get }
+    var timeout: TimeInterval = 30
 }
+
+// Profile only (`profile 3`): the engine without single flight and without a per-attempt timeout,
+// to tell what those two cost from what every send costs.
+let bareOverAHC = AsyncRequestEngine(
+    session: AsyncHTTPClientSession(client: client),
+    options: .init(deduplicatedMethods: [])
+)
 
 enum Variant: String, CaseIterable {
     case rawAHC = "raw AHC"
     case engineAHC = "engine over AHC"
     case engineURLSession = "engine over URLSession"
+    case bareEngineAHC = "engine over AHC, no single flight, no timeout"
+
+    /// The variants every round runs; `bareEngineAHC` is for `profile 3` only.
+    static let measured: [Variant] = [.rawAHC, .engineAHC, .engineURLSession]
 }
 
 @Sendable func once(_ variant: Variant, _ url: URL = url) async throws {
@@ -83,6 +95,9 @@ enum Variant: String, CaseIterable {
         guard data.count == bodySize else { fatalError("bad response") }
     case .engineURLSession:
         let (data, _) = try await overURLSession.send(Get(url: url))
+        guard data.count == bodySize else { fatalError("bad response") }
+    case .bareEngineAHC:
+        let (data, _) = try await bareOverAHC.send(Get(url: url, timeout: .infinity))
         guard data.count == bodySize else { fatalError("bad response") }
     }
 }
@@ -176,10 +191,11 @@ func concurrent(_ variant: Variant, _ count: Int) async throws -> Round {
 }
 
 // `profile VARIANT COUNT`: only COUNT sequential requests of one variant (0 raw AHC, 1 engine over
-// AHC, 2 engine over URLSession), for callgrind or perf.
+// AHC, 2 engine over URLSession, 3 engine over AHC without single flight or timeout), for perf or
+// callgrind.
 if profiling {
     guard numbers.count >= 2, Variant.allCases.indices.contains(numbers[0]) else {
-        fatalError("usage: integrations-benchmark [--url URL] profile VARIANT COUNT (VARIANT 0, 1 or 2)")
+        fatalError("usage: integrations-benchmark [--url URL] profile VARIANT COUNT (VARIANT 0 to 3)")
     }
     let variant = Variant.allCases[numbers[0]]
     _ = try await sequential(variant, 100)
@@ -192,7 +208,7 @@ if profiling {
 
 let loadAtStart = loadAverage()
 // Warm-up: connections opened, code paged in.
-for variant in Variant.allCases {
+for variant in Variant.measured {
     _ = try await sequential(variant, 200)
     _ = try await concurrent(variant, 640)
 }
@@ -201,7 +217,7 @@ var sequentialRounds: [Variant: [Round]] = [:]
 var concurrentRounds: [Variant: [Round]] = [:]
 for round in 0..<rounds {
     // Rotate the order each round so that no variant always runs first or last.
-    let order = (0..<Variant.allCases.count).map { Variant.allCases[($0 + round) % Variant.allCases.count] }
+    let order = Variant.measured.indices.map { Variant.measured[($0 + round) % Variant.measured.count] }
     for variant in order {
         sequentialRounds[variant, default: []].append(try await sequential(variant, sequentialPerRound))
     }
@@ -226,7 +242,7 @@ func spread(_ values: [Double], _ format: String) -> String {
 func summary(_ name: String, _ results: [Variant: [Round]]) {
     print("\n\(name): median of \(rounds) rounds (min–max)")
     print("variant                  p50 µs                    req/s                     CPU µs/req           other processes, CPUs")
-    for variant in Variant.allCases {
+    for variant in Variant.measured {
         let r = results[variant] ?? []
         func line(_ values: [Double], _ format: String = "%8.1f (%.1f–%.1f)") -> String {
             String(format: format, median(values), values.min() ?? .nan, values.max() ?? .nan)
