@@ -154,6 +154,77 @@ struct TransportIntegrationTests {
         #endif
     }
 
+    @Test(.enabled(if: TransportIntegrationTests.isLinux, "corelibs-foundation only"))
+    func onLinuxTheTransportsSessionHasNoURLCacheAndTheCallersConfigurationIsLeftAlone() {
+        let configuration = URLSessionConfiguration.default
+        let cache = configuration.urlCache
+        let transport = URLSessionTransport(configuration: configuration)
+        #expect(transport.session.configuration.urlCache == nil)
+        #expect(URLSessionTransport.shared.session.configuration.urlCache == nil)
+        #expect(configuration.urlCache === cache)
+    }
+
+    /// 10 000 requests started and cancelled at once through a transport made from `.default`,
+    /// then the transport released, in a child process. Two crashes lived here: with the session's
+    /// `URLCache` (corelibs-foundation traps in `TaskRegistry` when a task is cancelled just after it
+    /// starts: 1 run in 6 of 3 000 rounds), and at the release ("Session invalidated": a cancelled
+    /// request's task made on a pool thread after the transport's deinit invalidated its session).
+    /// Without either fix this failed 4 runs in 6.
+    @Test(.enabled(if: TransportIntegrationTests.isLinux, "corelibs-foundation only"))
+    func requestsCancelledAsTheyStartNeverCrashTheProcess() async throws {
+        #if os(Linux)
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) {
+                let server = try LoopbackHTTPServer()
+                server.route("/x", .ok("x"))
+                let transport = URLSessionTransport(configuration: .default)
+                let request = URLRequest(url: server.url("/x"))
+                for round in 0..<10_000 {
+                    let task = Task { _ = try? await transport.data(for: request, maximumBodySize: nil) }
+                    if round % 2 == 0 { await Task.yield() }
+                    task.cancel()
+                    await task.value
+                }
+                server.shutdown()
+            }
+        }
+        #endif
+    }
+
+    /// A transport released while a cancelled request's task is still to be made (on Linux the
+    /// make runs later, on a pool thread) must stay alive until it is made: its deinit invalidates
+    /// the session, and `dataTask(with:)` on an invalidated session traps. The make is held here
+    /// until the test has let go of the transport.
+    @Test(.enabled(if: TransportIntegrationTests.isLinux, "the task is made on a pool thread on Linux only"))
+    func aPendingTaskMakeKeepsItsTransportAlive() async throws {
+        let entered = DispatchSemaphore(value: 0)
+        let proceed = DispatchSemaphore(value: 0)
+        var transport: URLSessionTransport? = URLSessionTransport(configuration: .ephemeral) { session, request in
+            entered.signal()
+            proceed.wait()  // on the pool's thread, never the cooperative pool's
+            return session.dataTask(with: request)
+        }
+        weak let released = transport
+        let request = URLRequest(url: server.url("/x"))
+        let caller = Task { [transport] in try await transport?.data(for: request, maximumBodySize: nil) }
+        await withCheckedContinuation { continuation in
+            Thread { entered.wait(); continuation.resume() }.start()  // not a cooperative thread
+        }
+        caller.cancel()
+        _ = await caller.result  // answered at once, the make still pending
+        transport = nil
+        #expect(released != nil)  // the pending make holds it
+        proceed.signal()
+    }
+
+    static var isLinux: Bool {
+        #if os(Linux)
+        true
+        #else
+        false
+        #endif
+    }
+
     /// A figure from /proc/self/status ("VmRSS", "VmHWM"), in bytes.
     static func memory(_ field: String) -> Int? {
         guard let text = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return nil }
