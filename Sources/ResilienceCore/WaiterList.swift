@@ -99,14 +99,20 @@ public struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
     @usableFromInline var head = 0
     /// Entries at or after `head` that have left (holes).
     @usableFromInline var holes = 0
+    /// Entries holding a value handed to them before they suspended (`.handed`): decided, so no
+    /// longer in line, though their tickets have not claimed the value yet.
+    @usableFromInline var handedCount = 0
     @usableFromInline var nextTicket: UInt64 = 0
 
     @inlinable
     public init() {}
 
-    /// Waiters in line: suspended, or issued and on their way to suspend.
+    /// Waiters in line, still to be served: suspended, or issued and on their way to suspend
+    /// with nothing handed to them yet. A ticket already handed a value (a place, or its
+    /// cancellation) is not counted: an owner that counted it would see a line where nobody waits
+    /// — a newcomer would queue behind a departing waiter, and nobody would wake it.
     @inlinable
-    public var count: Int { entries.count - head - holes }
+    public var count: Int { entries.count - head - holes - handedCount }
 
     @inlinable
     public var isEmpty: Bool { count == 0 }
@@ -126,6 +132,7 @@ public struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
     @inlinable
     public mutating func claim(_ ticket: Ticket) -> Value? {
         guard let index = index(of: ticket), case .handed(let value) = entries[index].slot else { return nil }
+        handedCount -= 1
         markLeft(index)
         return value
     }
@@ -146,7 +153,12 @@ public struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
     public mutating func withdraw(_ ticket: Ticket) -> Value? {
         guard let index = index(of: ticket) else { return nil }
         let handed: Value?
-        if case .handed(let value) = entries[index].slot { handed = value } else { handed = nil }
+        if case .handed(let value) = entries[index].slot {
+            handed = value
+            handedCount -= 1
+        } else {
+            handed = nil
+        }
         markLeft(index)
         return handed
     }
@@ -162,6 +174,7 @@ public struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
         switch entry.slot {
         case .pending:
             entries[index].slot = .handed(value)
+            handedCount += 1
             return nil
         case .waiting(let continuation):
             markLeft(index)
@@ -185,6 +198,7 @@ public struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
                 return .resume(Waiter(ticket: Ticket(rawValue: entry.ticket), tag: entry.tag, continuation: continuation))
             case .pending:
                 entries[index].slot = .handed(value)
+                handedCount += 1
                 return .handedToPending
             case .handed, .left:
                 index += 1
@@ -223,6 +237,7 @@ public struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
                 markLeft(index, compact: false)
             case .pending:
                 entries[index].slot = .handed(value)
+                handedCount += 1
             case .handed, .left:
                 break
             }

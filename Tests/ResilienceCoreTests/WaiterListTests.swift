@@ -74,6 +74,42 @@ struct WaiterListTests {
         #expect(list.isEmpty)
     }
 
+    /// The lost wake-up a reviewer found in `ConcurrencyLimiter`: a waiter cancelled after its
+    /// ticket was issued but before it suspended still counted as in line, so a place freed then
+    /// found nobody to serve, and a newcomer seeing "someone in line" queued behind a waiter that
+    /// was leaving — with a free place and nobody left to wake it.
+    @Test func aTicketHandedItsCancellationNoLongerCountsAsInLine() {
+        var line = WaiterList<Bool, Void>()
+        let departing = line.issue(())
+        _ = line.cancel(departing, with: false)
+        #expect(line.count == 0)
+        #expect(line.isEmpty)
+        #expect(line.resumeFirst(with: true) == nil)  // nobody to serve: the place stays free
+        let newcomer = line.issue(())
+        #expect(line.count == 1)
+        #expect(line.claim(departing) == false)  // the departing waiter still gets its value
+        #expect(line.count == 1)
+        line.withdraw(newcomer)
+        #expect(line.isEmpty)
+    }
+
+    @Test func aTicketHandedAValueBeforeSuspendingNoLongerCountsAsInLine() {
+        var line = WaiterList<Int, Void>()
+        let first = line.issue(())
+        let second = line.issue(())
+        guard case .handedToPending? = line.resumeFirst(with: 7) else {
+            Issue.record("expected the value to be handed to the pending first arrival")
+            return
+        }
+        #expect(line.count == 1)  // only the second still waits to be served
+        #expect(line.claim(first) == 7)
+        #expect(line.count == 1)
+        _ = line.cancel(second, with: 0)
+        #expect(line.count == 0)
+        #expect(line.withdraw(second) == 0)
+        #expect(line.isEmpty)
+    }
+
     @Test func cancelAfterLeavingFindsNothingAndLeavesNothingBehind() {
         var list = WaiterList<Int, Void>()
         let ticket = list.issue(())
