@@ -138,6 +138,9 @@ public final class AsyncRequestEngine: RequestSending {
     private let hostRates: HostLimiters<RateLimiter>?
     /// The event sink, when it also hears of hedges.
     private let hedgeSink: (any HedgingEventSink)?
+    /// Whether a strategy works per host (breakers from a registry, host limits): the request's
+    /// authority is then read off its URL once, as it is validated.
+    private let perHost: Bool
 
     /// - Parameters:
     ///   - session: the transport; `URLSessionTransport.shared` by default. A plain `URLSession`
@@ -171,6 +174,7 @@ public final class AsyncRequestEngine: RequestSending {
             HostLimiters(maxConcurrent: $0, maxWaiting: options.maxWaitingPerHost)
         }
         self.hedgeSink = eventSink as? any HedgingEventSink
+        self.perHost = circuitBreakers != nil || options.maxConcurrentPerHost != nil || options.rateLimitPerHost != nil
         let time = TimeSource(clock)
         self.hostRates = options.rateLimitPerHost.map { HostLimiters($0, time: time) }
         self.deduplicated = HTTPMethodSet(options.deduplicatedMethods)
@@ -229,7 +233,8 @@ public final class AsyncRequestEngine: RequestSending {
         // Read only for `succeeded`'s duration and the deadline.
         let started = observed || deadline != nil ? time.now() : .zero
         let priority = Task.currentPriority
-        let limits = Limits(deadline: deadline.map { started + $0 })
+        // Capped like timeouts, so no clock is asked to sleep past its range.
+        let limits = Limits(deadline: deadline.map { started + min($0, .seconds(Int64.max / 2)) })
         guard deduplicated.contains(method) else {
             let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, limits, key: nil)
             let call = SharedCall(execution: execution)
@@ -281,9 +286,13 @@ public final class AsyncRequestEngine: RequestSending {
     ) -> Execution {
         let urlRequest: URLRequest
         var invalid: NetworkError?
+        var authority: String? = perHost ? "" : nil  // non-nil asks the builder for it
         do {
-            urlRequest = try URLRequestBuilder.make(url: url, method: method, headers: headers, body: body, timeout: timeout)
+            urlRequest = try URLRequestBuilder.make(
+                url: url, method: method, headers: headers, body: body, timeout: timeout, authority: &authority
+            )
         } catch {
+            authority = nil
             urlRequest = URLRequest(url: url)
             invalid = error
         }
@@ -303,9 +312,8 @@ public final class AsyncRequestEngine: RequestSending {
             priority: priority,
             key: key,
             deadline: limits.deadline,
-            breaker: circuitBreakers.map { $0.breaker(for: url) } ?? circuitBreaker,
-            limiter: hostLimiters?.limiter(for: url),
-            rateLimiter: hostRates?.limiter(for: url),
+            breaker: circuitBreakers.flatMap { registry in authority.map { registry.breaker(forHost: $0) } } ?? circuitBreaker,
+            authority: hostLimiters != nil || hostRates != nil ? authority : nil,
             hedging: options.hedging.flatMap { policy in
                 policy.maxAttempts > 1 && (Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
                     ? policy : nil
@@ -413,7 +421,9 @@ public final class AsyncRequestEngine: RequestSending {
         guard let limit else {
             return await send(call, attempt: attempt)
         }
-        call.open(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline)
+        // An attempt that must wait for a host's limits is not on the wire until it has its
+        // permits: if its limit passes before, the breaker does not count it.
+        call.open(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline, sent: call.execution.authority == nil)
         let registration = watchdog.schedule(call, attempt: attempt, after: limit)
         let result = await send(call, attempt: attempt)
         watchdog.cancel(registration)
@@ -428,18 +438,18 @@ public final class AsyncRequestEngine: RequestSending {
     private func send(_ call: SharedCall, attempt: Int) async -> Result<(Data, HTTPURLResponse), NetworkError> {
         let execution = call.execution
         guard let hedging = execution.hedging else {
-            return await Self.sendOnce(execution, on: session)
+            return await sendOnce(call, attempt: attempt)
         }
-        return await hedge(execution, attempt: attempt, policy: hedging)
+        return await hedge(call, attempt: attempt, policy: hedging)
     }
 
     @inline(never)
     private func hedge(
-        _ execution: Execution,
+        _ call: SharedCall,
         attempt: Int,
         policy: HedgingPolicy
     ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        let session = session
+        let execution = call.execution
         let budget = retryBudget
         var onHedge: (@Sendable (Int, TimeInterval) async -> Void)?
         if let sink = hedgeSink {
@@ -451,7 +461,7 @@ public final class AsyncRequestEngine: RequestSending {
         let race = HedgeRace(
             policy: policy,
             time: time,
-            send: { await Self.sendOnce(execution, on: session) },
+            send: { await self.sendOnce(call, attempt: attempt) },
             mayHedge: { budget?.tryWithdraw() ?? true },
             onHedge: onHedge
         )
@@ -459,21 +469,30 @@ public final class AsyncRequestEngine: RequestSending {
     }
 
     /// One copy of an attempt: through the host's rate limit and concurrency limit when there
-    /// are any (a token first: tokens measure starts), then the session.
-    private static func sendOnce(
-        _ execution: Execution,
-        on session: any NetworkSession
-    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+    /// are any (a token first: tokens measure starts), then the session. The host's limiters are
+    /// looked up for each copy, so a limiter dropped from the table while idle is never used again.
+    private func sendOnce(_ call: SharedCall, attempt: Int) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        let execution = call.execution
+        guard let authority = execution.authority else {
+            return await Self.call(execution, on: session)
+        }
+        let rate = hostRates?.limiter(forAuthority: authority)
+        let limiter = hostLimiters?.limiter(forAuthority: authority)
+        let session = session
+        let onTheWire = { @Sendable () async -> Result<(Data, HTTPURLResponse), NetworkError> in
+            call.markSent(attempt: attempt)
+            return await Self.call(execution, on: session)
+        }
         do {
-            switch (execution.rateLimiter, execution.limiter) {
+            switch (rate, limiter) {
             case (nil, nil):
-                return await call(execution, on: session)
+                return await onTheWire()
             case (nil, let limiter?):
-                return try await limiter.withPermit { await call(execution, on: session) }
+                return try await limiter.withPermit { await onTheWire() }
             case (let rate?, nil):
-                return try await rate.withPermit { await call(execution, on: session) }
+                return try await rate.withPermit { await onTheWire() }
             case (let rate?, let limiter?):
-                return try await rate.withPermit { try await limiter.withPermit { await call(execution, on: session) } }
+                return try await rate.withPermit { try await limiter.withPermit { await onTheWire() } }
             }
         } catch let rejection as LimiterRejection {
             return .failure(.limited(rejection))
@@ -549,7 +568,20 @@ public final class AsyncRequestEngine: RequestSending {
         let error: NetworkError =
             expired.abandoned || Task.isCancelled ? .cancelled : expired.endsAtDeadline ? .deadlineExceeded : .timedOut
         let result: Result<(Data, HTTPURLResponse), NetworkError> = .failure(error)
-        if let permit = expired.permit { breaker?.record(Self.breakerOutcome(of: result), for: permit) }
+        if let permit = expired.permit {
+            // Not on the wire (still waiting for a host's permit): nothing was learnt of the host.
+            // On the wire and cut by the deadline: the host did not answer in the time the caller
+            // had, which counts against it (a host that never answers must open its breaker even
+            // when every request's deadline is shorter than its timeout).
+            let outcome: CircuitBreaker.Outcome
+            switch error {
+            case .cancelled: outcome = .ignored
+            case _ where !expired.sent: outcome = .ignored
+            case .deadlineExceeded: outcome = .failure
+            default: outcome = Self.breakerOutcome(of: result)
+            }
+            breaker?.record(outcome, for: permit)
+        }
         return result
     }
 

@@ -26,6 +26,7 @@ final class HedgeRace: Sendable {
         var tasks: [Task<Void, Never>] = []
         var launched = 0
         var pending = 0
+        /// The latest failure that came from the server or the network (not a limiter's refusal).
         var lastFailure: Answer?
     }
 
@@ -106,15 +107,23 @@ final class HedgeRace: Sendable {
         let decision = state.withLock { state -> Answer? in
             guard state.decided == nil else { return nil }
             state.pending -= 1
-            if Self.isAcceptable(answer) { return answer }
-            state.lastFailure = answer
-            guard state.pending == 0 else { return nil }
-            // Every copy sent has failed: the next goes at once, if one may.
-            if state.launched < policy.maxAttempts, mayHedge() {
-                launch(&state)
-                return nil
+            switch Self.verdict(on: answer) {
+            case .ends:
+                return answer
+            case .refused:
+                // A limiter kept this copy off the wire: it says nothing of the server. The race
+                // ends with a real failure if there was one, and sends no copy at once after it.
+                return state.pending == 0 ? (state.lastFailure ?? answer) : nil
+            case .failed:
+                state.lastFailure = answer
+                guard state.pending == 0 else { return nil }
+                // Every copy sent has failed: the next goes at once, if one may.
+                if state.launched < policy.maxAttempts, mayHedge() {
+                    launch(&state)
+                    return nil
+                }
+                return answer
             }
-            return answer
         }
         if let decision { decide(decision) }
     }
@@ -132,16 +141,26 @@ final class HedgeRace: Sendable {
         for task in tasks { task.cancel() }
     }
 
-    /// An answer that ends the race: anything but a retryable failure, a cancellation or a
-    /// limiter's refusal.
-    static func isAcceptable(_ answer: Answer) -> Bool {
+    /// What an answer means for the race.
+    enum Verdict: Equatable {
+        /// It ends the race: acceptable (anything but a retryable failure), or a retryable
+        /// status that carries `Retry-After` (the server asked for a pause: no more copies now).
+        case ends
+        /// A retryable failure: the other copies may still do better.
+        case failed
+        /// A limiter's refusal (or a copy cancelled on its own): nothing was learnt.
+        case refused
+    }
+
+    static func verdict(on answer: Answer) -> Verdict {
         switch answer {
         case .success(let (_, response)):
-            return !ResponseClassification.isRetryable(status: response.statusCode)
+            guard ResponseClassification.isRetryable(status: response.statusCode) else { return .ends }
+            return ResponseClassification(response).retryAfter == nil ? .failed : .ends
         case .failure(let error):
             switch error {
-            case .cancelled, .limited: return false
-            default: return !error.isRetryable
+            case .cancelled, .limited: return .refused
+            default: return error.isRetryable ? .failed : .ends
             }
         }
     }

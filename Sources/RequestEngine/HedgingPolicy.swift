@@ -20,17 +20,18 @@ import Foundation
 /// - A copy is reported to a sink that conforms to `HedgingEventSink`; `RequestEvent` is
 ///   unchanged, so exhaustive switches over it keep compiling.
 public struct HedgingPolicy: Sendable, Hashable {
-    /// How long an attempt may go unanswered before the next copy is sent (at least zero).
-    public var delay: Duration
+    /// How long an attempt may go unanswered before the next copy is sent (zero to about 146
+    /// billion years: longer values are capped, so no clock is asked to sleep past its range).
+    public let delay: Duration
     /// Copies of one attempt allowed in flight, the first included: 1 (no hedging) to 10.
-    public var maxAttempts: Int
+    public let maxAttempts: Int
 
     /// - Parameters:
-    ///   - delay: the wait before each further copy; negative values become zero. A good value is
-    ///     the endpoint's p95 latency: about 5 % of requests are then hedged.
+    ///   - delay: the wait before each further copy; negative values become zero, huge ones are
+    ///     capped. A good value is the endpoint's p95 latency: about 5 % of requests are then hedged.
     ///   - maxAttempts: copies allowed in flight, the first included; clamped to 1...10.
     public init(delay: Duration, maxAttempts: Int = 2) {
-        self.delay = max(.zero, delay)
+        self.delay = min(max(.zero, delay), .seconds(Int64.max / 2))
         self.maxAttempts = min(10, max(1, maxAttempts))
     }
 }

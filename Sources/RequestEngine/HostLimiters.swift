@@ -6,11 +6,11 @@ import ResilienceCore
 /// port), made on first use: the engine's `Options.maxConcurrentPerHost` (a `ConcurrencyLimiter`
 /// each) and `Options.rateLimitPerHost` (a `RateLimiter` each).
 ///
-/// Bounded against a caller that reaches very many hosts: beyond `maximumHosts` limiters, the
-/// idle ones (a concurrency limiter with nothing running and nobody waiting, a rate limiter with
-/// a full bucket) are dropped before a new one is made. A dropped limiter was idle, so a request
-/// that still holds it and the host's new one together can exceed the host's limit only by what
-/// that one request does.
+/// Bounded against a caller that reaches very many hosts: at `maximumHosts` limiters, the idle
+/// ones (a concurrency limiter with nothing running and nobody waiting, a rate limiter with a full
+/// bucket) are dropped before a new one is kept; when none is idle, the new host's limiter is not
+/// kept (each of its attempts is then limited on its own) until some are. The engine looks the
+/// limiter up for each attempt, so a dropped one, idle when dropped, is not used again.
 final class HostLimiters<Limiter: AnyObject & Sendable>: Sendable {
     static var maximumHosts: Int { 1_024 }
     private let table = Locked<[String: Limiter]>([:])
@@ -25,14 +25,18 @@ final class HostLimiters<Limiter: AnyObject & Sendable>: Sendable {
     /// The limiter for `url`'s authority; `nil` for a URL without a host (the request is then
     /// refused as invalid before anything is sent).
     func limiter(for url: URL) -> Limiter? {
-        guard let authority = CircuitBreakerRegistry.authority(of: url) else { return nil }
-        return table.withLock { table in
+        CircuitBreakerRegistry.authority(of: url).map { limiter(forAuthority: $0) }
+    }
+
+    /// The limiter for an authority as `CircuitBreakerRegistry.authority(of:)` writes it.
+    func limiter(forAuthority authority: String) -> Limiter {
+        table.withLock { table in
             if let limiter = table[authority] { return limiter }
             if table.count >= Self.maximumHosts {
                 table = table.filter { !isIdle($0.value) }
             }
             let limiter = make()
-            table[authority] = limiter
+            if table.count < Self.maximumHosts { table[authority] = limiter }
             return limiter
         }
     }

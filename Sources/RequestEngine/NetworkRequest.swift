@@ -1,4 +1,5 @@
 import Foundation
+import Retry
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -78,6 +79,21 @@ enum URLRequestBuilder {
         body: Data?,
         timeout: TimeInterval
     ) throws(NetworkError) -> URLRequest {
+        var authority: String?
+        return try make(url: url, method: method, headers: headers, body: body, timeout: timeout, authority: &authority)
+    }
+
+    /// The same, and the URL's authority (`CircuitBreakerRegistry.authority(of:)`) in `authority`
+    /// when it is not nil on entry: read off the host and port this validates anyway, so a
+    /// per-host strategy does not parse the URL again.
+    static func make(
+        url: URL,
+        method: HTTPMethod,
+        headers: [String: String],
+        body: Data?,
+        timeout: TimeInterval,
+        authority: inout String?
+    ) throws(NetworkError) -> URLRequest {
         guard let typedScheme = url.scheme else {
             throw .invalidRequest(reason: "URL scheme must be http or https")
         }
@@ -89,9 +105,11 @@ enum URLRequestBuilder {
             throw .invalidRequest(reason: "URL has no host")
         }
         // Foundation parses any number of digits as the port; URLSession then fails with badURL.
-        if let port = url.port, !(0...65_535).contains(port) {
+        let port = url.port
+        if let port, !(0...65_535).contains(port) {
             throw .invalidRequest(reason: "URL port must be in 0-65535")
         }
+        if authority != nil { authority = CircuitBreakerRegistry.authority(host: host, port: port) }
         guard !timeout.isNaN, timeout > 0 else {
             throw .invalidRequest(reason: "timeout must be positive")
         }

@@ -49,6 +49,8 @@ struct SharedCallStateMachine: Sendable {
         let permit: CircuitBreaker.Permit?
         /// Its limit is what is left of the request's total deadline, not its own timeout.
         let endsAtDeadline: Bool
+        /// It is on the wire: it had no host permit to wait for, or it has them.
+        var sent: Bool
     }
 
     /// What `leave` asks the call to do.
@@ -144,9 +146,17 @@ struct SharedCallStateMachine: Sendable {
 
     /// Attempt `attempt` is in flight, holding `permit`; `endsAtDeadline` when its limit is the
     /// request's total deadline rather than its own timeout.
-    mutating func open(attempt: Int, permit: CircuitBreaker.Permit?, endsAtDeadline: Bool = false) {
+    mutating func open(attempt: Int, permit: CircuitBreaker.Permit?, endsAtDeadline: Bool = false, sent: Bool = true) {
         _ = withRunning { running, _ in
-            running.open = OpenAttempt(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline)
+            running.open = OpenAttempt(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline, sent: sent)
+        }
+    }
+
+    /// Attempt `attempt` got its host's permits and went on the wire (nothing if it is no longer
+    /// the open attempt: its timeout already claimed it).
+    mutating func markSent(attempt: Int) {
+        _ = withRunning { running, _ in
+            if running.open?.attempt == attempt { running.open?.sent = true }
         }
     }
 
@@ -170,7 +180,7 @@ struct SharedCallStateMachine: Sendable {
             running.open = nil
             let superseded = running.task
             running.task = nil
-            return (superseded, TimedOutAttempt(permit: open.permit, abandoned: abandoned, endsAtDeadline: open.endsAtDeadline))
+            return (superseded, TimedOutAttempt(permit: open.permit, abandoned: abandoned, endsAtDeadline: open.endsAtDeadline, sent: open.sent))
         } ?? nil
     }
 }

@@ -83,8 +83,13 @@ final class SharedCall: Sendable {
 
     /// Marks `attempt` as in flight, to be claimed by its task or by its timeout (`endsAtDeadline`:
     /// the limit is the request's total deadline, so its expiry is `deadlineExceeded`).
-    func open(attempt: Int, permit: CircuitBreaker.Permit? = nil, endsAtDeadline: Bool = false) {
-        state.withLock { $0.open(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline) }
+    func open(attempt: Int, permit: CircuitBreaker.Permit? = nil, endsAtDeadline: Bool = false, sent: Bool = true) {
+        state.withLock { $0.open(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline, sent: sent) }
+    }
+
+    /// `attempt` has its host's permits and goes on the wire (a copy of it, when hedged).
+    func markSent(attempt: Int) {
+        state.withLock { $0.markSent(attempt: attempt) }
     }
 
     /// The attempt's task claims its response; false when the timeout claimed it first (this
@@ -162,10 +167,9 @@ struct Execution: Sendable {
     var deadline: Duration? = nil
     /// The circuit breaker for this request's host (the registry's) or the engine's one.
     var breaker: CircuitBreaker? = nil
-    /// The host's concurrency limiter, when the engine limits hosts.
-    var limiter: ConcurrencyLimiter? = nil
-    /// The host's token bucket, when the engine rate-limits hosts.
-    var rateLimiter: RateLimiter? = nil
+    /// The request's authority (host and port) when the engine limits hosts; its limiters are
+    /// looked up by it for each attempt.
+    var authority: String? = nil
     /// The hedging policy, when the engine hedges and this request may be sent twice.
     var hedging: HedgingPolicy? = nil
 }
@@ -183,4 +187,6 @@ struct TimedOutAttempt: Sendable {
     let abandoned: Bool
     /// The limit that passed was the request's total deadline: it ends as `deadlineExceeded`.
     var endsAtDeadline = false
+    /// The attempt was on the wire (had its host's permits) when its limit passed.
+    var sent = true
 }

@@ -107,8 +107,14 @@ public final class CircuitBreakerRegistry: Sendable {
     /// The registry's key for a URL: its host lower-cased, with `:port` when the URL names a port.
     public static func authority(of url: URL) -> String? {
         guard let host = url.host, !host.isEmpty else { return nil }
+        return authority(host: host, port: url.port)
+    }
+
+    /// The same key from a host and port already read off a URL (the engine reads them once, when
+    /// it validates the request).
+    public static func authority(host: String, port: Int?) -> String {
         let key = Self.key(host)
-        return url.port.map { "\(key):\($0)" } ?? key
+        return port.map { "\(key):\($0)" } ?? key
     }
 
     private static func key(_ host: String) -> String {

@@ -410,3 +410,110 @@ struct AsyncRequestEngineHostLimitTests {
         #expect(session.callCount == 2)
     }
 }
+
+/// What review found in the strategies, each pinned by the test that failed before its fix.
+@Suite("AsyncRequestEngine: strategies under review's scenarios", .timeLimit(.minutes(1)))
+struct AsyncRequestEngineStrategiesReviewTests {
+    @Test func aHugeTotalDeadlineOrHedgingDelayNeverTraps() async throws {
+        let session = ScriptedNetworkSession([.ok("x")])
+        // The real clock: ContinuousClock traps when asked to sleep past its range.
+        let deadlined = AsyncRequestEngine(session: session, options: .init(totalDeadline: .seconds(Int64.max)))
+        _ = try await deadlined.send(TestRequest())
+        let hedged = AsyncRequestEngine(session: session, options: .init(hedging: HedgingPolicy(delay: .seconds(Int64.max))))
+        _ = try await hedged.send(TestRequest())
+        #expect(HedgingPolicy(delay: .seconds(Int64.max)).delay == .seconds(Int64.max / 2))
+        #expect(session.callCount == 2)
+    }
+
+    @Test func aHedgeRefusedByTheHostsRateLimitDoesNotMaskTheRetryable503() async throws {
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.status(503), .ok("x")])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(
+            session: session,
+            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 1),
+            eventSink: recorder,
+            options: .init(
+                hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: 2),
+                rateLimitPerHost: HostRateLimit(permitsPerSecond: 1, burst: 1)
+            ),
+            clock: clock
+        )
+        let task = Task { try await engine.send(TestRequest()) }
+        // The 503 was retried, not the refusal of the copy sent at once after it.
+        await recorder.wait { $0.contains { if case .retryScheduled = $0 { true } else { false } } }
+        #expect(recorder.timeline == ["started", "retry(0,1.0)"])
+        #expect(session.callCount == 1)
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(1))
+        let (data, _) = try await task.value
+        #expect(String(decoding: data, as: UTF8.self) == "x")
+    }
+
+    @Test func aRetryAfterFromOneCopyEndsTheRaceWithoutFurtherCopies() async throws {
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.status(503, headers: ["Retry-After": "2"]), .ok("x")])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(
+            session: session,
+            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 0.1),
+            eventSink: recorder,
+            options: .init(hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: 3)),
+            clock: clock
+        )
+        let task = Task { try await engine.send(TestRequest()) }
+        await recorder.wait { $0.contains { if case .retryScheduled = $0 { true } else { false } } }
+        // The server's pause is honoured: no copy was sent at once after its 503.
+        #expect(recorder.timeline == ["started", "retry(0,2.0)"])
+        #expect(session.callCount == 1)
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(2))
+        _ = try await task.value
+        #expect(session.callCount == 2)
+    }
+
+    @Test func attemptsThatTimeOutWaitingForAPlaceDoNotCountAgainstTheBreaker() async throws {
+        let clock = ManualClock()
+        let breaker = CircuitBreaker(configuration: .init(windowSize: 2, minimumCalls: 2, failureRateThreshold: 0.5), clock: clock)
+        let session = ScriptedNetworkSession([.held(.ok("a"))])
+        let engine = AsyncRequestEngine(session: session, circuitBreaker: breaker, options: .init(maxConcurrentPerHost: 1), clock: clock)
+        let first = Task { try await engine.send(TestRequest(method: .post)) }
+        await session.waitForCalls(1)
+        let waiting = (0..<2).map { _ in
+            Task { await networkError { try await engine.send(TestRequest(method: .post, timeout: 1)) } }
+        }
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(1))
+        for task in waiting { #expect(await task.value?.caseName == "timedOut") }
+        #expect(breaker.state == .closed)  // the host never saw them
+        session.releaseHeld()
+        _ = try await first.value
+    }
+
+    @Test func attemptsCutByTheDeadlineOnTheWireCountAgainstTheBreaker() async {
+        let clock = ManualClock()
+        let breaker = CircuitBreaker(configuration: .init(windowSize: 2, minimumCalls: 2, failureRateThreshold: 0.5), clock: clock)
+        let session = ScriptedNetworkSession([.hang])
+        let engine = AsyncRequestEngine(session: session, circuitBreaker: breaker, options: .init(totalDeadline: .seconds(1)), clock: clock)
+        for _ in 0..<2 {
+            let task = Task { await networkError { try await engine.send(TestRequest(method: .post)) } }
+            await session.waitUntilNoneSuspended()
+            await clock.waitForSleepers(1)
+            clock.advance(by: .seconds(1))
+            #expect(await task.value?.caseName == "deadlineExceeded")
+        }
+        #expect(breaker.state == .open)  // a host that never answers opens its breaker
+    }
+
+    @Test func aFullTableOfBusyHostLimitersKeepsNoMore() async throws {
+        let time = TimeSource(ManualClock())
+        let limiters = HostLimiters<RateLimiter>(HostRateLimit(permitsPerSecond: 0, burst: 1), time: time)
+        for index in 0..<HostLimiters<RateLimiter>.maximumHosts {
+            try await limiters.limiter(forAuthority: "h\(index)").withPermit {}  // its only token: busy for good
+        }
+        let extra = limiters.limiter(forAuthority: "one-more")
+        #expect(limiters.count == HostLimiters<RateLimiter>.maximumHosts)
+        #expect(extra !== limiters.limiter(forAuthority: "one-more"))  // not kept
+    }
+}
+

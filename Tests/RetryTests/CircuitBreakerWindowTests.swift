@@ -36,6 +36,14 @@ struct CircuitBreakerWindowTests {
         breaker.record(outcome, for: permit)
     }
 
+    @Test func aZeroSlowCallThresholdNeedsAtLeastOneSlowCall() throws {
+        let breaker = breaker(failureRateThreshold: 1, slowCallDuration: .seconds(1), slowCallRateThreshold: 0)
+        for _ in 0..<4 { try call(breaker, .success, taking: .milliseconds(10)) }
+        #expect(breaker.state == .closed)  // no call was slow
+        try call(breaker, .success, taking: .seconds(2))
+        #expect(breaker.state == .open)
+    }
+
     // MARK: Configuration
 
     @Test func windowSizeStillConfiguresACountWindow() {
