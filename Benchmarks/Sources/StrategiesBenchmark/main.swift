@@ -11,6 +11,7 @@ import Synchronization
 // (issue 18)", for what each mode measures, the figures and the verdicts.
 //
 //   strategies-benchmark hedging [requests] [warm-up]      hedged vs unhedged over URLSession and LoopbackHTTPServer
+//   strategies-benchmark hedging-nocache [requests] [warm-up] the same, the transport without URLCache
 //   strategies-benchmark hedging-stub [requests] [warm-up] the same over an in-process session that sleeps
 //   strategies-benchmark overhead [rounds] [requests]      CPU per request, plain engine vs strategies on
 //   strategies-benchmark count plain|strategies sequential|concurrent N
@@ -29,6 +30,7 @@ func argument(_ index: Int, default value: Int) -> Int {
 func usage() -> Never {
     print("""
         usage: strategies-benchmark hedging [requests = 2000] [warm-up = 1000]
+               strategies-benchmark hedging-nocache [requests = 2000] [warm-up = 1000]
                strategies-benchmark hedging-stub [requests = 2000] [warm-up = 1000]
                strategies-benchmark overhead [rounds = 15] [requests per block = 20000]
                strategies-benchmark count plain|strategies sequential|concurrent N
@@ -40,6 +42,9 @@ switch arguments.first {
 case "hedging":
     let requests = argument(1, default: 2_000), warmUp = argument(2, default: 1_000)
     runBlocking { try await HedgingBenchmark.run(transport: .loopback, requests: requests, warmUp: warmUp) }
+case "hedging-nocache":
+    let requests = argument(1, default: 2_000), warmUp = argument(2, default: 1_000)
+    runBlocking { try await HedgingBenchmark.run(transport: .loopbackWithoutCache, requests: requests, warmUp: warmUp) }
 case "hedging-stub":
     let requests = argument(1, default: 2_000), warmUp = argument(2, default: 1_000)
     runBlocking { try await HedgingBenchmark.run(transport: .stub, requests: requests, warmUp: warmUp) }
