@@ -72,6 +72,18 @@ let package = Package(
             path: "Benchmarks/ObservabilityBenchmarks",
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
+        // Issue 18's strategies (hedging's tail cut, the cost of deadline + breakers + limiter) as a
+        // plain executable, so it can also run under valgrind: `swift run -c release
+        // strategies-benchmark` (README.md, "Strategies beyond retry"). Not under Benchmarks/, so
+        // `swift package benchmark` does not take it for one of its targets.
+        .executableTarget(
+            name: "strategies-benchmark",
+            dependencies: [
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+            ],
+            path: "Sources/StrategiesBenchmark"
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

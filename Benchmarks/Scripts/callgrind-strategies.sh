@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Instructions per request of the plain engine and of the engine with deadline, per-host breakers
+# and per-host limiter on (issue 18), counted by valgrind's callgrind over strategies-benchmark's
+# `count` mode: each variant and shape is run at two request counts, and
+#   instructions per request = (Ir(N2) - Ir(N1)) / (N2 - N1)
+# so that start-up and tear-down cancel out. Total Ir only: no debug info or symbols are needed.
+#
+# Usage (from Benchmarks/): Scripts/callgrind-strategies.sh [N1] [N2] [repeats]
+# (variants="plain strategies" Scripts/callgrind-strategies.sh for only those two)
+# Needs valgrind (apt-get install valgrind) and the release build:
+#   swift build -c release --product strategies-benchmark
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n1=${1:-1280}
+n2=${2:-12800}
+repeats=${3:-2}
+binary=.build/release/strategies-benchmark
+[ -x "$binary" ] || { echo "build first: swift build -c release --product strategies-benchmark"; exit 1; }
+command -v valgrind >/dev/null || { echo "valgrind is not installed"; exit 1; }
+
+# Total instructions of one run ("Collected : N" on valgrind's stderr).
+instructions() {
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null "$binary" count "$@" 2>&1 \
+        | sed -n 's/^==[0-9]*== Collected : \([0-9]*\)$/\1/p'
+}
+
+echo "callgrind, $(valgrind --version), N1=$n1 N2=$n2, $repeats repeats; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%-11s %-11s %s\n' shape variant "instructions per request (each repeat)"
+for shape in sequential concurrent; do
+    for variant in ${variants:-plain deadline breakers limiter strategies}; do
+        figures=()
+        for _ in $(seq "$repeats"); do
+            low=$(instructions "$variant" "$shape" "$n1")
+            high=$(instructions "$variant" "$shape" "$n2")
+            [ -n "$low" ] && [ -n "$high" ] || { echo "valgrind gave no count for $variant $shape"; exit 1; }
+            figures+=("$(( (high - low) / (n2 - n1) ))")
+        done
+        printf '%-11s %-11s %s\n' "$shape" "$variant" "${figures[*]}"
+    done
+done
