@@ -234,9 +234,9 @@ public final class AsyncRequestEngine: RequestSending {
         let started = observed || deadline != nil ? time.now() : .zero
         let priority = Task.currentPriority
         // Capped like timeouts, so no clock is asked to sleep past its range.
-        let limits = Limits(deadline: deadline.map { started + min($0, .seconds(Int64.max / 2)) })
+        let endsAt = deadline.map { started + min($0, .seconds(Int64.max / 2)) }
         guard deduplicated.contains(method) else {
-            let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, limits, key: nil)
+            let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, key: nil)
             let call = SharedCall(execution: execution)
             call.start { Task { await self.run(call) } }
             return (call, call.firstTicket, nil)
@@ -249,7 +249,7 @@ public final class AsyncRequestEngine: RequestSending {
             deadline: ownDeadline
         )
         let (call, waiter, joined) = inFlight.joinOrStart(key) {
-            SharedCall(execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, limits, key: key))
+            SharedCall(execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, key: key))
         }
         guard joined else {
             call.start { Task { await self.run(call) } }
@@ -281,7 +281,7 @@ public final class AsyncRequestEngine: RequestSending {
         _ traceID: UUID,
         _ started: Duration,
         _ priority: TaskPriority,
-        _ limits: Limits,
+        _ deadline: Duration?,
         key: SingleFlightTable.Key?
     ) -> Execution {
         let urlRequest: URLRequest
@@ -311,7 +311,7 @@ public final class AsyncRequestEngine: RequestSending {
             started: started,
             priority: priority,
             key: key,
-            deadline: limits.deadline,
+            deadline: deadline,
             breaker: circuitBreakers.flatMap { registry in authority.map { registry.breaker(forHost: $0) } } ?? circuitBreaker,
             authority: hostLimiters != nil || hostRates != nil ? authority : nil,
             hedging: options.hedging.flatMap { policy in

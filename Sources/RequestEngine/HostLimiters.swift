@@ -22,12 +22,6 @@ final class HostLimiters<Limiter: AnyObject & Sendable>: Sendable {
         self.isIdle = isIdle
     }
 
-    /// The limiter for `url`'s authority; `nil` for a URL without a host (the request is then
-    /// refused as invalid before anything is sent).
-    func limiter(for url: URL) -> Limiter? {
-        CircuitBreakerRegistry.authority(of: url).map { limiter(forAuthority: $0) }
-    }
-
     /// The limiter for an authority as `CircuitBreakerRegistry.authority(of:)` writes it.
     func limiter(forAuthority authority: String) -> Limiter {
         table.withLock { table in

@@ -174,10 +174,6 @@ struct Execution: Sendable {
     var hedging: HedgingPolicy? = nil
 }
 
-/// The limits fixed when a request enters (only the deadline, for now: an absolute instant).
-struct Limits: Sendable {
-    let deadline: Duration?
-}
 
 /// An attempt whose timeout fired: the task the watchdog starts carries on from it.
 struct TimedOutAttempt: Sendable {

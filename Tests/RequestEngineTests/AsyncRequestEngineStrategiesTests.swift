@@ -366,7 +366,7 @@ struct AsyncRequestEngineHostLimitTests {
     @Test func hostLimitersAreBoundedByDroppingIdleOnes() {
         let limiters = HostLimiters<ConcurrencyLimiter>(maxConcurrent: 1, maxWaiting: 0)
         for index in 0..<(HostLimiters<ConcurrencyLimiter>.maximumHosts * 3) {
-            _ = limiters.limiter(for: URL(string: "https://h\(index).example.test/")!)
+            _ = limiters.limiter(forAuthority: "h\(index).example.test")
         }
         #expect(limiters.count <= HostLimiters<ConcurrencyLimiter>.maximumHosts)
     }
