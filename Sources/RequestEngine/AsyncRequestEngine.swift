@@ -217,6 +217,7 @@ public final class AsyncRequestEngine: RequestSending {
     /// identical call in flight or starts a new one. Synchronous, so the caller's async frame
     /// stays small. A caller that joined gets its own trace id and URL back for its
     /// `deduplicated` event (only when events are observed).
+    @inline(never)
     private func enter(
         _ request: some NetworkRequest
     ) -> (call: SharedCall, waiter: SharedCall.Ticket, joinedAs: (traceID: UUID, url: URL)?) {
@@ -404,11 +405,28 @@ public final class AsyncRequestEngine: RequestSending {
     /// result, retries) to a new task and cancelled this one, so neither a retry nor the waiters
     /// wait for the transport to wind down (libcurl-based URLSession can take seconds to
     /// acknowledge a cancel under load). Non-HTTP responses become `invalidResponse`.
+    ///
+    /// What is decided before and after the transport call is in synchronous helpers (`arm`,
+    /// `disarm`): an async function's frame holds every value it keeps across an `await`, and the
+    /// attempt's frames must fit the task's first allocator slab, or every request pays a `malloc`
+    /// and a `free` for another (Benchmarks/README.md, "Cost of the strategies").
     private func perform(
         _ call: SharedCall,
         attempt: Int,
         permit: CircuitBreaker.Permit?
     ) async -> Result<(Data, HTTPURLResponse), NetworkError>? {
+        let registration = arm(call, attempt: attempt, permit: permit)
+        // Without hedging or host limits the session is called straight from here: each async
+        // layer between costs a frame on every request.
+        let result = call.execution.isDirect ? await Self.call(call, on: session) : await send(call, attempt: attempt)
+        guard let registration else { return result }
+        return disarm(call, attempt: attempt, registration) ? result : nil
+    }
+
+    /// Opens `attempt` and schedules its limit with the watchdog: the request's timeout, or what
+    /// is left of its total deadline when that is sooner. `nil` when the attempt has no limit.
+    @inline(never)
+    private func arm(_ call: SharedCall, attempt: Int, permit: CircuitBreaker.Permit?) -> DeadlineWatchdog.Registration? {
         var limit = call.execution.timeout
         var endsAtDeadline = false
         if let deadline = call.execution.deadline {
@@ -418,24 +436,23 @@ public final class AsyncRequestEngine: RequestSending {
                 endsAtDeadline = true
             }
         }
-        // Without hedging or host limits the session is called straight from here: each async
-        // layer between costs a frame on every request (about 5 µs of CPU per sequential GET in
-        // the scratch harness when `send` and `sendOnce` stood in the way).
-        let direct = call.execution.hedging == nil && call.execution.authority == nil
-        guard let limit else {
-            return direct ? await Self.call(call.execution, on: session) : await send(call, attempt: attempt)
-        }
+        guard let limit else { return nil }
         // An attempt that must wait for a host's limits is not on the wire until it has its
         // permits: if its limit passes before, the breaker does not count it.
         call.open(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline, sent: call.execution.authority == nil)
-        let registration = watchdog.schedule(call, attempt: attempt, after: limit)
-        let result = direct ? await Self.call(call.execution, on: session) : await send(call, attempt: attempt)
+        return watchdog.schedule(call, attempt: attempt, after: limit)
+    }
+
+    /// Cancels the attempt's limit and claims its response: false when the limit came first (the
+    /// watchdog's task carries on and this one stops).
+    @inline(never)
+    private func disarm(_ call: SharedCall, attempt: Int, _ registration: DeadlineWatchdog.Registration) -> Bool {
         watchdog.cancel(registration)
         guard call.claim(attempt: attempt) else {
             testHooks.lateAnswerDropped()
-            return nil
+            return false
         }
-        return result
+        return true
     }
 
     /// Sends the attempt: hedged when the request may be, else once.
@@ -476,16 +493,15 @@ public final class AsyncRequestEngine: RequestSending {
     /// are any (a token first: tokens measure starts), then the session. The host's limiters are
     /// looked up for each copy, so a limiter dropped from the table while idle is never used again.
     private func sendOnce(_ call: SharedCall, attempt: Int) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        let execution = call.execution
-        guard let authority = execution.authority else {
-            return await Self.call(execution, on: session)
+        guard let authority = call.execution.authority else {
+            return await Self.call(call, on: session)
         }
         let rate = hostRates?.limiter(forAuthority: authority)
         let limiter = hostLimiters?.limiter(forAuthority: authority)
         let session = session
         let onTheWire = { @Sendable () async -> Result<(Data, HTTPURLResponse), NetworkError> in
             call.markSent(attempt: attempt)
-            return await Self.call(execution, on: session)
+            return await Self.call(call, on: session)
         }
         do {
             switch (rate, limiter) {
@@ -505,12 +521,14 @@ public final class AsyncRequestEngine: RequestSending {
         }
     }
 
+    /// The transport call. Takes the call, not its `Execution`: a struct of that size passed by
+    /// value is copied into the caller's frame.
     private static func call(
-        _ execution: Execution,
+        _ call: SharedCall,
         on session: any NetworkSession
     ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
         do {
-            let (data, response) = try await session.data(for: execution.urlRequest, maximumBodySize: execution.maximumBodySize)
+            let (data, response) = try await session.data(for: call.execution.urlRequest, maximumBodySize: call.execution.maximumBodySize)
             guard let http = response as? HTTPURLResponse else { return .failure(.invalidResponse) }
             return .success((data, http))
         } catch {

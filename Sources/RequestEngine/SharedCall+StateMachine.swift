@@ -24,19 +24,22 @@ struct SharedCallStateMachine: Sendable {
     typealias Waiters = WaiterList<Outcome, Void>
     typealias Ticket = Waiters.Ticket
 
-    enum Phase: Sendable {
+    enum Phase: Sendable, Equatable {
         /// Someone waits for the outcome.
-        case running(Running)
+        case running
         /// Every waiter left before an outcome: the task is cancelled and winds down; nobody can
         /// join any more.
-        case abandoned(Running)
+        case abandoned
         /// The outcome is known; waiters still on their way to suspend find it.
-        case completed(Outcome)
+        case completed
     }
 
     struct Running: Sendable {
         /// The task carrying the request (replaced after a timeout).
         var task: Task<Void, Never>?
+        /// A timeout has handed the request to a successor task: the first task, should its
+        /// handle be reported only now, is superseded.
+        var handedOver = false
         /// Callers that have not left.
         var waiting: Int
         /// The attempt in flight that neither its task nor the watchdog has claimed yet.
@@ -62,30 +65,26 @@ struct SharedCallStateMachine: Sendable {
         var taskToCancel: Task<Void, Never>?
     }
 
-    private(set) var phase: Phase
+    private(set) var phase: Phase = .running
+    /// The task, the waiters' count and the open attempt, while running or abandoned. Kept
+    /// beside the phase rather than as its payload, so an event changes it in place: every
+    /// request goes through several events, and taking a payload out of an enum and putting it
+    /// back copies it each time.
+    private(set) var running = Running(task: nil, waiting: 1, open: nil)
+    /// The outcome, once completed.
+    private(set) var outcome: Outcome?
     private(set) var waiters = Waiters()
     /// The ticket of the caller that made the call.
     let firstTicket: Ticket
 
     init() {
         firstTicket = waiters.issue(())
-        phase = .running(Running(task: nil, waiting: 1, open: nil))
     }
 
     /// The running (or abandoned) state, changed in place; `nil` once completed.
     private mutating func withRunning<R>(_ body: (inout Running, _ abandoned: Bool) -> R) -> R? {
-        switch phase {
-        case .running(var running):
-            let result = body(&running, false)
-            phase = .running(running)
-            return result
-        case .abandoned(var running):
-            let result = body(&running, true)
-            phase = .abandoned(running)
-            return result
-        case .completed:
-            return nil
-        }
+        guard phase != .completed else { return nil }
+        return body(&running, phase == .abandoned)
     }
 
     // MARK: Waiters
@@ -93,16 +92,15 @@ struct SharedCallStateMachine: Sendable {
     /// Another caller joins: its ticket, or `nil` when the call has completed or been abandoned
     /// (the engine then starts a fresh call rather than hand out a stale or cancelled result).
     mutating func join() -> Ticket? {
-        guard case .running(var running) = phase else { return nil }
+        guard phase == .running else { return nil }
         running.waiting += 1
-        phase = .running(running)
         return waiters.issue(())
     }
 
     /// A waiter suspends on `continuation`: the value to answer it with at once (the outcome, or
     /// `.cancelled` if it left before suspending), or `nil` once it waits.
     mutating func install(_ ticket: Ticket, _ continuation: Waiters.Continuation) -> Outcome? {
-        if case .completed(let outcome) = phase {
+        if let outcome {
             waiters.withdraw(ticket)
             return outcome
         }
@@ -114,29 +112,44 @@ struct SharedCallStateMachine: Sendable {
     /// The waiter holding `ticket` was cancelled. When it was the last, the call is abandoned and
     /// its task is to be cancelled.
     mutating func leave(_ ticket: Ticket) -> Departure {
-        guard case .running(var running) = phase else { return Departure() }
+        guard phase == .running else { return Departure() }
         let waiter = waiters.cancel(ticket, with: .failure(.cancelled))
         running.waiting -= 1
-        guard running.waiting == 0 else {
-            phase = .running(running)
-            return Departure(waiter: waiter)
-        }
-        phase = .abandoned(running)
+        guard running.waiting == 0 else { return Departure(waiter: waiter) }
+        phase = .abandoned
         return Departure(waiter: waiter, taskToCancel: running.task)
     }
 
     /// The outcome is known: the waiters to answer with it, or `nil` if an outcome was already
     /// delivered.
     mutating func complete(_ outcome: Outcome) -> [Waiters.Waiter]? {
-        if case .completed = phase { return nil }
-        phase = .completed(outcome)
+        if phase == .completed { return nil }
+        phase = .completed
+        self.outcome = outcome
+        running = Running(task: nil, waiting: 0, open: nil)  // the task's handle is not kept past the end
         return waiters.takeAll()
     }
 
     // MARK: Tasks and attempts
 
-    /// The call's (first or successor) task exists: `true` when it must be cancelled at once (the
-    /// call was abandoned meanwhile, or has completed).
+    /// The call's first task exists: `true` when it must be cancelled at once (the call was
+    /// abandoned meanwhile, has completed, or a timeout has already handed it to a successor).
+    ///
+    /// The first task is made outside the call's lock (made under it, the new task's first step,
+    /// on another thread, would find the lock still held), so it may run before its handle is
+    /// reported here, and everything that needs the handle may come first: the last waiter leaving (the
+    /// call is abandoned), the outcome (completed), or the attempt's timeout (the successor runs
+    /// and its handle is recorded; this one must not replace it).
+    mutating func firstTaskStarted(_ task: Task<Void, Never>) -> Bool {
+        withRunning { running, abandoned in
+            guard !running.handedOver else { return true }
+            running.task = task
+            return abandoned
+        } ?? true
+    }
+
+    /// A successor task exists (made under the lock by `timeOut`'s caller): `true` when it must
+    /// be cancelled at once (every waiter had left).
     mutating func taskStarted(_ task: Task<Void, Never>) -> Bool {
         withRunning { running, abandoned in
             running.task = task
@@ -180,6 +193,7 @@ struct SharedCallStateMachine: Sendable {
             running.open = nil
             let superseded = running.task
             running.task = nil
+            running.handedOver = true
             return (superseded, TimedOutAttempt(permit: open.permit, abandoned: abandoned, endsAtDeadline: open.endsAtDeadline, sent: open.sent))
         } ?? nil
     }

@@ -70,15 +70,14 @@ final class SharedCall: Sendable {
         state.withLock { $0.join() }
     }
 
-    /// Starts the call's task, made by `makeTask` (which must not touch the call's lock). The
-    /// task is recorded before its body can reach the lock, so a timeout always finds it.
-    /// (Waiters start waiting only after this, so none can have left; the check is a guard.)
+    /// Starts the call's task, made by `makeTask`, and records it. The task is made outside the
+    /// lock: its first step, on another thread, takes the lock at once, and would otherwise spin
+    /// in the lock's slow path while this thread still held it (Benchmarks/README.md). So it may
+    /// run before it is recorded; whatever came first (the attempt's timeout, the outcome, the
+    /// last waiter leaving) is settled as it is (`SharedCallStateMachine.firstTaskStarted`).
     func start(_ makeTask: () -> Task<Void, Never>) {
-        let (task, cancel) = state.withLock { machine in
-            let task = makeTask()
-            return (task, machine.taskStarted(task))
-        }
-        if cancel { task.cancel() }
+        let task = makeTask()
+        if state.withLock({ $0.firstTaskStarted(task) }) { task.cancel() }
     }
 
     /// Marks `attempt` as in flight, to be claimed by its task or by its timeout (`endsAtDeadline`:
@@ -172,6 +171,9 @@ struct Execution: Sendable {
     var authority: String? = nil
     /// The hedging policy, when the engine hedges and this request may be sent twice.
     var hedging: HedgingPolicy? = nil
+
+    /// Nothing to hedge or limit: an attempt calls the session straight.
+    var isDirect: Bool { hedging == nil && authority == nil }
 }
 
 

@@ -16,7 +16,7 @@ struct SharedCallStateMachineTests {
 
     private func phaseName(_ machine: Machine) -> String {
         switch machine.phase {
-        case .running(let running): "running(\(running.waiting))"
+        case .running: "running(\(machine.running.waiting))"
         case .abandoned: "abandoned"
         case .completed: "completed"
         }
@@ -114,6 +114,48 @@ struct SharedCallStateMachineTests {
         #expect(handOff?.expired.abandoned == true)
         let cancelSuccessor = machine.taskStarted(task())
         #expect(cancelSuccessor)
+    }
+
+    // The first task is made outside the call's lock, so it may run, and a timeout, the outcome
+    // or the last waiter's departure may all come, before `firstTaskStarted` records it.
+
+    @Test func aFirstTaskReportedAfterItsTimeoutHandedOverIsCancelledAndDoesNotReplaceTheSuccessor() {
+        var machine = Machine()
+        machine.open(attempt: 0, permit: nil)
+        let handOff = machine.timeOut(attempt: 0)
+        #expect(handOff != nil && handOff?.superseded == nil, "no handle to cancel yet")
+        let successor = task()
+        let cancelSuccessor = machine.taskStarted(successor)
+        #expect(!cancelSuccessor)
+        let cancelFirst = machine.firstTaskStarted(task())
+        #expect(cancelFirst, "the first task has been superseded")
+        let other = machine.join()!
+        _ = machine.leave(machine.firstTicket)
+        let last = machine.leave(other)
+        #expect(last.taskToCancel == successor, "the successor is still the call's task")
+    }
+
+    @Test func aFirstTaskReportedAfterTheOutcomeOrAfterEveryWaiterLeftIsCancelled() {
+        var completed = Machine()
+        _ = completed.complete(ok)
+        let cancelCompleted = completed.firstTaskStarted(task())
+        #expect(cancelCompleted)
+        #expect(completed.running.task == nil, "a completed call keeps no task")
+        var abandoned = Machine()
+        let departure = abandoned.leave(abandoned.firstTicket)
+        #expect(departure.taskToCancel == nil, "no handle yet")
+        let cancelAbandoned = abandoned.firstTaskStarted(task())
+        #expect(cancelAbandoned)
+    }
+
+    @Test func aFirstTaskReportedBeforeAnythingElseIsRecorded() {
+        var machine = Machine()
+        let first = task()
+        let cancel = machine.firstTaskStarted(first)
+        #expect(!cancel)
+        machine.open(attempt: 0, permit: nil)
+        let handOff = machine.timeOut(attempt: 0)
+        #expect(handOff?.superseded == first)
     }
 
     @Test func aTimeoutOfAnotherAttemptOrAfterCompletionDoesNothing() {
