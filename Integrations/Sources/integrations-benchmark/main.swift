@@ -17,7 +17,7 @@ import Glibc
 // such as the nginx of Integrations/Benchmark/nginx.sh. See Benchmarks/README.md.
 //
 //   integrations-benchmark [--url URL] [rounds] [sequential-per-round] [concurrent-per-round]
-//   integrations-benchmark [--url URL] profile VARIANT COUNT
+//   integrations-benchmark [--url URL] profile VARIANT COUNT [64]
 //
 // The external server must answer GET URL and GET URL?worker=N (N in 0..<64) with 200 and a
 // 200-byte body.
@@ -79,9 +79,10 @@ enum Variant: String, CaseIterable {
     case engineAHC = "engine over AHC"
     case engineURLSession = "engine over URLSession"
     case bareEngineAHC = "engine over AHC, no single flight, no timeout"
+    case rawAHCResponse = "raw AHC + HTTPURLResponse"
 
     /// The variants every round runs; `bareEngineAHC` is for `profile 3` only.
-    static let measured: [Variant] = [.rawAHC, .engineAHC, .engineURLSession]
+    static let measured: [Variant] = [.rawAHC, .rawAHCResponse, .engineAHC, .engineURLSession]
 }
 
 @Sendable func once(_ variant: Variant, _ url: URL = url) async throws {
@@ -99,6 +100,16 @@ enum Variant: String, CaseIterable {
     case .bareEngineAHC:
         let (data, _) = try await bareOverAHC.send(Get(url: url, timeout: .infinity))
         guard data.count == bodySize else { fatalError("bad response") }
+    case .rawAHCResponse:
+        // What `send` hands back, built from raw AHC's answer as a caller of AHC who needs
+        // Foundation's types would build it: the floor under the engine over AHC on Linux.
+        let response = try await client.execute(HTTPClientRequest(url: url.absoluteString), deadline: .now() + .seconds(30))
+        let bytes = try await response.body.collect(upTo: 16 * 1024 * 1024)
+        var fields: [String: String] = [:]
+        for (name, value) in response.headers { fields[name] = value }
+        guard let http = HTTPURLResponse(url: url, statusCode: Int(response.status.code), httpVersion: "HTTP/1.1", headerFields: fields),
+              http.statusCode == 200, bytes.withUnsafeReadableBytes({ Data($0) }).count == bodySize
+        else { fatalError("bad response") }
     }
 }
 
@@ -190,17 +201,18 @@ func concurrent(_ variant: Variant, _ count: Int) async throws -> Round {
     }
 }
 
-// `profile VARIANT COUNT`: only COUNT sequential requests of one variant (0 raw AHC, 1 engine over
-// AHC, 2 engine over URLSession, 3 engine over AHC without single flight or timeout), for perf or
-// callgrind.
+// `profile VARIANT COUNT [64]`: only COUNT requests of one variant, one after another or (with 64)
+// by 64 workers — 0 raw AHC, 1 engine over AHC, 2 engine over URLSession, 3 engine over AHC without
+// single flight or timeout, 4 raw AHC + HTTPURLResponse — for perf or strace.
 if profiling {
     guard numbers.count >= 2, Variant.allCases.indices.contains(numbers[0]) else {
-        fatalError("usage: integrations-benchmark [--url URL] profile VARIANT COUNT (VARIANT 0 to 3)")
+        fatalError("usage: integrations-benchmark [--url URL] profile VARIANT COUNT [64] (VARIANT 0 to 4)")
     }
     let variant = Variant.allCases[numbers[0]]
-    _ = try await sequential(variant, 100)
-    let round = try await sequential(variant, numbers[1])
-    print("\(variant.rawValue): p50 \(round.p50) µs, CPU \(round.cpuPerRequest) µs/request")
+    let inParallel = numbers.count > 2 && numbers[2] == 64
+    _ = try await (inParallel ? concurrent(variant, 640) : sequential(variant, 100))
+    let round = try await (inParallel ? concurrent(variant, numbers[1]) : sequential(variant, numbers[1]))
+    print("\(variant.rawValue)\(inParallel ? ", 64 in flight" : ""): p50 \(round.p50) µs, CPU \(round.cpuPerRequest) µs/request")
     try await client.shutdown().get()
     server?.shutdown()
     exit(0)
@@ -260,6 +272,9 @@ func summary(_ name: String, _ results: [Variant: [Round]]) {
           String(format: "; ratio of medians %.3f", median(engine.map(\.p50)) / median(raw.map(\.p50))))
     print("engine/raw AHC CPU per request:", spread(cpuRatios, "%.3f"))
     print("engine/raw AHC throughput:", spread(rawThroughputRatios, "%.3f"))
+    let floor = results[.rawAHCResponse] ?? []
+    print("engine/(raw AHC + HTTPURLResponse) p50:", spread(zip(engine, floor).map { $0.p50 / $1.p50 }, "%.3f"))
+    print("engine/(raw AHC + HTTPURLResponse) CPU per request:", spread(zip(engine, floor).map { $0.cpuPerRequest / $1.cpuPerRequest }, "%.3f"))
     print("engine over AHC / engine over URLSession throughput:", spread(throughputRatios, "%.2f"))
 }
 
