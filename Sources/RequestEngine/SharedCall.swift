@@ -31,7 +31,10 @@ import Synchronization
 /// - a superseded task's late response: its attempt number no longer matches, its claim fails
 ///   (and its watchdog cancellation names an attempt that is no longer registered);
 /// - a caller trying to join after the last waiter left or after completion: `join` refuses, and
-///   the engine starts a fresh call instead of handing out a cancelled or stale result.
+///   the engine starts a fresh call instead of handing out a cancelled or stale result;
+/// - the first task running — even to its timeout or to the end — before its handle is recorded
+///   (it is made outside the lock): `firstTaskStarted` then cancels it when the call was
+///   abandoned, completed or handed to a successor, and never lets it replace the successor.
 ///
 /// Performance notes (this is the path every request takes): the call is the only object the
 /// engine itself adds per request, besides its task (and that task's closure), its `URLRequest`
