@@ -402,9 +402,10 @@ public final class AsyncRequestEngine: RequestSending {
     /// One attempt, in the call's task, bounded by the request's timeout — or by what is left of
     /// its total deadline, when that is sooner — on the engine's clock. Returns `nil` when that
     /// limit came first: the watchdog has then moved the rest of the request (the timed-out
-    /// result, retries) to a new task and cancelled this one, so neither a retry nor the waiters
-    /// wait for the transport to wind down (libcurl-based URLSession can take seconds to
-    /// acknowledge a cancel under load). Non-HTTP responses become `invalidResponse`.
+    /// result, retries) to a new task and cancelled this one (at once, or as soon as `start` has
+    /// recorded it), so neither a retry nor the waiters wait for the transport to wind down
+    /// (libcurl-based URLSession can take seconds to acknowledge a cancel under load). Non-HTTP
+    /// responses become `invalidResponse`.
     ///
     /// What is decided before and after the transport call is in synchronous helpers (`arm`,
     /// `disarm`): an async function's frame holds every value it keeps across an `await`, and the

@@ -132,14 +132,14 @@ struct SharedCallStateMachine: Sendable {
 
     // MARK: Tasks and attempts
 
-    /// The call's first task exists: `true` when it must be cancelled at once (the call was
-    /// abandoned meanwhile, has completed, or a timeout has already handed it to a successor).
+    /// The call's first task exists: `true` when it must be cancelled at once (the call has
+    /// completed, a timeout has already handed it to a successor, or — a guard — it was abandoned).
     ///
     /// The first task is made outside the call's lock (made under it, the new task's first step,
     /// on another thread, would find the lock still held), so it may run before its handle is
-    /// reported here, and everything that needs the handle may come first: the last waiter leaving (the
-    /// call is abandoned), the outcome (completed), or the attempt's timeout (the successor runs
-    /// and its handle is recorded; this one must not replace it).
+    /// reported here, and what needs the handle may come first: the outcome (completed), or the
+    /// attempt's timeout (the successor runs and its handle is recorded; this one must not replace
+    /// it). The last waiter cannot have left: the first waiter waits only once the handle is in.
     mutating func firstTaskStarted(_ task: Task<Void, Never>) -> Bool {
         withRunning { running, abandoned in
             guard !running.handedOver else { return true }

@@ -33,8 +33,8 @@ import Synchronization
 /// - a caller trying to join after the last waiter left or after completion: `join` refuses, and
 ///   the engine starts a fresh call instead of handing out a cancelled or stale result;
 /// - the first task running — even to its timeout or to the end — before its handle is recorded
-///   (it is made outside the lock): `firstTaskStarted` then cancels it when the call was
-///   abandoned, completed or handed to a successor, and never lets it replace the successor.
+///   (it is made outside the lock): `firstTaskStarted` then cancels it when the call has
+///   completed or been handed to a successor, and never lets it replace the successor.
 ///
 /// Performance notes (this is the path every request takes): the call is the only object the
 /// engine itself adds per request, besides its task (and that task's closure), its `URLRequest`
@@ -74,10 +74,11 @@ final class SharedCall: Sendable {
     }
 
     /// Starts the call's task, made by `makeTask`, and records it. The task is made outside the
-    /// lock: its first step, on another thread, takes the lock at once, and would otherwise spin
-    /// in the lock's slow path while this thread still held it (Benchmarks/README.md). So it may
-    /// run before it is recorded; whatever came first (the attempt's timeout, the outcome, the
-    /// last waiter leaving) is settled as it is (`SharedCallStateMachine.firstTaskStarted`).
+    /// lock: its first step, on another thread, takes the lock at once (to open an attempt with a
+    /// limit) and would otherwise spin in the lock's slow path while this thread still held it
+    /// (Benchmarks/README.md). So it may run before it is recorded; whatever came first (the
+    /// attempt's timeout, the outcome) is settled as it is (`SharedCallStateMachine.firstTaskStarted`).
+    /// The first waiter waits only after this returns, so the last waiter cannot have left yet.
     func start(_ makeTask: () -> Task<Void, Never>) {
         let task = makeTask()
         if state.withLock({ $0.firstTaskStarted(task) }) { task.cancel() }
@@ -101,7 +102,8 @@ final class SharedCall: Sendable {
     }
 
     /// The watchdog claims `attempt` for its timeout and moves the rest of the work to a new task
-    /// running `successor`, cancelling the superseded one. Does nothing when the task claimed the
+    /// running `successor`, cancelling the superseded one (or, when the first task has not been
+    /// recorded yet, leaving `start` to cancel it as it records it). Does nothing when the task claimed the
     /// attempt first. `successor` is given the attempt's permit and told whether every waiter had
     /// already left when the timeout fired (decided under the lock, so it cannot race the
     /// departure); it is then also cancelled.

@@ -116,8 +116,9 @@ struct SharedCallStateMachineTests {
         #expect(cancelSuccessor)
     }
 
-    // The first task is made outside the call's lock, so it may run, and a timeout, the outcome
-    // or the last waiter's departure may all come, before `firstTaskStarted` records it.
+    // The first task is made outside the call's lock, so it may run, and a timeout or the outcome
+    // may come, before `firstTaskStarted` records it (an abandoned call is a guard: the first
+    // waiter waits only once the task is recorded).
 
     @Test func aFirstTaskReportedAfterItsTimeoutHandedOverIsCancelledAndDoesNotReplaceTheSuccessor() {
         var machine = Machine()
