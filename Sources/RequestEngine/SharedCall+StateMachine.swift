@@ -24,14 +24,14 @@ struct SharedCallStateMachine: Sendable {
     typealias Waiters = WaiterList<Outcome, Void>
     typealias Ticket = Waiters.Ticket
 
-    enum Phase: Sendable, Equatable {
+    enum Phase: Sendable {
         /// Someone waits for the outcome.
         case running
         /// Every waiter left before an outcome: the task is cancelled and winds down; nobody can
         /// join any more.
         case abandoned
         /// The outcome is known; waiters still on their way to suspend find it.
-        case completed
+        case completed(Outcome)
     }
 
     struct Running: Sendable {
@@ -71,8 +71,6 @@ struct SharedCallStateMachine: Sendable {
     /// request goes through several events, and taking a payload out of an enum and putting it
     /// back copies it each time.
     private(set) var running = Running(task: nil, waiting: 1, open: nil)
-    /// The outcome, once completed.
-    private(set) var outcome: Outcome?
     private(set) var waiters = Waiters()
     /// The ticket of the caller that made the call.
     let firstTicket: Ticket
@@ -83,8 +81,11 @@ struct SharedCallStateMachine: Sendable {
 
     /// The running (or abandoned) state, changed in place; `nil` once completed.
     private mutating func withRunning<R>(_ body: (inout Running, _ abandoned: Bool) -> R) -> R? {
-        guard phase != .completed else { return nil }
-        return body(&running, phase == .abandoned)
+        switch phase {
+        case .running: return body(&running, false)
+        case .abandoned: return body(&running, true)
+        case .completed: return nil
+        }
     }
 
     // MARK: Waiters
@@ -92,7 +93,7 @@ struct SharedCallStateMachine: Sendable {
     /// Another caller joins: its ticket, or `nil` when the call has completed or been abandoned
     /// (the engine then starts a fresh call rather than hand out a stale or cancelled result).
     mutating func join() -> Ticket? {
-        guard phase == .running else { return nil }
+        guard case .running = phase else { return nil }
         running.waiting += 1
         return waiters.issue(())
     }
@@ -100,7 +101,7 @@ struct SharedCallStateMachine: Sendable {
     /// A waiter suspends on `continuation`: the value to answer it with at once (the outcome, or
     /// `.cancelled` if it left before suspending), or `nil` once it waits.
     mutating func install(_ ticket: Ticket, _ continuation: Waiters.Continuation) -> Outcome? {
-        if let outcome {
+        if case .completed(let outcome) = phase {
             waiters.withdraw(ticket)
             return outcome
         }
@@ -112,7 +113,7 @@ struct SharedCallStateMachine: Sendable {
     /// The waiter holding `ticket` was cancelled. When it was the last, the call is abandoned and
     /// its task is to be cancelled.
     mutating func leave(_ ticket: Ticket) -> Departure {
-        guard phase == .running else { return Departure() }
+        guard case .running = phase else { return Departure() }
         let waiter = waiters.cancel(ticket, with: .failure(.cancelled))
         running.waiting -= 1
         guard running.waiting == 0 else { return Departure(waiter: waiter) }
@@ -123,9 +124,8 @@ struct SharedCallStateMachine: Sendable {
     /// The outcome is known: the waiters to answer with it, or `nil` if an outcome was already
     /// delivered.
     mutating func complete(_ outcome: Outcome) -> [Waiters.Waiter]? {
-        if phase == .completed { return nil }
-        phase = .completed
-        self.outcome = outcome
+        if case .completed = phase { return nil }
+        phase = .completed(outcome)
         running = Running(task: nil, waiting: 0, open: nil)  // the task's handle is not kept past the end
         return waiters.takeAll()
     }
