@@ -9,7 +9,7 @@ import Darwin
 #endif
 
 /// Opening a cache folder: list it once, read each file's summary (in parallel), delete what is
-/// torn, corrupt or not ours to read, and return what the index needs in least-recently-used order.
+/// torn, corrupt, of an older format or not ours to read, and return what the index needs in least-recently-used order.
 enum CacheFolder {
     /// `<32 hex digits of the key digest>.rc`.
     static func fileName(_ key: CacheDigest) -> String { key.hex + ".rc" }
@@ -33,6 +33,8 @@ enum CacheFolder {
     private enum Found: Sendable {
         case entry(Entry)
         case corrupt
+        /// A file of an older format version: deleted, not counted as corrupt.
+        case obsolete
         case vanished
         case unreadable(FileSystemError)
     }
@@ -77,6 +79,8 @@ enum CacheFolder {
             case .corrupt:
                 try? FileSystem.removeFile(path + "/" + name)
                 opened.corruptRemoved += 1
+            case .obsolete:
+                try? FileSystem.removeFile(path + "/" + name)
             case .vanished, .unreadable: break
             }
         }
@@ -122,6 +126,8 @@ enum CacheFolder {
         let summaryLength: Int
         do {
             summaryLength = try buffer.withUnsafeBytes { try CacheFileFormat.summaryLength(prefix: UnsafeRawBufferPointer(rebasing: $0[0..<length])) }
+        } catch CacheFileFormat.Problem.obsoleteVersion {
+            return .obsolete
         } catch {
             return .corrupt
         }

@@ -1,7 +1,8 @@
 import Foundation
 
-/// The response cache's in-memory index: every stored response by key, the bytes they take, and
-/// their least-recently-used order. A value type with no I/O, so eviction is testable by hand.
+/// The response cache's in-memory index: every stored response by key, the variants stored for
+/// each URL, the bytes they take, and their least-recently-used order. A value type with no I/O,
+/// so eviction is testable by hand.
 ///
 /// Recency is a doubly linked list threaded through the items (`older`/`newer` keys), so a hit,
 /// an insert and an eviction are each O(1).
@@ -15,6 +16,8 @@ struct CacheIndex: Sendable {
     }
 
     private(set) var items: [CacheDigest: Item] = [:]
+    /// The keys of the variants stored under each primary key (method, URL, partition).
+    private var variantKeys: [CacheDigest: [CacheDigest]] = [:]
     private(set) var totalBytes = 0
     /// The least recently used item (evicted first) and the most recently used one.
     private(set) var oldest: CacheDigest?
@@ -24,6 +27,9 @@ struct CacheIndex: Sendable {
 
     subscript(key: CacheDigest) -> Item? { items[key] }
 
+    /// The keys of the variants stored for `primaryKey`, oldest stored first.
+    func variants(of primaryKey: CacheDigest) -> [CacheDigest] { variantKeys[primaryKey] ?? [] }
+
     /// Adds or replaces the item for `summary.key` as the most recently used.
     mutating func insert(_ summary: StoredResponseSummary, size: Int) {
         remove(summary.key)
@@ -32,6 +38,7 @@ struct CacheIndex: Sendable {
         newest = summary.key
         if oldest == nil { oldest = summary.key }
         items[summary.key] = item
+        variantKeys[summary.primaryKey, default: []].append(summary.key)
         totalBytes += item.size
     }
 
@@ -51,6 +58,9 @@ struct CacheIndex: Sendable {
         guard let item = items[key] else { return nil }
         unlink(key, item)
         items[key] = nil
+        let primaryKey = item.summary.primaryKey
+        variantKeys[primaryKey]?.removeAll { $0 == key }
+        if variantKeys[primaryKey]?.isEmpty == true { variantKeys[primaryKey] = nil }
         totalBytes -= item.size
         return item
     }
@@ -85,6 +95,7 @@ struct CacheIndex: Sendable {
 
     mutating func removeAll() {
         items = [:]
+        variantKeys = [:]
         totalBytes = 0
         oldest = nil
         newest = nil

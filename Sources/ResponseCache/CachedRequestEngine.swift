@@ -7,9 +7,10 @@ import ResilienceCore
 import FoundationNetworking
 #endif
 
-/// Reads that keep working offline: GET and HEAD answered from a `DiskResponseCache` when fresh,
-/// revalidated with `ETag`/`Last-Modified` when stale, paused while offline instead of failing,
-/// and served stale when the network or the server fails.
+/// Reads that keep working offline, over an HTTP cache that follows RFC 9111 as a browser's does:
+/// GET and HEAD answered from a `DiskResponseCache` while fresh, revalidated with
+/// `ETag`/`Last-Modified` when stale, paused while offline instead of failing, and served stale
+/// when the network or the server fails (unless the server forbade it).
 ///
 /// ```swift
 /// let reads = CachedRequestEngine(requestEngine: AsyncRequestEngine(), cache: cache, reachabilityMonitor: monitor)
@@ -18,18 +19,23 @@ import FoundationNetworking
 /// }
 /// ```
 ///
-/// It is itself a `RequestSending` (with `defaultMode` and `defaultStaleTime`), so it composes:
-/// put `AuthenticatedRequestEngine` around it (with a `partition` for the user) to cache
-/// authenticated reads, or give it to the offline queue. Other methods pass straight through, and
-/// a successful one invalidates what is stored for its URL (RFC 9111 §4.4).
+/// It is itself a `RequestSending` (with `defaultMode` and `defaultStaleTime`, which follow HTTP by
+/// default), so it composes: put `AuthenticatedRequestEngine` around it (with a `partition` for
+/// the user) to cache authenticated reads, or give it to the offline queue. Other methods pass
+/// straight through, and a successful one marks what is stored for its URL (and for the
+/// same-origin `Location` and `Content-Location` it names) stale (RFC 9111 §4.4).
 ///
-/// Rules (Docs/ResponseCache.md has the tables): only GET and HEAD responses with status 200 or 203
-/// are stored; `Cache-Control: no-store` on the request or the response is never stored, and a
-/// request's `no-cache` skips the stored response; `Vary` is honoured (`Vary: *` is never stored);
-/// `Set-Cookie` is never stored; a request carrying `Authorization` or `Cookie` is stored and served
-/// only when the engine has a `partition`, and every key then includes the partition's digest,
-/// never a token. `must-revalidate` responses are never served stale. Concurrent reads of one key
-/// share one network request.
+/// Rules (Docs/ResponseCache.md has the tables and each RFC requirement with its test): which
+/// responses are stored (§3), how long they are fresh (`StaleTime`, §4.2), how old they are
+/// (`Age` and `Date`, §4.2.3; every response served from the store carries its `Age`), the
+/// request's own `Cache-Control` (`no-cache`, `max-age`, `max-stale`, `min-fresh`, `no-store`,
+/// `only-if-cached`), `Vary` with up to eight variants per URL, a `304` applied only to the
+/// stored responses its validators select (§4.3.4), `HEAD` freshening a stored `GET` (§4.3.5),
+/// `stale-while-revalidate` and `stale-if-error` (RFC 5861). A request the caller made
+/// conditional or partial itself (`If-None-Match`, `Range`…) passes through untouched. `Set-Cookie`
+/// is never stored; a request carrying `Authorization` or `Cookie` is stored and served only when
+/// the engine has a `partition`, and every key then includes the partition's digest, never a
+/// token. Concurrent reads of one key share one network request.
 public final class CachedRequestEngine: RequestSending {
     /// Sends what the cache cannot answer.
     public let requestEngine: any RequestSending
@@ -39,7 +45,7 @@ public final class CachedRequestEngine: RequestSending {
     public let partition: String?
     /// What `send(_:)` and `response(for:)` (the `RequestSending` requirements) use.
     public let defaultMode: NetworkMode
-    public let defaultStaleTime: Duration
+    public let defaultStaleTime: StaleTime
 
     private let partitionDigest: CacheDigest?
     private let time: TimeSource
@@ -54,8 +60,9 @@ public final class CachedRequestEngine: RequestSending {
     ///   - reachabilityMonitor: says when to pause (`.online`) and when to revalidate (`.offlineFirst`).
     ///   - partition: a stable identifier of the signed-in user (never a token); required for
     ///     caching requests that carry `Authorization` or `Cookie`. Clear the cache at log-out.
-    ///   - defaultMode, defaultStaleTime: for `send(_:)` and `response(for:)` (default `.online`,
-    ///     zero: always revalidate, serve stale only when the network fails).
+    ///   - defaultMode, defaultStaleTime: for `send(_:)` and `response(for:)` (default `.online`
+    ///     and `.http`: fresh as long as HTTP says, revalidated after, served stale only when the
+    ///     network fails).
     ///   - clock: the clock ages are measured on (a `ManualClock` in tests).
     public init(
         requestEngine: some RequestSending = AsyncRequestEngine(),
@@ -63,7 +70,7 @@ public final class CachedRequestEngine: RequestSending {
         reachabilityMonitor: any ReachabilityMonitoring,
         partition: String? = nil,
         defaultMode: NetworkMode = .online,
-        defaultStaleTime: Duration = .zero,
+        defaultStaleTime: StaleTime = .http,
         clock: some Clock<Duration> = ContinuousClock()
     ) {
         self.requestEngine = requestEngine
@@ -83,50 +90,38 @@ public final class CachedRequestEngine: RequestSending {
 
     // MARK: - Reads
 
-    /// One response for `request`, following `mode` (see `NetworkMode`).
+    /// One response for `request`, following `mode` (see `NetworkMode`) and the request's own
+    /// `Cache-Control`. With `only-if-cached` and nothing usable stored, the answer is a `504`
+    /// made by the cache (RFC 9111 §5.2.1.7), at once, without the network.
     ///
     /// - Throws: `NetworkError` when no response can be had (`.cancelled` when the caller is
     ///   cancelled, also while paused offline); what the underlying engine throws otherwise.
-    public func response(for request: some NetworkRequest, mode: NetworkMode, staleTime: Duration) async throws -> CachedResponse {
-        let plan = Plan(request, engine: self)
+    public func response(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) async throws -> CachedResponse {
+        let plan = Plan(request, partition: partitionDigest)
         guard plan.isCacheable else { return try await uncached(plan, mode: mode) }
         let cached = lookup(plan)
-        let now = self.now
-        switch mode {
-        case .always:
-            return try await fetch(plan, cached: cached, staleIfError: false)
-        case .online:
-            if let cached, !plan.skipsStored, isFresh(cached, staleTime: staleTime, now: now) {
-                return try answer(cached, plan: plan, isStale: false)
-            }
-            try await waitUntilOnline()
-            return try await fetch(plan, cached: cached, staleIfError: true, staleTime: staleTime)
-        case .offlineFirst:
-            if let cached, !plan.skipsStored {
-                let fresh = isFresh(cached, staleTime: staleTime, now: now)
-                if fresh || mayServeStale(cached) {
-                    if !fresh {
-                        if await reachabilityMonitor.isConnected {
-                            revalidateInBackground(plan, cached: cached)
-                        } else {
-                            revalidateWhenOnline(plan, cached: cached)
-                        }
-                    }
-                    return try answer(cached, plan: plan, isStale: !fresh)
-                }
-            }
-            try await waitUntilOnline()
-            return try await fetch(plan, cached: cached, staleIfError: true, staleTime: staleTime)
+        let reuse = cached.map { HTTPCachePolicy.reuse($0, request: plan.directives, staleTime: staleTime, now: now) }
+        switch Self.decide(cached: reuse, mode: mode, request: plan.directives) {
+        case .serve(let isStale, let revalidates):
+            guard let cached else { throw NetworkError.invalidResponse }  // decide serves only what it was given
+            if revalidates { await revalidate(plan, cached: cached) }
+            return try answer(cached, plan: plan, isStale: isStale, validated: false)
+        case .gatewayTimeout:
+            return try gatewayTimeout(plan)
+        case .network(let waits):
+            if waits { try await waitUntilOnline() }
+            return try await fetch(plan, cached: cached, staleIfError: mode != .always && reuse?.mayServeOnError == true, staleTime: mode == .always ? nil : staleTime)
         }
     }
 
     /// The stored response at once (fresh or stale), then the network's answer when it comes —
-    /// what keeps a screen useful offline. With a fresh stored response (and a mode other than
-    /// `.always`) the stream ends after it; otherwise the network part follows `mode` (it waits
-    /// while offline unless `.always`). A network failure after a stored response was yielded ends
-    /// the stream with the error; the screen keeps what it has.
-    public func responses(for request: some NetworkRequest, mode: NetworkMode, staleTime: Duration) -> AsyncThrowingStream<CachedResponse, any Error> {
-        let plan = Plan(request, engine: self)
+    /// what keeps a screen useful offline. With a stored response usable without validation (and
+    /// a mode other than `.always`) the stream ends after it; otherwise the network part follows
+    /// `mode` (it waits while offline unless `.always`). A network failure after a stored response
+    /// was yielded ends the stream with the error; the screen keeps what it has. With
+    /// `only-if-cached` the network is never asked: the stored response, or a `504`.
+    public func responses(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) -> AsyncThrowingStream<CachedResponse, any Error> {
+        let plan = Plan(request, partition: partitionDigest)
         return AsyncThrowingStream { continuation in
             let task = Task {
                 do {
@@ -136,20 +131,24 @@ public final class CachedRequestEngine: RequestSending {
                         return
                     }
                     let cached = self.lookup(plan)
+                    let reuse = cached.map { HTTPCachePolicy.reuse($0, request: plan.directives, staleTime: staleTime, now: self.now) }
                     var yielded = false
-                    if let cached, !plan.skipsStored {
-                        let fresh = self.isFresh(cached, staleTime: staleTime, now: self.now)
-                        if fresh || self.mayServeStale(cached) {
-                            continuation.yield(try self.answer(cached, plan: plan, isStale: !fresh))
-                            yielded = true
-                            if fresh, mode != .always {
-                                continuation.finish()
-                                return
-                            }
+                    if let cached, let reuse, reuse.isUsable || reuse.mayServeStale {
+                        continuation.yield(try self.answer(cached, plan: plan, isStale: !reuse.isFresh, validated: false))
+                        yielded = true
+                        if reuse.isUsable, mode != .always {
+                            continuation.finish()
+                            return
                         }
                     }
+                    if plan.directives.onlyIfCached {
+                        if !yielded { continuation.yield(try self.gatewayTimeout(plan)) }
+                        continuation.finish()
+                        return
+                    }
                     if mode != .always { try await self.waitUntilOnline() }
-                    continuation.yield(try await self.fetch(plan, cached: cached, staleIfError: !yielded, staleTime: staleTime))
+                    let staleIfError = !yielded && reuse?.mayServeOnError == true
+                    continuation.yield(try await self.fetch(plan, cached: cached, staleIfError: staleIfError, staleTime: staleTime))
                     continuation.finish()
                 } catch {
                     continuation.finish(throwing: Task.isCancelled ? NetworkError.cancelled : error)
@@ -173,11 +172,45 @@ public final class CachedRequestEngine: RequestSending {
 
     // MARK: - RequestSending
 
-
     /// `response(for:mode:staleTime:)` with `defaultMode` and `defaultStaleTime`, whatever the status.
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         let answer = try await response(for: request, mode: defaultMode, staleTime: defaultStaleTime)
         return (answer.data, answer.response)
+    }
+
+    // MARK: - Deciding
+
+    /// What a read does with what is stored.
+    enum Decision: Equatable {
+        /// Answer from the store; `revalidate`: refresh it in the background (now when online,
+        /// else once connectivity returns).
+        case serve(isStale: Bool, revalidate: Bool)
+        /// `only-if-cached` with nothing usable: the cache's own `504`.
+        case gatewayTimeout
+        /// Ask the network (revalidating what is stored, if anything); `waits`: pause while offline.
+        case network(waits: Bool)
+    }
+
+    /// The modes' tables (Docs/ResponseCache.md) as one function of what the stored response is
+    /// worth to this request.
+    static func decide(cached reuse: HTTPCachePolicy.Reuse?, mode: NetworkMode, request: CacheControl) -> Decision {
+        if let reuse, reuse.isUsable, mode != .always || request.onlyIfCached {
+            return .serve(isStale: !reuse.isFresh, revalidate: false)
+        }
+        if request.onlyIfCached {
+            if mode == .offlineFirst, let reuse, reuse.mayServeStale { return .serve(isStale: true, revalidate: false) }
+            return .gatewayTimeout
+        }
+        switch mode {
+        case .always:
+            return .network(waits: false)
+        case .online:
+            if let reuse, reuse.withinStaleWhileRevalidate { return .serve(isStale: true, revalidate: true) }
+            return .network(waits: true)
+        case .offlineFirst:
+            if let reuse, reuse.mayServeStale { return .serve(isStale: true, revalidate: true) }
+            return .network(waits: true)
+        }
     }
 
     // MARK: - Internals
@@ -191,19 +224,24 @@ public final class CachedRequestEngine: RequestSending {
         let timeout: TimeInterval
         let maximumResponseBodySize: Int?
         let deadline: Duration?
-        /// The cache key (method, URL, partition); nil when the request may not use the cache.
-        let key: CacheDigest?
+        /// The request's `Cache-Control` (or `Pragma: no-cache`).
+        let directives: CacheControl
+        /// Whether the cache may answer and store this request: a GET or HEAD without a body,
+        /// not made conditional or partial by the caller, not `no-store` (§5.2.1.5: nothing of
+        /// it is stored, and it is not answered from the store either), and without credentials
+        /// unless the engine has a partition.
+        let isCacheable: Bool
+        /// The primary keys (method, URL, partition) under which its answers are stored: the
+        /// request's own method's first (where a response to it is stored); a HEAD also reads
+        /// what a GET stored.
+        let keys: [CacheDigest]
         /// The identity of a network fetch: the key and every request header (requests that
         /// differ in a header the response may vary on never share a fetch).
         let fetchKey: CacheDigest
-        /// Request `Cache-Control: no-cache`: the stored response is not served without revalidation.
-        let skipsStored: Bool
-        /// Request `Cache-Control: no-store`: nothing is stored.
-        let storesNothing: Bool
 
-        var isCacheable: Bool { key != nil }
+        var primaryKey: CacheDigest { keys[0] }
 
-        init(_ request: some NetworkRequest, engine: CachedRequestEngine) {
+        init(_ request: some NetworkRequest, partition: CacheDigest?) {
             url = request.url
             method = request.method
             headers = request.headers
@@ -211,15 +249,19 @@ public final class CachedRequestEngine: RequestSending {
             timeout = request.timeout
             maximumResponseBodySize = request.maximumResponseBodySize
             deadline = request.deadline
-            let control = HTTPCachePolicy.cacheControl(headers)
-            skipsStored = control.noCache
-            storesNothing = control.noStore
+            directives = HTTPCachePolicy.requestDirectives(headers)
             let readable = (method == .get || method == .head) && body == nil
-            let allowed = !HTTPCachePolicy.carriesCredential(headers) || engine.partitionDigest != nil
-            let keyText = method.rawValue + "\n" + url.absoluteString + "\n" + (engine.partitionDigest?.hex ?? "")
-            key = readable && allowed ? CacheDigest(keyText) : nil
+            let allowed = !HTTPCachePolicy.carriesCredential(headers) || partition != nil
+            isCacheable = readable && allowed && !directives.noStore && !HTTPCachePolicy.isConditionalOrPartial(headers)
+            let ownKey = Self.primaryKey(method: method, url: url, partition: partition)
+            keys = method == .head ? [ownKey, Self.primaryKey(method: .get, url: url, partition: partition)] : [ownKey]
             let headerText = headers.map { $0.key.lowercased() + ":" + $0.value }.sorted().joined(separator: "\n")
-            fetchKey = CacheDigest(keyText + "\n" + headerText)
+            fetchKey = CacheDigest(ownKey.hex + "\n" + headerText)
+        }
+
+        /// The digest every variant of `method` `url` in `partition` is stored under.
+        static func primaryKey(method: HTTPMethod, url: URL, partition: CacheDigest?) -> CacheDigest {
+            CacheDigest(method.rawValue + "\n" + url.absoluteString + "\n" + (partition?.hex ?? ""))
         }
     }
 
@@ -236,11 +278,7 @@ public final class CachedRequestEngine: RequestSending {
         init(_ plan: Plan, adding extra: [String: String] = [:]) {
             url = plan.url
             method = plan.method
-            var merged = plan.headers
-            for (name, value) in extra where !merged.keys.contains(where: { $0.caseInsensitiveCompare(name) == .orderedSame }) {
-                merged[name] = value
-            }
-            headers = merged
+            headers = plan.headers.merging(extra) { _, added in added }
             body = plan.body
             timeout = plan.timeout
             maximumResponseBodySize = plan.maximumResponseBodySize
@@ -248,44 +286,70 @@ public final class CachedRequestEngine: RequestSending {
         }
     }
 
-    /// A request the cache cannot hold: other methods pass through (and invalidate the URL's
-    /// stored reads on success); an uncacheable read still follows `mode`'s pause.
+    /// A request the cache cannot hold: other methods pass through (and on success mark the
+    /// stored reads of their URL stale, §4.4); an uncacheable read still follows `mode`'s pause,
+    /// and with `only-if-cached` is answered `504`.
     private func uncached(_ plan: Plan, mode: NetworkMode) async throws -> CachedResponse {
         let readable = plan.method == .get || plan.method == .head
+        if readable, plan.directives.onlyIfCached { return try gatewayTimeout(plan) }
         if readable, mode != .always { try await waitUntilOnline() }
         let (data, response) = try await requestEngine.response(for: Outgoing(plan))
-        if !plan.method.isSafe, (200...399).contains(response.statusCode) { invalidateReads(of: plan.url) }
+        if !plan.method.isSafe, (200...399).contains(response.statusCode) {
+            invalidateReads(after: plan, response: Self.headers(of: response))
+        }
         return CachedResponse(data: data, response: response, source: .network, isStale: false)
     }
 
-    private func invalidateReads(of url: URL) {
-        let suffix = "\n" + url.absoluteString + "\n" + (partitionDigest?.hex ?? "")
-        cache.remove([CacheDigest("GET" + suffix), CacheDigest("HEAD" + suffix)])
+    /// RFC 9111 §4.4: after a successful unsafe request, its URL's stored GET and HEAD responses
+    /// (every variant, this engine's partition) are marked stale, and so are those of the URLs in
+    /// `Location` and `Content-Location` when they share the request's origin. Marked, not
+    /// deleted: a screen offline still shows them, and the next read online revalidates them.
+    private func invalidateReads(after plan: Plan, response headers: [String: String]) {
+        var urls = [plan.url]
+        for name in ["Location", "Content-Location"] {
+            guard let value = HTTPCachePolicy.value(name, in: headers), let target = URL(string: value, relativeTo: plan.url)?.absoluteURL,
+                  Self.sameOrigin(target, plan.url)
+            else { continue }
+            urls.append(target)
+        }
+        cache.markStale(urls.flatMap { url in
+            [HTTPMethod.get, .head].map { Plan.primaryKey(method: $0, url: url, partition: partitionDigest) }
+        })
     }
 
-    /// The stored response for `plan`, if its `Vary` fields match the request's.
-    private func lookup(_ plan: Plan) -> StoredResponse? {
-        guard let key = plan.key, let stored = cache.response(for: key) else { return nil }
-        guard stored.varyDigest == HTTPCachePolicy.varyDigest(names: stored.varyNames, requestHeaders: plan.headers) else { return nil }
-        return stored
+    private static func sameOrigin(_ a: URL, _ b: URL) -> Bool {
+        a.scheme?.lowercased() == b.scheme?.lowercased() && a.host?.lowercased() == b.host?.lowercased() && a.port == b.port
     }
 
-    private func isFresh(_ stored: StoredResponse, staleTime: Duration, now: Date) -> Bool {
-        let lifetime = HTTPCachePolicy.freshnessLifetime(headers: stored.headers, staleTime: staleTime)
-        return HTTPCachePolicy.age(of: stored, initialAge: .zero, now: now) < lifetime
+    /// The stored response that answers `plan`: the most recent variant whose `Vary` fields match.
+    private func lookup(_ plan: Plan, counting: Bool = true) -> StoredResponse? {
+        HTTPCachePolicy.select(from: cache.variants(for: plan.keys, counting: counting), requestHeaders: plan.headers)
     }
 
-    /// A stale response may be shown unless the server said `must-revalidate`.
-    private func mayServeStale(_ stored: StoredResponse) -> Bool {
-        !HTTPCachePolicy.cacheControl(stored.headers).mustRevalidate
-    }
-
-    /// A stored response as the caller sees it (its head rebuilt for the request's own URL).
-    private func answer(_ stored: StoredResponse, plan: Plan, isStale: Bool) throws -> CachedResponse {
-        guard let response = HTTPURLResponse(url: plan.url, statusCode: stored.statusCode, httpVersion: "HTTP/1.1", headerFields: stored.headers) else {
+    /// A stored response as the caller sees it: its head rebuilt for the request's own URL, with
+    /// its current `Age` (RFC 9111 §4), without the fields a qualified `no-cache` names unless it
+    /// was just validated, and without a body for HEAD.
+    private func answer(_ stored: StoredResponse, plan: Plan, isStale: Bool, validated: Bool, extraHeaders: [String: String] = [:]) throws -> CachedResponse {
+        var headers = stored.headers
+        if !validated {
+            let withheld = HTTPCachePolicy.cacheControl(headers).noCacheFields
+            if !withheld.isEmpty { headers = headers.filter { !withheld.contains($0.key.lowercased()) } }
+        }
+        headers["Age"] = String(Int(HTTPCachePolicy.currentAge(of: stored, now: now).seconds))
+        headers.merge(extraHeaders) { _, extra in extra }
+        guard let response = HTTPURLResponse(url: plan.url, statusCode: stored.statusCode, httpVersion: "HTTP/1.1", headerFields: headers) else {
             throw NetworkError.invalidResponse
         }
-        return CachedResponse(data: stored.body, response: response, source: .cache, isStale: isStale)
+        return CachedResponse(data: plan.method == .head ? Data() : stored.body, response: response, source: .cache, isStale: isStale)
+    }
+
+    /// The cache's answer to `only-if-cached` with nothing usable stored (RFC 9111 §5.2.1.7).
+    private func gatewayTimeout(_ plan: Plan) throws -> CachedResponse {
+        let headers = ["Date": HTTPDate.format(now), "Content-Length": "0"]
+        guard let response = HTTPURLResponse(url: plan.url, statusCode: 504, httpVersion: "HTTP/1.1", headerFields: headers) else {
+            throw NetworkError.invalidResponse
+        }
+        return CachedResponse(data: Data(), response: response, source: .cache, isStale: false)
     }
 
     /// Waits while the monitor says offline; throws `.cancelled` if the caller is cancelled meanwhile.
@@ -297,33 +361,36 @@ public final class CachedRequestEngine: RequestSending {
     }
 
     /// Asks the network (one request per `fetchKey` at a time, shared by every concurrent reader),
-    /// revalidating `cached` if given, stores what may be stored, and answers.
+    /// revalidating `cached` if given, stores what may be stored, and answers. `staleIfError`:
+    /// a connectivity failure or a 500/502/503/504 serves `cached`, stale.
     /// `staleTime` nil (mode `.always`): never answered from the store, not even fresh.
-    private func fetch(_ plan: Plan, cached: StoredResponse?, staleIfError: Bool, staleTime: Duration? = nil) async throws -> CachedResponse {
+    private func fetch(_ plan: Plan, cached: StoredResponse?, staleIfError: Bool, staleTime: StaleTime?) async throws -> CachedResponse {
         let outcome = await fetches.run(plan.fetchKey) { [self] in
             // A reader that found the store stale (or empty) while another exchange for this key
             // ran, and reaches here after it ended, starts an exchange of its own: the store may
-            // hold a fresh answer by now, and that needs no second request.
-            if let staleTime, !plan.skipsStored, let current = self.lookup(plan), self.isFresh(current, staleTime: staleTime, now: self.now) {
+            // hold a usable answer by now, and that needs no second request.
+            if let staleTime, let current = self.lookup(plan, counting: false),
+               HTTPCachePolicy.reuse(current, request: plan.directives, staleTime: staleTime, now: self.now).isUsable {
                 return .foundFresh(current)
             }
             return await self.networkExchange(plan, cached: cached)
         }
         switch outcome {
-        case .revalidated(let stored), .foundFresh(let stored):
-            return try answer(stored, plan: plan, isStale: false)
+        case .revalidated(let stored, let cookies):
+            return try answer(stored, plan: plan, isStale: false, validated: true, extraHeaders: cookies)
+        case .foundFresh(let stored):
+            return try answer(stored, plan: plan, isStale: false, validated: false)
         case .stored(let data, let response):
             return CachedResponse(data: data, response: response, source: .network, isStale: false)
         case .passed(let data, let response):
-            let status = response.statusCode
-            if staleIfError, let cached, mayServeStale(cached), [500, 502, 503, 504].contains(status) {
-                return try answer(cached, plan: plan, isStale: true)
+            if staleIfError, let cached, [500, 502, 503, 504].contains(response.statusCode) {
+                return try answer(cached, plan: plan, isStale: true, validated: false)
             }
             return CachedResponse(data: data, response: response, source: .network, isStale: false)
         case .failed(let error):
             if Task.isCancelled { throw NetworkError.cancelled }
-            if staleIfError, let cached, mayServeStale(cached), Self.isConnectivityFailure(error) {
-                return try answer(cached, plan: plan, isStale: true)
+            if staleIfError, let cached, Self.isConnectivityFailure(error) {
+                return try answer(cached, plan: plan, isStale: true, validated: false)
             }
             throw error
         }
@@ -331,9 +398,10 @@ public final class CachedRequestEngine: RequestSending {
 
     /// What one network exchange produced, shared by every reader that joined it.
     enum Exchange: Sendable {
-        /// A 304 confirmed the stored response (now refreshed with the 304's headers).
-        case revalidated(StoredResponse)
-        /// The store held a fresh response when the exchange began (another exchange had just
+        /// A 304 confirmed the stored response (now refreshed with the 304's headers); the 304's
+        /// `Set-Cookie` fields, never stored, go to the caller with it.
+        case revalidated(StoredResponse, cookies: [String: String])
+        /// The store held a usable response when the exchange began (another exchange had just
         /// refreshed it): nothing was sent.
         case foundFresh(StoredResponse)
         /// A response received and now stored (as received: every header, `Set-Cookie` included).
@@ -343,41 +411,90 @@ public final class CachedRequestEngine: RequestSending {
         case failed(any Error)
     }
 
+    /// One exchange with the network for `plan`, conditional on `cached`'s validators when given.
+    /// A `304` updates the stored responses its validators select (RFC 9111 §4.3.4); when that
+    /// is not `cached`, the request is sent once more without validators. A `200` to `HEAD`
+    /// freshens (or marks stale) the stored GET responses it describes (§4.3.5).
     private func networkExchange(_ plan: Plan, cached: StoredResponse?) async -> Exchange {
-        let validators = cached.map(HTTPCachePolicy.conditionalHeaders(for:)) ?? [:]
+        let requestTime = now
         let data: Data
         let response: HTTPURLResponse
         do {
-            (data, response) = try await requestEngine.response(for: Outgoing(plan, adding: validators))
+            (data, response) = try await requestEngine.response(for: Outgoing(plan, adding: cached.map(HTTPCachePolicy.validators(for:)) ?? [:]))
         } catch {
             return .failed(error)
         }
-        let received = now
+        let responseTime = now
         let headers = Self.headers(of: response)
         if response.statusCode == 304, let cached {
-            let refreshed = HTTPCachePolicy.refreshed(cached, with: headers, now: received)
-            cache.store(refreshed)
-            return .revalidated(refreshed)
+            let variants = cache.variants(for: [cached.primaryKey], counting: false)
+            let candidates = variants.contains { $0.key == cached.key } ? variants : variants + [cached]
+            let selected = HTTPCachePolicy.selectedBy304(headers, among: candidates, nominated: cached)
+            var revalidated: StoredResponse?
+            for stored in selected {
+                let refreshed = HTTPCachePolicy.refreshed(stored, with: headers, requestTime: requestTime, responseTime: responseTime)
+                cache.store(refreshed)
+                if stored.key == cached.key { revalidated = refreshed }
+            }
+            if let revalidated { return .revalidated(revalidated, cookies: headers.filter { $0.key.lowercased().hasPrefix("set-cookie") }) }
+            // The 304 is not about the response the validators came from: it must not be
+            // applied to it, and the caller asked for the resource, not for a 304.
+            return await networkExchange(plan, cached: nil)
         }
-        guard let key = plan.key, !plan.storesNothing, HTTPCachePolicy.storableStatuses.contains(response.statusCode),
-              !HTTPCachePolicy.cacheControl(headers).noStore,
+        if plan.method == .head, response.statusCode == 200 {
+            freshenStoredGET(plan, headHeaders: headers, requestTime: requestTime, responseTime: responseTime)
+        }
+        let control = HTTPCachePolicy.cacheControl(headers)
+        guard !plan.directives.noStore, HTTPCachePolicy.mayStore(status: response.statusCode, headers: headers, control: control),
               let varyNames = HTTPCachePolicy.varyNames(headers)
         else { return .passed(data, response) }
-        let initialAge = HTTPCachePolicy.value("Age", in: headers).flatMap(CacheControl.deltaSeconds) ?? 0
+        let varyDigest = HTTPCachePolicy.varyDigest(names: varyNames, requestHeaders: plan.headers)
         let stored = StoredResponse(
-            key: key,
+            key: StoredResponse.variantKey(primary: plan.primaryKey, varyNames: varyNames, varyDigest: varyDigest),
+            primaryKey: plan.primaryKey,
             method: plan.method.rawValue,
             url: HTTPCachePolicy.storedURL(plan.url),
             partition: partitionDigest,
-            storedAt: received.addingTimeInterval(-Double(initialAge)),
+            storedAt: responseTime,
+            initialAge: HTTPCachePolicy.correctedInitialAge(headers, requestTime: requestTime, responseTime: responseTime),
             statusCode: response.statusCode,
-            headers: HTTPCachePolicy.storableHeaders(headers),
+            headers: HTTPCachePolicy.withDate(HTTPCachePolicy.storableHeaders(headers), receivedAt: responseTime),
             varyNames: varyNames,
-            varyDigest: HTTPCachePolicy.varyDigest(names: varyNames, requestHeaders: plan.headers),
+            varyDigest: varyDigest,
             body: plan.method == .head ? Data() : data
         )
+        // The new response replaces every stored variant this request would have selected.
+        let superseded = cache.variants(for: [plan.primaryKey], counting: false)
+            .filter { $0.key != stored.key && HTTPCachePolicy.matches($0, requestHeaders: plan.headers) }
+            .map(\.key)
+        cache.remove(superseded)
         cache.store(stored)
         return .stored(data, response)
+    }
+
+    /// RFC 9111 §4.3.5: each stored GET response this HEAD could have chosen is updated with the
+    /// HEAD response's headers when they describe it, and marked stale when they do not.
+    private func freshenStoredGET(_ plan: Plan, headHeaders: [String: String], requestTime: Date, responseTime: Date) {
+        let getKey = Plan.primaryKey(method: .get, url: plan.url, partition: partitionDigest)
+        for stored in cache.variants(for: [getKey], counting: false) where HTTPCachePolicy.matches(stored, requestHeaders: plan.headers) {
+            if HTTPCachePolicy.headResponse(headHeaders, describes: stored) {
+                cache.store(HTTPCachePolicy.refreshed(stored, with: headHeaders, requestTime: requestTime, responseTime: responseTime))
+            } else {
+                var invalidated = stored
+                invalidated.isInvalidated = true
+                cache.store(invalidated)
+            }
+        }
+    }
+
+    /// Refreshes a stale response served from the store: at once when online, otherwise once
+    /// connectivity returns.
+    private func revalidate(_ plan: Plan, cached: StoredResponse) async {
+        if await reachabilityMonitor.isConnected {
+            revalidateInBackground(plan, cached: cached)
+        } else {
+            revalidateWhenOnline(plan, cached: cached)
+        }
     }
 
     private func revalidateInBackground(_ plan: Plan, cached: StoredResponse) {
@@ -403,7 +520,7 @@ public final class CachedRequestEngine: RequestSending {
             guard let self else { return }
             self.revalidationsAwaitingConnectivity.withLock { _ = $0.remove(plan.fetchKey) }
             // What was stored meanwhile (another read online, a revalidation) may be fresh by now.
-            guard online, let current = self.lookup(plan), current.storedAt <= cached.storedAt else { return }
+            guard online, let current = self.lookup(plan, counting: false), current.storedAt <= cached.storedAt else { return }
             self.revalidateInBackground(plan, cached: current)
         }
     }

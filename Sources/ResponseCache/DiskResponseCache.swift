@@ -87,6 +87,9 @@ public final class DiskResponseCache: Sendable {
         var idleWaiters = WaiterList<Void, Void>()
     }
 
+    /// The most variants (`Vary`) kept for one URL; storing another drops the oldest.
+    static let maxVariants = 8
+
     private let state: Locked<State>
     /// The folder's descriptor: holds the `flock`, and files are opened relative to it.
     private let folder: Int32
@@ -191,7 +194,7 @@ public final class DiskResponseCache: Sendable {
     public func invalidate(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> Int {
         let summaries = state.withLock { state -> [StoredResponseSummary] in
             var seen = Set<CacheDigest>()
-            return (state.index.items.values.map(\.summary) + state.memory.values.map(Self.summary))
+            return (state.index.items.values.map(\.summary) + state.memory.values.map(\.summary))
                 .filter { seen.insert($0.key).inserted }
         }
         let matching = summaries.filter { summary in
@@ -214,18 +217,22 @@ public final class DiskResponseCache: Sendable {
     /// Removes the responses stored under these keys, in memory and on disk.
     func remove(_ keys: [CacheDigest]) {
         guard !keys.isEmpty else { return }
-        state.withLock { state in
-            for key in keys {
-                state.latest[key] = state.nextVersion
-                state.nextVersion += 1
-                state.index.remove(key)
-                state.memory[key] = nil
-                state.memoryIndex.remove(key)
-                state.queued[key] = nil
-            }
-            Self.updateTotals(&state)
-        }
+        state.withLock { state in Self.forget(keys, in: &state) }
         for key in keys { try? FileSystem.removeFile(filePath(key)) }
+    }
+
+    /// Forgets `keys` in memory (the caller deletes their files), so that a write of theirs still
+    /// in flight cannot bring them back.
+    private static func forget(_ keys: [CacheDigest], in state: inout State) {
+        for key in keys {
+            state.latest[key] = state.nextVersion
+            state.nextVersion += 1
+            state.index.remove(key)
+            state.memory[key] = nil
+            state.memoryIndex.remove(key)
+            state.queued[key] = nil
+        }
+        updateTotals(&state)
     }
 
     // MARK: - Reading
@@ -252,7 +259,51 @@ public final class DiskResponseCache: Sendable {
         }
     }
 
-    private func readFile(_ key: CacheDigest, expectedSize: Int) -> StoredResponse? {
+    /// Every variant stored under these primary keys (method, URL, partition) that reads back
+    /// intact. `counting`: one hit when there is any, one miss otherwise (a lookup for a reader;
+    /// the engine's own bookkeeping reads do not count).
+    func variants(for primaryKeys: [CacheDigest], counting: Bool = true) -> [StoredResponse] {
+        enum Found { case memory(StoredResponse), disk(CacheDigest, size: Int) }
+        let found = state.withLock { state -> [Found] in
+            var keys: [CacheDigest] = []
+            for primaryKey in primaryKeys {
+                keys += state.index.variants(of: primaryKey)
+                for key in state.memoryIndex.variants(of: primaryKey) where !keys.contains(key) { keys.append(key) }
+            }
+            return keys.compactMap { key in
+                if let response = state.memory[key] {
+                    state.memoryIndex.touch(key)
+                    state.index.touch(key)
+                    return .memory(response)
+                }
+                return state.index[key].map { .disk(key, size: $0.size) }
+            }
+        }
+        let responses = found.compactMap { found -> StoredResponse? in
+            switch found {
+            case .memory(let response): return response
+            case .disk(let key, let size): return readFile(key, expectedSize: size, counting: false)
+            }
+        }
+        if counting {
+            state.withLock { state in
+                if responses.isEmpty { state.statistics.misses += 1 } else { state.statistics.hits += 1 }
+            }
+        }
+        return responses
+    }
+
+    /// Marks every variant stored under these primary keys stale (RFC 9111 §4.4 "invalidate"):
+    /// kept, to be shown offline and revalidated, never served as fresh again.
+    func markStale(_ primaryKeys: [CacheDigest]) {
+        for stored in variants(for: primaryKeys, counting: false) where !stored.isInvalidated {
+            var invalidated = stored
+            invalidated.isInvalidated = true
+            store(invalidated)
+        }
+    }
+
+    private func readFile(_ key: CacheDigest, expectedSize: Int, counting: Bool = true) -> StoredResponse? {
         var buffer: [UInt8] = []
         var info = stat()
         let name = CacheFolder.fileName(key)
@@ -272,11 +323,11 @@ public final class DiskResponseCache: Sendable {
         let response = decoded
         state.withLock { state in
             if let response {
-                state.statistics.hits += 1
+                if counting { state.statistics.hits += 1 }
                 state.index.touch(key)
                 Self.remember(response, in: &state, budget: memoryBytes)
             } else {
-                state.statistics.misses += 1
+                if counting { state.statistics.misses += 1 }
                 if corrupt, state.index.remove(key) != nil {
                     state.statistics.corruptRemoved += 1
                     Self.updateTotals(&state)
@@ -299,14 +350,22 @@ public final class DiskResponseCache: Sendable {
             state.withLock { $0.statistics.tooLargeToStore += 1 }
             return
         }
-        let startWriter = state.withLock { state -> Bool in
+        let (startWriter, dropped) = state.withLock { state -> (Bool, [CacheDigest]) in
+            // At most `maxVariants` per URL: a server that varies on a header whose value changes
+            // with every request must not fill the cache with one URL's variants.
+            var others = state.index.variants(of: response.primaryKey)
+            for key in state.memoryIndex.variants(of: response.primaryKey) where !others.contains(key) { others.append(key) }
+            others.removeAll { $0 == response.key }
+            let dropped = Array(others.prefix(max(0, others.count - (Self.maxVariants - 1))))
+            if !dropped.isEmpty { Self.forget(dropped, in: &state) }
             Self.remember(response, in: &state, budget: memoryBytes)
             let version = state.nextVersion
             state.nextVersion += 1
             state.latest[response.key] = version
             state.queued[response.key] = WriteJob(response: response, data: data, version: version)
-            return state.writing.insert(response.key).inserted
+            return (state.writing.insert(response.key).inserted, dropped)
         }
+        for key in dropped { try? FileSystem.removeFile(filePath(key)) }
         if startWriter { pool.submit { [self] in writeLoop(response.key) } }
     }
 
@@ -352,7 +411,7 @@ public final class DiskResponseCache: Sendable {
                     state.statistics.storeFailures += 1
                     state.statistics.lastStoreFailure = .storage(operation: failure.operation, path: failure.path, errno: failure.errno)
                 } else {
-                    state.index.insert(Self.summary(job.response), size: job.data.count)
+                    state.index.insert(job.response.summary, size: job.data.count)
                     state.statistics.stored += 1
                 }
                 Self.updateTotals(&state)
@@ -394,15 +453,11 @@ public final class DiskResponseCache: Sendable {
             return
         }
         state.memory[response.key] = response
-        state.memoryIndex.insert(summary(response), size: size)
+        state.memoryIndex.insert(response.summary, size: size)
         for key in state.memoryIndex.evictionCandidates(toFit: budget) {
             state.memoryIndex.remove(key)
             state.memory[key] = nil
         }
-    }
-
-    private static func summary(_ response: StoredResponse) -> StoredResponseSummary {
-        StoredResponseSummary(key: response.key, method: response.method, url: response.url, partition: response.partition, storedAt: response.storedAt)
     }
 
     private static func updateTotals(_ state: inout State) {

@@ -3,8 +3,11 @@ import Foundation
 /// One stored response, as held in a cache file: what identifies it (for the index), then the
 /// response itself.
 struct StoredResponse: Sendable, Equatable {
-    /// The digest of method, URL and partition: the file's name and the index's key.
+    /// This variant's digest: the file's name and the index's key. Variants of one URL differ in
+    /// the request header values their response varies on (`variantKey(primary:varyNames:varyDigest:)`).
     var key: CacheDigest
+    /// The digest of method, URL and partition, shared by every variant of one URL.
+    var primaryKey: CacheDigest
     /// `GET` or `HEAD`.
     var method: String
     /// The request URL with secret query values removed: for `invalidate(where:)` and inspection,
@@ -12,15 +15,23 @@ struct StoredResponse: Sendable, Equatable {
     var url: String
     /// The digest of the partition the response belongs to, if any (never the partition itself).
     var partition: CacheDigest?
-    /// When the response was received, or last confirmed by a 304 (wall clock).
+    /// When the response was received, or last confirmed by a validation (wall clock): RFC 9111
+    /// §4.2.3's `response_time`.
     var storedAt: Date
+    /// Its age at `storedAt`, in seconds: §4.2.3's `corrected_initial_age` (the larger of the
+    /// age its `Date` implies and its `Age` plus the time the exchange took).
+    var initialAge: Double
     var statusCode: Int
     /// Response headers that may be stored (no `Set-Cookie`, no hop-by-hop fields), names as sent.
+    /// Always holds a `Date` (RFC 9110 §6.6.1: one is added on receipt when the server sent none).
     var headers: [String: String]
     /// Request header names the response varies on, lower-cased and sorted; `["*"]` never stored.
     var varyNames: [String]
-    /// The digest of the request's values for `varyNames` (never the values themselves).
+    /// The digest of the request's normalised values for `varyNames` (never the values themselves).
     var varyDigest: CacheDigest?
+    /// Marked stale whatever its lifetime (RFC 9111 §4.4 invalidation, §4.3.5 a `HEAD` that
+    /// disagrees): kept to be shown offline and revalidated, never served as fresh.
+    var isInvalidated = false
     var body: Data
 
     /// The stored header value for `name`, compared case-insensitively.
@@ -28,35 +39,50 @@ struct StoredResponse: Sendable, Equatable {
         if let exact = headers[name] { return exact }
         return headers.first { $0.key.caseInsensitiveCompare(name) == .orderedSame }?.value
     }
+
+    /// The file key of the variant of `primary` that varies on `varyNames` with these values.
+    static func variantKey(primary: CacheDigest, varyNames: [String], varyDigest: CacheDigest?) -> CacheDigest {
+        guard !varyNames.isEmpty else { return primary }
+        return CacheDigest(primary.hex + "\nvary\n" + varyNames.joined(separator: ",") + "\n" + (varyDigest?.hex ?? "-"))
+    }
+
+    var summary: StoredResponseSummary {
+        StoredResponseSummary(key: key, primaryKey: primaryKey, method: method, url: url, partition: partition, storedAt: storedAt)
+    }
 }
 
 /// What the index keeps of a stored response without reading its body.
 struct StoredResponseSummary: Sendable, Equatable {
     var key: CacheDigest
+    var primaryKey: CacheDigest
     var method: String
     var url: String
     var partition: CacheDigest?
     var storedAt: Date
 }
 
-/// The cache file format (version 1), little-endian:
+/// The cache file format (version 2), little-endian:
 ///
 /// ```
-/// offset 0   "RCv1"                      magic
+/// offset 0   "RCv2"                      magic
 ///        4   u32 summary length          the part the index reads at open
-///        8   u32 detail length           status, headers, vary
+///        8   u32 detail length           status, age, flags, headers, vary
 ///       12   u64 body length
 ///       20   16 bytes digest             SipHash-2-4 ×2 of everything from offset 36 to the end
-///       36   summary: key digest (16), storedAt (f64 bits), method, url, partition flag (+16)
-///            detail: status (u16), header count (u32) and pairs, vary name count and names,
-///                    vary digest flag (+16)
+///       36   summary: key digest (16), primary key digest (16), storedAt (f64 bits), method, url,
+///                     partition flag (+16)
+///            detail: status (u16), initial age (f64 bits), flags (u8: 1 = invalidated),
+///                    header count (u32) and pairs, vary name count and names, vary digest flag (+16)
 ///            body
 /// ```
 /// Strings are a u32 byte count and UTF-8. A file whose size is not exactly the sum of the
 /// lengths, whose digest does not match, or whose fields do not parse is torn or corrupt: never
-/// served.
+/// served. Version 1 files (one variant per URL, no age) are recognised by their magic and
+/// dropped at open (`Problem.obsoleteVersion`): a cache may lose what it holds, never misread it.
 enum CacheFileFormat {
-    static let magic: [UInt8] = Array("RCv1".utf8)
+    static let magic: [UInt8] = Array("RCv2".utf8)
+    /// The magic of the previous version, whose files are dropped at open.
+    static let obsoleteMagic: [UInt8] = Array("RCv1".utf8)
     static let prefixLength = 36
     /// Longest summary accepted at open (a URL is at most a few KiB).
     static let maximumSummaryLength = 64 * 1024
@@ -67,6 +93,8 @@ enum CacheFileFormat {
     enum Problem: Error, Equatable {
         case truncated
         case badMagic
+        /// A file of an older format version: not corrupt, but not read either.
+        case obsoleteVersion
         case lengthsDoNotAddUp
         case checksumMismatch
         case malformed(String)
@@ -75,12 +103,15 @@ enum CacheFileFormat {
     static func encode(_ response: StoredResponse) -> Data {
         var summary = Writer()
         summary.digest(response.key)
+        summary.digest(response.primaryKey)
         summary.u64(response.storedAt.timeIntervalSinceReferenceDate.bitPattern)
         summary.string(response.method)
         summary.string(response.url)
         summary.optionalDigest(response.partition)
         var detail = Writer()
         detail.u16(UInt16(clamping: response.statusCode))
+        detail.u64(response.initialAge.bitPattern)
+        detail.bytes.append(response.isInvalidated ? 1 : 0)
         detail.u32(UInt32(clamping: response.headers.count))
         for (name, value) in response.headers.sorted(by: { $0.key < $1.key }) {
             detail.string(name)
@@ -111,7 +142,9 @@ enum CacheFileFormat {
     /// The summary length a file's prefix announces, so a reader knows how much to read at open.
     static func summaryLength(prefix: UnsafeRawBufferPointer) throws -> Int {
         guard prefix.count >= prefixLength else { throw Problem.truncated }
-        guard prefix.prefix(4).elementsEqual(magic) else { throw Problem.badMagic }
+        guard prefix.prefix(4).elementsEqual(magic) else {
+            throw prefix.prefix(4).elementsEqual(obsoleteMagic) ? Problem.obsoleteVersion : Problem.badMagic
+        }
         let length = Int(UInt32(littleEndian: prefix.loadUnaligned(fromByteOffset: 4, as: UInt32.self)))
         guard length <= maximumSummaryLength else { throw Problem.malformed("summary too long") }
         return length
@@ -147,6 +180,10 @@ enum CacheFileFormat {
         let detailStart = prefixLength + summaryLength
         var detail = Reader(bytes: UnsafeRawBufferPointer(rebasing: bytes[detailStart..<(detailStart + detailLength)]))
         let status = Int(try detail.u16())
+        let initialAge = Double(bitPattern: try detail.u64())
+        guard initialAge.isFinite, initialAge >= 0 else { throw Problem.malformed("initial age out of range") }
+        let flags = try detail.take(1)[0]
+        guard flags <= 1 else { throw Problem.malformed("unknown flags") }
         let headerCount = Int(try detail.u32())
         guard headerCount <= 10_000 else { throw Problem.malformed("too many headers") }
         var headers: [String: String] = [:]
@@ -162,9 +199,9 @@ enum CacheFileFormat {
         guard detail.isAtEnd else { throw Problem.malformed("detail has trailing bytes") }
         let body = Data(UnsafeRawBufferPointer(rebasing: bytes[(detailStart + detailLength)...]))
         return StoredResponse(
-            key: summary.key, method: summary.method, url: summary.url, partition: summary.partition,
-            storedAt: summary.storedAt, statusCode: status, headers: headers, varyNames: varyNames,
-            varyDigest: varyDigest, body: body
+            key: summary.key, primaryKey: summary.primaryKey, method: summary.method, url: summary.url,
+            partition: summary.partition, storedAt: summary.storedAt, initialAge: initialAge, statusCode: status,
+            headers: headers, varyNames: varyNames, varyDigest: varyDigest, isInvalidated: flags == 1, body: body
         )
     }
 
@@ -226,12 +263,13 @@ enum CacheFileFormat {
         }
         mutating func summary() throws -> StoredResponseSummary {
             let key = try digest()
+            let primaryKey = try digest()
             let seconds = Double(bitPattern: try u64())
             guard seconds.isFinite else { throw Problem.malformed("stored-at is not finite") }
             let method = try string()
             let url = try string()
             let partition = try optionalDigest()
-            return StoredResponseSummary(key: key, method: method, url: url, partition: partition, storedAt: Date(timeIntervalSinceReferenceDate: seconds))
+            return StoredResponseSummary(key: key, primaryKey: primaryKey, method: method, url: url, partition: partition, storedAt: Date(timeIntervalSinceReferenceDate: seconds))
         }
     }
 }

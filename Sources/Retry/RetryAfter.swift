@@ -81,6 +81,34 @@ package enum HTTPDate {
         return nil
     }
 
+    /// `date` as an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`, RFC 9110 §5.6.7), to the
+    /// second (fractions dropped). Dates before year 1 or after 9999 are clamped to those years.
+    package static func format(_ date: Date) -> String {
+        let limit = 253_402_300_799.0  // 9999-12-31 23:59:59
+        let seconds = Int(min(limit, max(-62_135_596_800, date.timeIntervalSince1970.isFinite ? date.timeIntervalSince1970 : 0)).rounded(.down))
+        let days = seconds >= 0 ? seconds / 86_400 : (seconds - 86_399) / 86_400
+        let time = seconds - days * 86_400
+        let (year, month, day) = civilFromDays(days)
+        let weekday = shortDays[((days % 7) + 7 + 3) % 7]  // 1970-01-01 was a Thursday
+        func two(_ value: Int) -> String { value < 10 ? "0\(value)" : "\(value)" }
+        let yearText = String(repeating: "0", count: max(0, 4 - String(year).count)) + String(year)
+        return "\(weekday.prefix(1).uppercased() + weekday.dropFirst()), \(two(day)) \(months[month - 1].prefix(1).uppercased() + months[month - 1].dropFirst()) \(yearText) "
+            + "\(two(time / 3_600)):\(two(time / 60 % 60)):\(two(time % 60)) GMT"
+    }
+
+    /// The civil date of a day count since 1970-01-01 (the inverse of `daysFromCivil`).
+    private static func civilFromDays(_ days: Int) -> (year: Int, month: Int, day: Int) {
+        let z = days + 719_468
+        let era = (z >= 0 ? z : z - 146_096) / 146_097
+        let dayOfEra = z - era * 146_097
+        let yearOfEra = (dayOfEra - dayOfEra / 1_460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
+        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
+        let shiftedMonth = (5 * dayOfYear + 2) / 153
+        let day = dayOfYear - (153 * shiftedMonth + 2) / 5 + 1
+        let month = shiftedMonth < 10 ? shiftedMonth + 3 : shiftedMonth - 9
+        return (yearOfEra + era * 400 + (month <= 2 ? 1 : 0), month, day)
+    }
+
     /// A non-negative decimal made of ASCII digits only (`Int(_:)` would also accept a sign).
     private static func digits(_ token: String) -> Int? {
         guard !token.isEmpty, token.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) else { return nil }

@@ -36,14 +36,17 @@ struct CacheFormatTests {
     private func sample(body: Data = Data("hello, world".utf8)) -> StoredResponse {
         StoredResponse(
             key: CacheDigest("GET\nhttps://example.test/feed\n"),
+            primaryKey: CacheDigest("GET\nhttps://example.test/feed\n"),
             method: "GET",
             url: "https://example.test/feed?page=2",
             partition: CacheDigest("user-42"),
             storedAt: Date(timeIntervalSinceReferenceDate: 812_345_678.25),
+            initialAge: 12.5,
             statusCode: 200,
             headers: ["Content-Type": "application/json", "ETag": "\"v1\"", "Cache-Control": "max-age=60"],
             varyNames: ["accept-language"],
             varyDigest: CacheDigest("en"),
+            isInvalidated: true,
             body: body
         )
     }
@@ -54,7 +57,7 @@ struct CacheFormatTests {
         #expect(try CacheFileFormat.decode(data) == response)
         let summary = try data.withUnsafeBytes { try CacheFileFormat.decodeSummary($0) }
         #expect(summary.fileSize == data.count)
-        #expect(summary.summary == StoredResponseSummary(key: response.key, method: "GET", url: response.url, partition: response.partition, storedAt: response.storedAt))
+        #expect(summary.summary == response.summary)
         let empty = sample(body: Data())
         #expect(try CacheFileFormat.decode(CacheFileFormat.encode(empty)) == empty)
     }
@@ -78,7 +81,7 @@ struct CacheFormatTests {
     // MARK: Index
 
     private func summary(_ name: String) -> StoredResponseSummary {
-        StoredResponseSummary(key: CacheDigest(name), method: "GET", url: "https://example.test/\(name)", partition: nil, storedAt: Date())
+        StoredResponseSummary(key: CacheDigest(name), primaryKey: CacheDigest(name), method: "GET", url: "https://example.test/\(name)", partition: nil, storedAt: Date())
     }
 
     @Test func theIndexEvictsLeastRecentlyUsedFirstAndCountsBytes() {
@@ -125,20 +128,5 @@ struct CacheFormatTests {
             #expect(index.totalBytes == model.map(\.size).reduce(0, +), "step \(step)")
             if index.keysByRecency() != model.map({ CacheDigest($0.key) }) { break }
         }
-    }
-
-    // MARK: Cache-Control
-
-    @Test func cacheControlIsParsedLenientlyAndConservatively() {
-        let parsed = CacheControl(["public, MAX-AGE=\"120\", no-cache", "must-revalidate, max-age=60, stale-if-error=300"])
-        #expect(parsed.maxAge == 60)  // the lowest of duplicates
-        #expect(parsed.noCache && parsed.mustRevalidate && !parsed.noStore)
-        #expect(parsed.staleIfError == 300)
-        #expect(CacheControl(["no-store"]).noStore)
-        #expect(CacheControl(["max-age=-1"]).maxAge == nil)
-        #expect(CacheControl(["max-age=abc"]).maxAge == nil)
-        #expect(CacheControl(["max-age=99999999999999999999"]).maxAge == 2_147_483_648)
-        #expect(CacheControl(["private=\"a, no-store\""]).noStore == false)  // a comma inside quotes
-        #expect(CacheControl([",,,", "", "=", "max-age"]) == CacheControl())
     }
 }

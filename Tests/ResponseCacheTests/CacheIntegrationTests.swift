@@ -49,6 +49,109 @@ struct CacheIntegrationTests {
         #expect(server.requestLog.map { $0.header("if-none-match") } == [nil, "\"v1\""])
     }
 
+    /// An engine over a URLSession that caches nothing itself, with a monitor the test drives.
+    static func engine(_ folder: URL, monitor: ManualReachabilityMonitor) throws -> CachedRequestEngine {
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.urlCache = nil
+        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
+        return CachedRequestEngine(
+            requestEngine: AsyncRequestEngine(session: URLSession(configuration: configuration)),
+            cache: try DiskResponseCache(directory: folder, maxBytes: 1 << 20),
+            reachabilityMonitor: monitor
+        )
+    }
+
+    struct Read: NetworkRequest {
+        let url: URL
+        var method: HTTPMethod = .get
+        var headers: [String: String] = [:]
+        var timeout: TimeInterval = 10
+    }
+
+    /// RFC 9111 §4.3.4, the poisoning case over a real socket: the caller's own `If-None-Match:
+    /// "X"` gets the server's 304, and the stored `"Y"` response is neither answered with nor
+    /// relabelled: the next read revalidates it with `"Y"`.
+    @Test func aCallersNotModifiedForAnotherTagNeverRelabelsTheStoredResponse_Section4_3_4() async throws {
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        server.route("/doc", handler: { request in
+            switch request.header("if-none-match") {
+            case "\"X\"": .status(304, headers: ["ETag": "\"X\"", "Cache-Control": "max-age=600"])
+            case "\"Y\"": .status(304, headers: ["ETag": "\"Y\"", "Cache-Control": "max-age=0"])
+            default: .status(200, headers: ["ETag": "\"Y\"", "Cache-Control": "max-age=0"], body: "body Y")
+            }
+        })
+        let folder = TemporaryDirectory()
+        let engine = try Self.engine(folder.url, monitor: ManualReachabilityMonitor(isConnected: true))
+        let url = server.url("/doc")
+        _ = try await engine.response(for: Read(url: url), mode: .online, staleTime: .http)
+        let callers = try await engine.response(for: Read(url: url, headers: ["If-None-Match": "\"X\""]), mode: .online, staleTime: .http)
+        #expect(callers.source == .network && callers.response.statusCode == 304)
+        let plain = try await engine.response(for: Read(url: url), mode: .online, staleTime: .http)
+        #expect(plain.source == .cache && String(decoding: plain.data, as: UTF8.self) == "body Y")
+        #expect(plain.response.value(forHTTPHeaderField: "ETag") == "\"Y\"")
+        #expect(server.requestLog.map { $0.header("if-none-match") } == [nil, "\"X\"", "\"Y\""])
+    }
+
+    /// RFC 9111 §4.2.4: a `no-cache` response is not served stale when its origin is gone.
+    @Test func aNoCacheResponseIsNotServedWhenItsOriginIsDown_Section4_2_4() async throws {
+        let server = try LoopbackHTTPServer()
+        server.route("/doc", .status(200, headers: ["ETag": "\"v1\"", "Cache-Control": "no-cache"], body: "v1"))
+        let folder = TemporaryDirectory()
+        let engine = try Self.engine(folder.url, monitor: ManualReachabilityMonitor(isConnected: true))
+        let url = server.url("/doc")
+        _ = try await engine.response(for: Read(url: url), mode: .online, staleTime: .seconds(3600))
+        server.shutdown()
+        for mode in [NetworkMode.online, .offlineFirst] {
+            await #expect(throws: NetworkError.self, "\(mode)") {
+                try await engine.response(for: Read(url: url, timeout: 5), mode: mode, staleTime: .seconds(3600))
+            }
+        }
+    }
+
+    /// RFC 9111 §5.2.1.7 offline: `only-if-cached` answers from the store or with a 504, at once,
+    /// and never reaches the server.
+    @Test func onlyIfCachedOfflineAnswersFromTheStoreOrWithA504_Section5_2_1_7() async throws {
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        server.route("/stored", .status(200, headers: ["Cache-Control": "max-age=600"], body: "kept"))
+        let folder = TemporaryDirectory()
+        let monitor = ManualReachabilityMonitor(isConnected: true)
+        let engine = try Self.engine(folder.url, monitor: monitor)
+        _ = try await engine.response(for: Read(url: server.url("/stored")), mode: .online, staleTime: .http)
+        await monitor.setConnected(false)
+        let onlyIfCached = ["Cache-Control": "only-if-cached"]
+        let stored = try await engine.response(for: Read(url: server.url("/stored"), headers: onlyIfCached), mode: .online, staleTime: .http)
+        #expect(stored.source == .cache && String(decoding: stored.data, as: UTF8.self) == "kept")
+        let missing = try await engine.response(for: Read(url: server.url("/missing"), headers: onlyIfCached), mode: .online, staleTime: .http)
+        #expect(missing.response.statusCode == 504 && missing.data.isEmpty)
+        #expect(server.totalHits == 1)
+    }
+
+    /// RFC 9111 §4.3.5 over a real socket: a `200` to `HEAD` with the stored `ETag` and the
+    /// stored body's `Content-Length` freshens the stored GET response, whose body is then served
+    /// without asking again.
+    @Test func aHEADResponseFreshensTheStoredGET_Section4_3_5() async throws {
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        server.route("/doc", handler: { request in
+            request.method == "HEAD"
+                ? .status(200, headers: ["ETag": "\"v1\"", "Cache-Control": "max-age=600", "X-Version": "2"], body: "the body")
+                : .status(200, headers: ["ETag": "\"v1\"", "Cache-Control": "max-age=0", "X-Version": "1"], body: "the body")
+        })
+        let folder = TemporaryDirectory()
+        let engine = try Self.engine(folder.url, monitor: ManualReachabilityMonitor(isConnected: true))
+        let url = server.url("/doc")
+        _ = try await engine.response(for: Read(url: url), mode: .online, staleTime: .http)
+        let head = try await engine.response(for: Read(url: url, method: .head), mode: .online, staleTime: .http)
+        #expect(head.source == .network && head.data.isEmpty)
+        await engine.cache.waitForWrites()
+        let get = try await engine.response(for: Read(url: url), mode: .online, staleTime: .http)
+        #expect(get.source == .cache && String(decoding: get.data, as: UTF8.self) == "the body")
+        #expect(get.response.value(forHTTPHeaderField: "X-Version") == "2")
+        #expect(server.requestLog.map(\.method) == ["GET", "HEAD"])
+    }
+
     /// The feed is stored by this process; the server stops; a second process opens the same
     /// folder and shows the feed — from the store, marked stale, since the network fails.
     @Test func aSecondProcessServesTheCachedFeedWithTheServerStopped() async throws {
@@ -129,8 +232,8 @@ struct CacheIntegrationTests {
     static func stored(item: Int, body: String) -> StoredResponse {
         let url = "https://example.test/items/\(item)"
         return StoredResponse(
-            key: CacheDigest("GET\n" + url + "\n"),
-            method: "GET", url: url, partition: nil, storedAt: Date(timeIntervalSinceReferenceDate: 800_000_000), statusCode: 200,
+            key: CacheDigest("GET\n" + url + "\n"), primaryKey: CacheDigest("GET\n" + url + "\n"),
+            method: "GET", url: url, partition: nil, storedAt: Date(timeIntervalSinceReferenceDate: 800_000_000), initialAge: 0, statusCode: 200,
             headers: ["Content-Type": "text/plain"], varyNames: [], varyDigest: nil, body: Data(body.utf8)
         )
     }

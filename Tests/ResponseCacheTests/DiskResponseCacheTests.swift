@@ -12,8 +12,8 @@ import Darwin
 func storedResponse(_ path: String, body: String = "body", storedAt: Date = Date(timeIntervalSinceReferenceDate: 800_000_000)) -> StoredResponse {
     let url = "https://example.test" + path
     return StoredResponse(
-        key: CacheDigest("GET\n" + url + "\n"),
-        method: "GET", url: url, partition: nil, storedAt: storedAt, statusCode: 200,
+        key: CacheDigest("GET\n" + url + "\n"), primaryKey: CacheDigest("GET\n" + url + "\n"),
+        method: "GET", url: url, partition: nil, storedAt: storedAt, initialAge: 0, statusCode: 200,
         headers: ["Content-Type": "text/plain"], varyNames: [], varyDigest: nil, body: Data(body.utf8)
     )
 }
