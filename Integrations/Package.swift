@@ -112,6 +112,22 @@ let package = Package(
             ]
         ),
 
+        // The response cache behind an HTTP gateway, for the HTTP-caching conformance suite
+        // (Integrations/Scripts/cache-conformance.sh).
+        .executableTarget(
+            name: "cache-conformance-gateway",
+            dependencies: [
+                "ResilienceAsyncHTTPClient",
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResponseCache", package: "Resilience"),
+                .product(name: "Reachability", package: "Resilience"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]
+        ),
+
         // Helpers shared by the test targets (requests, an event recorder, a refusing port).
         .target(
             name: "IntegrationTestSupport",
