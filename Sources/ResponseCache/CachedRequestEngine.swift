@@ -134,7 +134,7 @@ public final class CachedRequestEngine: RequestSending {
                     let reuse = cached.map { HTTPCachePolicy.reuse($0, request: plan.directives, staleTime: staleTime, now: self.now) }
                     var yielded = false
                     if let cached, let reuse, reuse.isUsable || reuse.mayServeStale {
-                        continuation.yield(try self.answer(cached, plan: plan, isStale: !reuse.isFresh, validated: false))
+                        continuation.yield(try self.answer(cached, plan: plan, isStale: !(reuse.isUsable && reuse.isFresh), validated: false))
                         yielded = true
                         if reuse.isUsable, mode != .always {
                             continuation.finish()

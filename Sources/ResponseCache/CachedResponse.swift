@@ -5,15 +5,18 @@ import FoundationNetworking
 
 /// How a read treats the network and the cache (TanStack Query's `networkMode`, over HTTP caching).
 public enum NetworkMode: Sendable, Hashable {
-    /// A stored response younger than `staleTime` is served without the network; otherwise the
-    /// network is asked (revalidating what is stored). While the monitor says offline the request
-    /// **waits** — paused, not failing, spending no retries — until connectivity returns or the
-    /// caller cancels. A connectivity failure or a failing server with a stored response serves it,
-    /// marked stale (stale-if-error).
+    /// A fresh stored response (see `StaleTime`) is served without the network; otherwise the
+    /// network is asked (revalidating what is stored; within a `stale-while-revalidate` window the
+    /// stale response is served and revalidated in the background). While the monitor says offline
+    /// the request **waits** — paused, not failing, spending no retries — until connectivity
+    /// returns or the caller cancels. A connectivity failure or a failing server with a stored
+    /// response serves it, marked stale (stale-if-error), unless the server said `no-cache` or
+    /// `must-revalidate` or its `stale-if-error` window has passed.
     case online
     /// Any stored response is returned at once, marked stale or not; a stale one is revalidated in
     /// the background — at once when online, otherwise once connectivity returns — updating the
-    /// cache for the next read. With nothing stored it behaves as `.online`.
+    /// cache for the next read. A response that said `no-cache` or `must-revalidate` is never
+    /// shown stale; with it, or with nothing stored, it behaves as `.online`.
     case offlineFirst
     /// Straight to the network whatever the monitor says (revalidating what is stored, and storing
     /// what comes back); failures are thrown.
@@ -27,15 +30,18 @@ public struct CachedResponse: Sendable {
     public enum Source: Sendable, Hashable {
         /// Received from the server just now.
         case network
-        /// Read from the cache (after a 304 revalidation too, which is then not stale).
+        /// Answered by the cache: read from the store (after a 304 revalidation too, which is then
+        /// not stale), or the `504` it makes for `only-if-cached` with nothing usable stored.
         case cache
     }
 
     public let data: Data
     public let response: HTTPURLResponse
     public let source: Source
-    /// Whether the response is older than its freshness lifetime (the stricter of the server's
-    /// `max-age`/`Expires` and the caller's `staleTime`). Always false for `.network`.
+    /// Whether the response was served although not fresh for this read (older than its
+    /// freshness lifetime under the read's `StaleTime`, or than the request's own `max-age`):
+    /// offline, on a failure, within `stale-while-revalidate` or `max-stale`. Always false for
+    /// `.network`.
     public let isStale: Bool
 
     public init(data: Data, response: HTTPURLResponse, source: Source, isStale: Bool) {

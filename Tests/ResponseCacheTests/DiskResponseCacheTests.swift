@@ -131,6 +131,46 @@ struct DiskResponseCacheTests {
         #expect(cacheFiles(directory) == [good.key.hex + ".rc"])
     }
 
+    @Test func aFileOfTheOlderFormatIsDroppedAtOpenWithoutCountingAsCorrupt() async throws {
+        let directory = TemporaryDirectory()
+        let current = storedResponse("/current")
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+            cache.store(current)
+            await cache.waitForWrites()
+        }
+        var old = CacheFileFormat.encode(storedResponse("/old"))
+        old.replaceSubrange(0..<4, with: Array("RCv1".utf8))
+        try old.write(to: directory.url.appendingPathComponent(CacheDigest("old").hex + ".rc"))
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        #expect(cache.count == 1 && cache.statistics.corruptRemoved == 0)
+        #expect(cacheFiles(directory) == [current.key.hex + ".rc"])
+    }
+
+    @Test func variantsOfOneURLAreIndexedTogetherAndSurviveAReopen() async throws {
+        let directory = TemporaryDirectory()
+        let primary = CacheDigest("GET\nhttps://example.test/doc\n")
+        func variant(_ language: String) -> StoredResponse {
+            var response = storedResponse("/doc", body: language)
+            let digest = HTTPCachePolicy.varyDigest(names: ["accept-language"], requestHeaders: ["Accept-Language": language])
+            response.key = StoredResponse.variantKey(primary: primary, varyNames: ["accept-language"], varyDigest: digest)
+            response.primaryKey = primary
+            response.varyNames = ["accept-language"]
+            response.varyDigest = digest
+            return response
+        }
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+            for language in ["en", "fr", "de"] { cache.store(variant(language)) }
+            #expect(Set(cache.variants(for: [primary]).map(\.body)) == Set(["en", "fr", "de"].map { Data($0.utf8) }))
+            await cache.waitForWrites()
+        }
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20, memoryBytes: 0)
+        #expect(Set(cache.variants(for: [primary]).map(\.body)) == Set(["en", "fr", "de"].map { Data($0.utf8) }))
+        #expect(cache.remove(method: .get, url: URL(string: "https://example.test/doc")!) == 3)
+        #expect(cache.variants(for: [primary]).isEmpty && cacheFiles(directory).isEmpty)
+    }
+
     @Test func clearAndInvalidateRemoveFromMemoryAndDisk() async throws {
         let directory = TemporaryDirectory()
         let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
