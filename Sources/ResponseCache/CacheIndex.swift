@@ -16,8 +16,10 @@ struct CacheIndex: Sendable {
     }
 
     private(set) var items: [CacheDigest: Item] = [:]
-    /// The keys of the variants stored under each primary key (method, URL, partition).
-    private var variantKeys: [CacheDigest: [CacheDigest]] = [:]
+    /// The keys of the `Vary` variants stored under each primary key (method, URL, partition). A
+    /// response without `Vary` is stored under its primary key itself and needs no entry here,
+    /// so opening a folder of such responses builds no second table.
+    private var varyingKeys: [CacheDigest: [CacheDigest]] = [:]
     private(set) var totalBytes = 0
     /// The least recently used item (evicted first) and the most recently used one.
     private(set) var oldest: CacheDigest?
@@ -27,8 +29,11 @@ struct CacheIndex: Sendable {
 
     subscript(key: CacheDigest) -> Item? { items[key] }
 
-    /// The keys of the variants stored for `primaryKey`, oldest stored first.
-    func variants(of primaryKey: CacheDigest) -> [CacheDigest] { variantKeys[primaryKey] ?? [] }
+    /// The keys of the variants stored for `primaryKey`.
+    func variants(of primaryKey: CacheDigest) -> [CacheDigest] {
+        let varying = varyingKeys[primaryKey] ?? []
+        return items[primaryKey] == nil ? varying : [primaryKey] + varying
+    }
 
     /// Adds or replaces the item for `summary.key` as the most recently used.
     mutating func insert(_ summary: StoredResponseSummary, size: Int) {
@@ -38,7 +43,7 @@ struct CacheIndex: Sendable {
         newest = summary.key
         if oldest == nil { oldest = summary.key }
         items[summary.key] = item
-        variantKeys[summary.primaryKey, default: []].append(summary.key)
+        if summary.key != summary.primaryKey { varyingKeys[summary.primaryKey, default: []].append(summary.key) }
         totalBytes += item.size
     }
 
@@ -59,8 +64,10 @@ struct CacheIndex: Sendable {
         unlink(key, item)
         items[key] = nil
         let primaryKey = item.summary.primaryKey
-        variantKeys[primaryKey]?.removeAll { $0 == key }
-        if variantKeys[primaryKey]?.isEmpty == true { variantKeys[primaryKey] = nil }
+        if key != primaryKey {
+            varyingKeys[primaryKey]?.removeAll { $0 == key }
+            if varyingKeys[primaryKey]?.isEmpty == true { varyingKeys[primaryKey] = nil }
+        }
         totalBytes -= item.size
         return item
     }
@@ -95,7 +102,7 @@ struct CacheIndex: Sendable {
 
     mutating func removeAll() {
         items = [:]
-        variantKeys = [:]
+        varyingKeys = [:]
         totalBytes = 0
         oldest = nil
         newest = nil

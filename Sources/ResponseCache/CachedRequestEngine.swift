@@ -331,8 +331,8 @@ public final class CachedRequestEngine: RequestSending {
     /// was just validated, and without a body for HEAD.
     private func answer(_ stored: StoredResponse, plan: Plan, isStale: Bool, validated: Bool, extraHeaders: [String: String] = [:]) throws -> CachedResponse {
         var headers = stored.headers
-        if !validated {
-            let withheld = HTTPCachePolicy.cacheControl(headers).noCacheFields
+        if !validated, let control = HTTPCachePolicy.value("Cache-Control", in: headers), control.lowercased().contains("no-cache") {
+            let withheld = CacheControl(control).noCacheFields
             if !withheld.isEmpty { headers = headers.filter { !withheld.contains($0.key.lowercased()) } }
         }
         headers["Age"] = String(Int(HTTPCachePolicy.currentAge(of: stored, now: now).seconds))

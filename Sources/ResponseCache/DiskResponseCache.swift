@@ -353,10 +353,14 @@ public final class DiskResponseCache: Sendable {
         let (startWriter, dropped) = state.withLock { state -> (Bool, [CacheDigest]) in
             // At most `maxVariants` per URL: a server that varies on a header whose value changes
             // with every request must not fill the cache with one URL's variants.
-            var others = state.index.variants(of: response.primaryKey)
-            for key in state.memoryIndex.variants(of: response.primaryKey) where !others.contains(key) { others.append(key) }
-            others.removeAll { $0 == response.key }
-            let dropped = Array(others.prefix(max(0, others.count - (Self.maxVariants - 1))))
+            var others: [CacheDigest: Date] = [:]
+            for index in [state.index, state.memoryIndex] {
+                for key in index.variants(of: response.primaryKey) where key != response.key {
+                    others[key] = index[key]?.summary.storedAt
+                }
+            }
+            let oldestFirst = others.sorted { ($0.value, $0.key) < ($1.value, $1.key) }.map(\.key)
+            let dropped = Array(oldestFirst.prefix(max(0, oldestFirst.count - (Self.maxVariants - 1))))
             if !dropped.isEmpty { Self.forget(dropped, in: &state) }
             Self.remember(response, in: &state, budget: memoryBytes)
             let version = state.nextVersion

@@ -26,11 +26,12 @@ enum HTTPCachePolicy {
     ]
 
     /// Response header fields never written to disk: hop-by-hop fields; cookies (§7.3 leaves them
-    /// to the user agent; here they are a secret) and credentials; the body's framing (the stored
-    /// body is already decoded, so its encoding and length fields would lie, and §3.2 forbids
-    /// updating `Content-Length`); `Age` (recomputed on every use, §4).
+    /// to the user agent; here they are a secret) and credentials; `Content-Length` (the stored
+    /// body's length is known, a transport that decoded the body reports the encoded one, and
+    /// §3.2 forbids updating it); `Age` (recomputed on every use, §4). `Content-Encoding` is kept:
+    /// the body is stored as the transport delivered it, so the stored answer repeats the network's.
     static let unstoredHeaders: Set<String> = hopByHopHeaders.union([
-        "set-cookie", "set-cookie2", "authorization", "cookie", "content-encoding", "content-length", "age",
+        "set-cookie", "set-cookie2", "authorization", "cookie", "content-length", "age",
     ])
 
     /// Request header fields that carry a credential: a response to such a request is stored only
@@ -53,8 +54,11 @@ enum HTTPCachePolicy {
     /// The value of `name` in `headers`, compared case-insensitively; repeated fields joined by ", ".
     static func value(_ name: String, in headers: [String: String]) -> String? {
         if let exact = headers[name] { return exact }
-        let matches = headers.filter { $0.key.caseInsensitiveCompare(name) == .orderedSame }.map(\.value)
-        return matches.isEmpty ? nil : matches.joined(separator: ", ")
+        var found: String?
+        for (key, value) in headers where key.utf8.count == name.utf8.count && key.caseInsensitiveCompare(name) == .orderedSame {
+            found = found.map { $0 + ", " + value } ?? value
+        }
+        return found
     }
 
     static func cacheControl(_ headers: [String: String]) -> CacheControl {
@@ -217,7 +221,10 @@ enum HTTPCachePolicy {
     /// How long `stored` is fresh for a read asking `staleTime`: zero when the server said
     /// `no-cache` or the response was invalidated.
     static func freshnessLifetime(_ stored: StoredResponse, staleTime: StaleTime) -> Duration {
-        let control = cacheControl(stored.headers)
+        freshnessLifetime(stored, control: cacheControl(stored.headers), staleTime: staleTime)
+    }
+
+    static func freshnessLifetime(_ stored: StoredResponse, control: CacheControl, staleTime: StaleTime) -> Duration {
         if control.noCache || stored.isInvalidated { return .zero }
         return staleTime.lifetime(
             explicit: explicitLifetime(stored.headers, control: control),
@@ -247,7 +254,7 @@ enum HTTPCachePolicy {
     /// How `stored` may be used for a request with `request` directives, read with `staleTime`, at `now`.
     static func reuse(_ stored: StoredResponse, request: CacheControl, staleTime: StaleTime, now: Date) -> Reuse {
         let control = cacheControl(stored.headers)
-        let lifetime = freshnessLifetime(stored, staleTime: staleTime)
+        let lifetime = freshnessLifetime(stored, control: control, staleTime: staleTime)
         let age = currentAge(of: stored, now: now)
         let isFresh = age < lifetime
         let staleness = age - lifetime  // negative while fresh

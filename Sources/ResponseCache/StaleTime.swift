@@ -52,13 +52,13 @@ public struct StaleTime: Sendable, Hashable {
     /// `.duration(.milliseconds(milliseconds))`.
     public static func milliseconds(_ milliseconds: some BinaryInteger) -> StaleTime { .duration(.milliseconds(milliseconds)) }
 
-    /// The freshness lifetime this rule gives a response whose HTTP lifetime is `http` (nil when
-    /// the response gives none and allows no heuristic) and whose explicit lifetime, if any, is
-    /// `explicit`.
-    func lifetime(explicit: Duration?, heuristic: Duration?) -> Duration {
+    /// The freshness lifetime this rule gives a response whose explicit lifetime is `explicit`
+    /// (nil when it gives none) and whose heuristic lifetime is `heuristic` (nil when it allows
+    /// none; worked out only when needed).
+    func lifetime(explicit: Duration?, heuristic: @autoclosure () -> Duration?) -> Duration {
         switch rule {
         case .http(let bound):
-            let http = explicit ?? heuristic ?? .zero
+            let http = explicit ?? heuristic() ?? .zero
             return bound.map { min($0, http) } ?? http
         case .duration(let duration):
             return explicit.map { min($0, duration) } ?? duration

@@ -263,7 +263,8 @@ struct HTTPCachePolicyTests {
             requestTime: Self.received.addingTimeInterval(100), responseTime: Self.received.addingTimeInterval(101)
         )
         #expect(refreshed.header("Cache-Control") == "max-age=60" && refreshed.header("X-A") == "2" && refreshed.header("Content-Type") == "text/plain")
-        #expect(refreshed.header("Content-Length") == nil && refreshed.header("X-B") == nil && refreshed.header("Content-Encoding") == nil)
+        #expect(refreshed.header("Content-Length") == nil && refreshed.header("X-B") == nil)
+        #expect(refreshed.header("Content-Encoding") == "gzip")  // the body is stored as the transport gave it
         #expect(refreshed.headers.keys.filter { $0.lowercased() == "cache-control" }.count == 1)
         #expect(refreshed.storedAt == Self.received.addingTimeInterval(101) && refreshed.initialAge == 1)
     }
