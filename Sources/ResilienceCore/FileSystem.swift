@@ -109,16 +109,32 @@ package enum FileSystem {
 
     /// Names in a directory (without "." and "..").
     package static func listDirectory(_ path: String) throws(FileSystemError) -> [String] {
+        try listDirectoryEntries(path).map(\.name)
+    }
+
+    /// A name in a directory, and what the listing says it is.
+    package struct DirectoryEntry: Sendable, Equatable {
+        package let name: String
+        /// From the listing's `d_type`: true for a regular file, false for anything else, nil when
+        /// the file system does not say (then only a `stat` tells).
+        package let isRegularFile: Bool?
+    }
+
+    /// The entries of `path` (without `.` and `..`), with the type the listing gives for each, so
+    /// that reading every file of a folder need not `stat` each name first.
+    package static func listDirectoryEntries(_ path: String) throws(FileSystemError) -> [DirectoryEntry] {
         guard let dir = opendir(path) else { throw failure("opendir", path) }
         defer { closedir(dir) }
-        var names: [String] = []
+        var entries: [DirectoryEntry] = []
         while let entry = readdir(dir) {
             let name = withUnsafePointer(to: entry.pointee.d_name) { pointer in
                 pointer.withMemoryRebound(to: CChar.self, capacity: Int(NAME_MAX) + 1) { String(cString: $0) }
             }
-            if name != "." && name != ".." { names.append(name) }
+            guard name != "." && name != ".." else { continue }
+            let type = entry.pointee.d_type
+            entries.append(DirectoryEntry(name: name, isRegularFile: type == UInt8(DT_UNKNOWN) ? nil : type == UInt8(DT_REG)))
         }
-        return names
+        return entries
     }
 
     /// What locking a folder found.
@@ -172,23 +188,28 @@ package enum FileSystem {
     /// reused across calls), at most `maximumSize` bytes — or only the first `prefix` bytes when
     /// given (then `tooLarge` is never returned for a file longer than `prefix`).
     ///
-    /// Only a regular file is read: the name is checked with `fstatat` without following links,
-    /// opened with `O_NOFOLLOW | O_NONBLOCK` (a FIFO planted under the name can neither block the
-    /// open nor the read) and checked again with `fstat`. `info` receives the file's `stat`.
+    /// Only a regular file is read: the name is checked with `fstatat` without following links
+    /// (unless `listedAsRegular`: a directory listing's `d_type` already said so, and the check
+    /// would cost a system call per file), opened with `O_NOFOLLOW | O_NONBLOCK` (a FIFO planted
+    /// under the name can neither block the open nor the read) and checked again with `fstat`.
+    /// `info` receives the file's `stat`. A prefix read stops at the size `fstat` reported.
     package static func readRegularFile(
         named name: String,
         in directory: Int32,
         maximumSize: Int,
         prefix: Int? = nil,
+        listedAsRegular: Bool = false,
         into buffer: inout [UInt8],
         info: inout stat
     ) -> Read {
-        guard fstatat(directory, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
-            let code = errno
-            return code == ENOENT ? .vanished : .failed(FileSystemError(operation: "stat", path: name, errno: code))
+        if !listedAsRegular {
+            guard fstatat(directory, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
+                let code = errno
+                return code == ENOENT ? .vanished : .failed(FileSystemError(operation: "stat", path: name, errno: code))
+            }
+            if let kind = nonRegularKind(info.st_mode) { return .notRegular(kind) }
+            if prefix == nil, Int(info.st_size) > maximumSize { return .tooLarge(Int(info.st_size)) }
         }
-        if let kind = nonRegularKind(info.st_mode) { return .notRegular(kind) }
-        if prefix == nil, Int(info.st_size) > maximumSize { return .tooLarge(Int(info.st_size)) }
         let fd = openat(directory, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else {
             let code = errno
@@ -202,6 +223,7 @@ package enum FileSystem {
         defer { close(fd) }
         guard fstat(fd, &info) == 0 else { return .failed(FileSystemError(operation: "fstat", path: name, errno: errno)) }
         if let kind = nonRegularKind(info.st_mode) { return .notRegular(kind) }
+        if prefix == nil, Int(info.st_size) > maximumSize { return .tooLarge(Int(info.st_size)) }
         // One byte more than the limit tells a file that grew past it.
         let limit = prefix.map { min($0, maximumSize) } ?? (maximumSize + 1)
         let wanted = min(limit, max(4096, Int(info.st_size) + 1))
@@ -222,7 +244,8 @@ package enum FileSystem {
             }
             if got == 0 { break }
             length += got
-            if length == limit { break }
+            // A prefix read needs no read that finds the end: the caller checks the size it got.
+            if length == limit || (prefix != nil && length >= Int(info.st_size)) { break }
         }
         if prefix == nil, length > maximumSize { return .tooLarge(length) }
         return .bytes(length)

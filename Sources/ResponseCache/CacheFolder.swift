@@ -43,18 +43,18 @@ enum CacheFolder {
     /// deleted nothing, when a file cannot be read (a system call failed): an I/O error is never a
     /// verdict on a file.
     static func open(folder: Int32, path: String) throws -> Opened {
-        let names: [String]
+        let listed: [FileSystem.DirectoryEntry]
         do {
-            names = try FileSystem.listDirectory(path)
+            listed = try FileSystem.listDirectoryEntries(path)
         } catch {
             throw ResponseCacheError.storage(operation: error.operation, path: error.path, errno: error.errno)
         }
-        var candidates: [String] = []
-        for name in names {
-            if name.hasPrefix(".") && name.hasSuffix(".tmp") {
-                try? FileSystem.removeFile(path + "/" + name)  // an interrupted write; the folder is ours
-            } else if name.hasSuffix(".rc") {
-                candidates.append(name)
+        var candidates: [FileSystem.DirectoryEntry] = []
+        for entry in listed {
+            if entry.name.hasPrefix(".") && entry.name.hasSuffix(".tmp") {
+                try? FileSystem.removeFile(path + "/" + entry.name)  // an interrupted write; the folder is ours
+            } else if entry.name.hasSuffix(".rc") {
+                candidates.append(entry)
             }
         }
         var results = readAll(candidates, folder: folder)
@@ -69,11 +69,11 @@ enum CacheFolder {
                 results[position] = read(candidates[position], folder: folder, buffer: &buffer)
             }
             if case .unreadable(let error) = results[position] {
-                throw ResponseCacheError.storage(operation: error.operation, path: path + "/" + candidates[position], errno: error.errno)
+                throw ResponseCacheError.storage(operation: error.operation, path: path + "/" + candidates[position].name, errno: error.errno)
             }
         }
         var opened = Opened()
-        for (name, result) in zip(candidates, results) {
+        for (name, result) in zip(candidates.map(\.name), results) {
             switch result {
             case .entry(let entry): opened.entries.append(entry)
             case .corrupt:
@@ -88,7 +88,7 @@ enum CacheFolder {
         return opened
     }
 
-    private static func readAll(_ names: [String], folder: Int32) -> [Found] {
+    private static func readAll(_ names: [FileSystem.DirectoryEntry], folder: Int32) -> [Found] {
         guard !names.isEmpty else { return [] }
         let chunkCount = min(names.count, max(1, ProcessInfo.processInfo.activeProcessorCount) * 4)
         let chunkSize = (names.count + chunkCount - 1) / chunkCount
@@ -111,11 +111,15 @@ enum CacheFolder {
         return Array(results)
     }
 
-    /// Reads and checks one file's summary (not its body).
-    private static func read(_ name: String, folder: Int32, buffer: inout [UInt8]) -> Found {
+    /// Reads and checks one file's summary (not its body): four system calls for a file the
+    /// listing says is regular (open, fstat, read, close).
+    private static func read(_ entry: FileSystem.DirectoryEntry, folder: Int32, buffer: inout [UInt8]) -> Found {
+        let name = entry.name
+        guard entry.isRegularFile != false else { return .corrupt }  // a FIFO, link or device: never opened
         guard name.utf8.count == 35, let key = CacheDigest(hex: name.dropLast(3)) else { return .corrupt }
         var info = stat()
-        let first = FileSystem.readRegularFile(named: name, in: folder, maximumSize: .max - 1, prefix: 4096, into: &buffer, info: &info)
+        let listedAsRegular = entry.isRegularFile == true
+        let first = FileSystem.readRegularFile(named: name, in: folder, maximumSize: .max - 1, prefix: 4096, listedAsRegular: listedAsRegular, into: &buffer, info: &info)
         var length: Int
         switch first {
         case .bytes(let count): length = count
@@ -133,7 +137,7 @@ enum CacheFolder {
         }
         let needed = CacheFileFormat.prefixLength + summaryLength
         if needed > length {
-            switch FileSystem.readRegularFile(named: name, in: folder, maximumSize: .max - 1, prefix: needed, into: &buffer, info: &info) {
+            switch FileSystem.readRegularFile(named: name, in: folder, maximumSize: .max - 1, prefix: needed, listedAsRegular: listedAsRegular, into: &buffer, info: &info) {
             case .bytes(let count): length = count
             case .notRegular, .tooLarge: return .corrupt
             case .vanished: return .vanished

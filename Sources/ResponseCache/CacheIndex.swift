@@ -35,6 +35,12 @@ struct CacheIndex: Sendable {
         return items[primaryKey] == nil ? varying : [primaryKey] + varying
     }
 
+    /// Makes room for `count` items at once (opening a folder of 100 000 responses otherwise
+    /// regrows the table a dozen times).
+    mutating func reserveCapacity(_ count: Int) {
+        items.reserveCapacity(count)
+    }
+
     /// Adds or replaces the item for `summary.key` as the most recently used.
     mutating func insert(_ summary: StoredResponseSummary, size: Int) {
         remove(summary.key)

@@ -130,6 +130,7 @@ public final class DiskResponseCache: Sendable {
         do {
             let opened = try CacheFolder.open(folder: descriptor, path: directory.path)
             var state = State()
+            state.index.reserveCapacity(opened.entries.count)
             for entry in opened.entries { state.index.insert(entry.summary, size: entry.size) }
             state.statistics.corruptRemoved = opened.corruptRemoved
             self.state = Locked(state)
