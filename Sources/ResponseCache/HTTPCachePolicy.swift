@@ -178,9 +178,39 @@ enum HTTPCachePolicy {
         return CacheDigest(text)
     }
 
-    /// Whether `stored` may answer a request with these headers (its `Vary` fields match).
+    /// Whether `stored` may answer a request with these headers: its `Vary` fields match; or it
+    /// varies on `Accept-Language` alone, says its `Content-Language`, and that is the language
+    /// the request prefers most (§4.1: "when a selecting header field has a known mechanism for
+    /// doing so (e.g., qvalues on Accept and similar request header fields), that mechanism can
+    /// be used").
     static func matches(_ stored: StoredResponse, requestHeaders: [String: String]) -> Bool {
-        stored.varyDigest == varyDigest(names: stored.varyNames, requestHeaders: requestHeaders)
+        if stored.varyDigest == varyDigest(names: stored.varyNames, requestHeaders: requestHeaders) { return true }
+        guard stored.varyNames == ["accept-language"],
+              let language = stored.header("Content-Language")?.trimmingCharacters(in: .whitespaces).lowercased(),
+              !language.isEmpty, !language.contains(","),
+              let accepted = value("Accept-Language", in: requestHeaders)
+        else { return false }
+        return preferredLanguage(accepted) == language
+    }
+
+    /// The language range an `Accept-Language` value prefers most (RFC 9110 §12.5.4): the highest
+    /// quality value, the first of equals; `*` and `q=0` never; nil when it names none.
+    static func preferredLanguage(_ value: String) -> String? {
+        var best: (range: String, quality: Double)?
+        for member in value.split(separator: ",") {
+            let parts = member.split(separator: ";")
+            guard let first = parts.first else { continue }
+            let range = first.trimmingCharacters(in: .whitespaces).lowercased()
+            guard !range.isEmpty, range != "*" else { continue }
+            var quality = 1.0
+            for parameter in parts.dropFirst() {
+                let text = parameter.trimmingCharacters(in: .whitespaces).lowercased()
+                if text.hasPrefix("q=") { quality = Double(text.dropFirst(2)) ?? 0 }
+            }
+            guard quality > 0, quality <= 1 else { continue }
+            if quality > (best?.quality ?? 0) { best = (range, quality) }
+        }
+        return best?.range
     }
 
     /// The stored response that answers a request with these headers: among the variants whose
@@ -193,29 +223,34 @@ enum HTTPCachePolicy {
 
     /// The lifetime the server gave (§4.2.1): `max-age`, else `Expires` − `Date`. An invalid one
     /// (a `max-age` that is not delta-seconds or conflicts with another, an `Expires` that is not
-    /// a date, or given twice) is zero: stale. Nil when the response gives none.
-    static func explicitLifetime(_ headers: [String: String], control: CacheControl) -> Duration? {
+    /// a date, or given twice) is zero: stale. Nil when the response gives none. A `Date` that is
+    /// not a date counts as absent: `received` stands in for it (RFC 9110 §6.6.1).
+    static func explicitLifetime(_ headers: [String: String], control: CacheControl, received: Date) -> Duration? {
         switch control.maxAge {
         case .value(let seconds): return .seconds(seconds)
         case .invalid: return .zero
         case .absent: break
         }
         guard let expiresText = value("Expires", in: headers) else { return nil }
-        guard let expires = HTTPDate.parse(expiresText), let date = value("Date", in: headers).flatMap({ HTTPDate.parse($0) }) else {
+        guard let expires = HTTPDate.parse(expiresText) else {
             return .zero  // §5.3: an invalid date, such as "0", means already expired
         }
-        return .clamped(seconds: expires.timeIntervalSince(date), upperBound: maximumDelta)
+        return .clamped(seconds: expires.timeIntervalSince(date(headers, received: received)), upperBound: maximumDelta)
     }
 
     /// The heuristic lifetime (§4.2.2): for a heuristically cacheable status, or any status marked
-    /// `public`, 10 % of the time between `Last-Modified` and `Date`, at most
+    /// `public`, 10 % of the time between `Last-Modified` and `Date` (or `received`), at most
     /// `maximumHeuristicLifetime`; nil when the response does not allow one.
-    static func heuristicLifetime(_ headers: [String: String], status: Int, control: CacheControl) -> Duration? {
+    static func heuristicLifetime(_ headers: [String: String], status: Int, control: CacheControl, received: Date) -> Duration? {
         guard heuristicallyCacheable.contains(status) || control.isPublic,
-              let modified = value("Last-Modified", in: headers).flatMap({ HTTPDate.parse($0) }),
-              let date = value("Date", in: headers).flatMap({ HTTPDate.parse($0) })
+              let modified = value("Last-Modified", in: headers).flatMap({ HTTPDate.parse($0) })
         else { return nil }
-        return .clamped(seconds: date.timeIntervalSince(modified) / 10, upperBound: maximumHeuristicLifetime)
+        return .clamped(seconds: date(headers, received: received).timeIntervalSince(modified) / 10, upperBound: maximumHeuristicLifetime)
+    }
+
+    /// The response's `Date`, or `received` when it has none that parses.
+    private static func date(_ headers: [String: String], received: Date) -> Date {
+        value("Date", in: headers).flatMap { HTTPDate.parse($0) } ?? received
     }
 
     /// How long `stored` is fresh for a read asking `staleTime`: zero when the server said
@@ -227,8 +262,8 @@ enum HTTPCachePolicy {
     static func freshnessLifetime(_ stored: StoredResponse, control: CacheControl, staleTime: StaleTime) -> Duration {
         if control.noCache || stored.isInvalidated { return .zero }
         return staleTime.lifetime(
-            explicit: explicitLifetime(stored.headers, control: control),
-            heuristic: heuristicLifetime(stored.headers, status: stored.statusCode, control: control)
+            explicit: explicitLifetime(stored.headers, control: control, received: stored.storedAt),
+            heuristic: heuristicLifetime(stored.headers, status: stored.statusCode, control: control, received: stored.storedAt)
         )
     }
 
@@ -316,10 +351,11 @@ enum HTTPCachePolicy {
     // MARK: - Validation (§4.3)
 
     /// The validators to send when revalidating `stored` (§4.3.1): its `ETag` as `If-None-Match`
-    /// (quoted if the server sent it bare) and its `Last-Modified` as `If-Modified-Since`.
+    /// and its `Last-Modified` as `If-Modified-Since`, both as the server sent them (a server
+    /// that sends a bare `ETag` compares what comes back with what it sent).
     static func validators(for stored: StoredResponse) -> [String: String] {
         var headers: [String: String] = [:]
-        if let etag = stored.header("ETag").map(EntityTag.init) { headers["If-None-Match"] = etag.text }
+        if let etag = stored.header("ETag") { headers["If-None-Match"] = etag }
         if let modified = stored.header("Last-Modified") { headers["If-Modified-Since"] = modified }
         return headers
     }
@@ -408,7 +444,4 @@ struct EntityTag: Equatable {
         opaque = String(rest)
         isStrong = !weak
     }
-
-    /// As sent in `If-None-Match`.
-    var text: String { (isStrong ? "" : "W/") + "\"" + opaque + "\"" }
 }

@@ -43,13 +43,20 @@ public enum RetryAfter: Hashable, Sendable {
 }
 
 /// The three HTTP-date forms of RFC 9110 §5.6.7, parsed by hand: no `DateFormatter`, no locale.
+/// As the grammar says, fields are separated by exactly one space (asctime's space-padded day
+/// aside): `Sun,  06 Nov 1994 …` is not a date, nor is one in `gmt`. Names of days and months are
+/// compared without case.
 package enum HTTPDate {
     private static let months = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
     private static let shortDays = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
     private static let longDays = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
 
     package static func parse(_ text: String, now: Date = Date()) -> Date? {
-        let tokens = text.split(separator: " ", omittingEmptySubsequences: true).map { String($0) }
+        var tokens = text.trimmingCharacters(in: CharacterSet(charactersIn: " \t"))
+            .split(separator: " ", omittingEmptySubsequences: false).map { String($0) }
+        // asctime writes a one-digit day padded with a space ("Nov  6"), and only so.
+        let asctimePadded = tokens.count == 6 && tokens[2].isEmpty && tokens[3].count == 1
+        if asctimePadded { tokens.remove(at: 2) }
         if tokens.count == 6, tokens[0].hasSuffix(","), tokens[5] == "GMT",
            shortDays.contains(tokens[0].dropLast().lowercased()) {
             // IMF-fixdate: Sun, 06 Nov 1994 08:49:37 GMT
@@ -73,7 +80,7 @@ package enum HTTPDate {
         }
         if tokens.count == 5, shortDays.contains(tokens[0].lowercased()) {
             // asctime: Sun Nov  6 08:49:37 1994
-            guard let month = month(tokens[1]), tokens[2].count <= 2, let day = digits(tokens[2]),
+            guard let month = month(tokens[1]), tokens[2].count == (asctimePadded ? 1 : 2), let day = digits(tokens[2]),
                   tokens[4].count == 4, let year = digits(tokens[4])
             else { return nil }
             return date(year: year, month: month, day: day, time: tokens[3])

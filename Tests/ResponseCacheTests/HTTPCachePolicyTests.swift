@@ -185,6 +185,16 @@ struct HTTPCachePolicyTests {
         let farFuture = Self.stored(["Expires": "Fri, 31 Dec 9999 23:59:59 GMT", "Date": Self.date(0)])
         #expect(HTTPCachePolicy.freshnessLifetime(farFuture, staleTime: .http) == HTTPCachePolicy.maximumDelta)
         #expect(HTTPDate.format(Date(timeIntervalSince1970: 784_111_777)) == "Sun, 06 Nov 1994 08:49:37 GMT")
+        // RFC 9110 §5.6.7: one space between fields; day and month names compared without case.
+        #expect(HTTPDate.parse("Sun,  06 Nov 1994 08:49:37 GMT") == nil)
+        #expect(HTTPDate.parse("Sun, 06 Nov 1994  08:49:37 GMT") == nil)
+        #expect(HTTPDate.parse("sun, 06 NOV 1994 08:49:37 GMT") == Date(timeIntervalSince1970: 784_111_777))
+        #expect(HTTPDate.parse("Sun Nov  6 08:49:37 1994") == Date(timeIntervalSince1970: 784_111_777))
+        #expect(HTTPDate.parse("Sun Nov 6 08:49:37 1994") == nil)
+        // An Expires that is not a date is stale; a Date that is not one counts as absent.
+        #expect(HTTPCachePolicy.freshnessLifetime(Self.stored(["Expires": "Sun,  06 Nov 2050 08:49:37 GMT"]), staleTime: .http) == .zero)
+        let badDate = Self.stored(["Expires": Self.date(600), "Date": "yesterday"])
+        #expect(HTTPCachePolicy.freshnessLifetime(badDate, staleTime: .http) == .seconds(600))
         #expect(HTTPDate.parse(HTTPDate.format(Self.received)) == Self.received)
     }
 
@@ -230,8 +240,8 @@ struct HTTPCachePolicyTests {
 
     // MARK: Validation (§4.3)
 
-    @Test func validatorsAreSentQuotedAsEntityTags_Section4_3_1() {
-        #expect(HTTPCachePolicy.validators(for: Self.stored([:], etag: "abc")) == ["If-None-Match": "\"abc\""])
+    @Test func validatorsAreSentAsTheServerGaveThem_Section4_3_1() {
+        #expect(HTTPCachePolicy.validators(for: Self.stored([:], etag: "abc")) == ["If-None-Match": "abc"])
         #expect(HTTPCachePolicy.validators(for: Self.stored(["Last-Modified": "x"], etag: "W/\"abc\"")) == ["If-None-Match": "W/\"abc\"", "If-Modified-Since": "x"])
     }
 
@@ -279,6 +289,19 @@ struct HTTPCachePolicyTests {
     }
 
     // MARK: Vary (§4.1)
+
+    @Test func aLanguageVariantAnswersARequestThatPrefersItsLanguageMost_Section4_1() {
+        let german = Self.stored(["Content-Language": "de"], varyNames: ["accept-language"], requestHeaders: ["Accept-Language": "en, de"])
+        #expect(HTTPCachePolicy.matches(german, requestHeaders: ["Accept-Language": "fr;q=0.5, de;q=1.0"]))
+        #expect(HTTPCachePolicy.matches(german, requestHeaders: ["Accept-Language": "DE"]))
+        #expect(!HTTPCachePolicy.matches(german, requestHeaders: ["Accept-Language": "fr, de"]))  // prefers French
+        #expect(!HTTPCachePolicy.matches(german, requestHeaders: ["Accept-Language": "de;q=0, fr"]))
+        #expect(!HTTPCachePolicy.matches(german, requestHeaders: [:]))
+        let noLanguage = Self.stored([:], varyNames: ["accept-language"], requestHeaders: ["Accept-Language": "en"])
+        #expect(!HTTPCachePolicy.matches(noLanguage, requestHeaders: ["Accept-Language": "de"]))
+        #expect(HTTPCachePolicy.preferredLanguage("*, en;q=0.9, fr;q=0.95") == "fr")
+        #expect(HTTPCachePolicy.preferredLanguage("*;q=1, de;q=abc") == nil)
+    }
 
     @Test func varyValuesAreComparedAfterNormalising_Section4_1() {
         func same(_ name: String, _ a: String, _ b: String) -> Bool {

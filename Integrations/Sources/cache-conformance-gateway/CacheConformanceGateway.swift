@@ -40,10 +40,13 @@ struct CacheConformanceGateway {
         do {
             let folder = arguments.cacheDirectory
                 ?? FileManager.default.temporaryDirectory.appendingPathComponent("cache-conformance-\(UUID().uuidString)")
+            // One user, as a browser profile is: requests with cookies or credentials are cached
+            // under this partition, as an app with a signed-in user configures it.
             let engine = CachedRequestEngine(
                 requestEngine: AsyncRequestEngine(session: AsyncHTTPClientSession(client: client)),
                 cache: try DiskResponseCache(directory: folder, maxBytes: 256 << 20),
-                reachabilityMonitor: ManualReachabilityMonitor(isConnected: true)
+                reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+                partition: "conformance-user"
             )
             let gateway = CacheGateway(upstream: arguments.upstream, engine: engine)
             try await gateway.run(host: "127.0.0.1", port: arguments.port) { port in
