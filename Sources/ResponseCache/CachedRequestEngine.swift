@@ -132,23 +132,27 @@ public final class CachedRequestEngine: RequestSending {
                     }
                     let cached = self.lookup(plan)
                     let reuse = cached.map { HTTPCachePolicy.reuse($0, request: plan.directives, staleTime: staleTime, now: self.now) }
-                    var yielded = false
+                    if plan.directives.onlyIfCached {  // never the network: as response(for:) answers
+                        switch Self.decide(cached: reuse, mode: mode, request: plan.directives) {
+                        case .serve(let isStale, _):
+                            if let cached { continuation.yield(try self.answer(cached, plan: plan, isStale: isStale, validated: false)) }
+                        case .gatewayTimeout, .network:
+                            continuation.yield(try self.gatewayTimeout(plan))
+                        }
+                        continuation.finish()
+                        return
+                    }
                     if let cached, let reuse, reuse.isUsable || reuse.mayServeStale {
                         continuation.yield(try self.answer(cached, plan: plan, isStale: !(reuse.isUsable && reuse.isFresh), validated: false))
-                        yielded = true
                         if reuse.isUsable, mode != .always {
                             continuation.finish()
                             return
                         }
                     }
-                    if plan.directives.onlyIfCached {
-                        if !yielded { continuation.yield(try self.gatewayTimeout(plan)) }
-                        continuation.finish()
-                        return
-                    }
                     if mode != .always { try await self.waitUntilOnline() }
-                    let staleIfError = !yielded && reuse?.mayServeOnError == true
-                    continuation.yield(try await self.fetch(plan, cached: cached, staleIfError: staleIfError, staleTime: staleTime))
+                    // Nothing is served stale on a failure: what the store had was yielded already
+                    // (the screen keeps it), or may not be shown at all.
+                    continuation.yield(try await self.fetch(plan, cached: cached, staleIfError: false, staleTime: mode == .always ? nil : staleTime))
                     continuation.finish()
                 } catch {
                     continuation.finish(throwing: Task.isCancelled ? NetworkError.cancelled : error)
@@ -195,7 +199,8 @@ public final class CachedRequestEngine: RequestSending {
     /// worth to this request.
     static func decide(cached reuse: HTTPCachePolicy.Reuse?, mode: NetworkMode, request: CacheControl) -> Decision {
         if let reuse, reuse.isUsable, mode != .always || request.onlyIfCached {
-            return .serve(isStale: !reuse.isFresh, revalidate: false)
+            // Usable although stale (max-stale): offline-first refreshes it as it does any stale one.
+            return .serve(isStale: !reuse.isFresh, revalidate: mode == .offlineFirst && !reuse.isFresh && !request.onlyIfCached)
         }
         if request.onlyIfCached {
             if mode == .offlineFirst, let reuse, reuse.mayServeStale { return .serve(isStale: true, revalidate: false) }
@@ -317,8 +322,10 @@ public final class CachedRequestEngine: RequestSending {
         })
     }
 
+    /// RFC 6454 origins: scheme, host and port, a default port counting as written or not.
     private static func sameOrigin(_ a: URL, _ b: URL) -> Bool {
-        a.scheme?.lowercased() == b.scheme?.lowercased() && a.host?.lowercased() == b.host?.lowercased() && a.port == b.port
+        func port(_ url: URL) -> Int? { url.port ?? ["http": 80, "https": 443][url.scheme?.lowercased() ?? ""] }
+        return a.scheme?.lowercased() == b.scheme?.lowercased() && a.host?.lowercased() == b.host?.lowercased() && port(a) == port(b)
     }
 
     /// The stored response that answers `plan`: the most recent variant whose `Vary` fields match.
@@ -383,7 +390,7 @@ public final class CachedRequestEngine: RequestSending {
         case .stored(let data, let response):
             return CachedResponse(data: data, response: response, source: .network, isStale: false)
         case .passed(let data, let response):
-            if staleIfError, let cached, [500, 502, 503, 504].contains(response.statusCode) {
+            if staleIfError, let cached, Self.serverFailures.contains(response.statusCode) {
                 return try answer(cached, plan: plan, isStale: true, validated: false)
             }
             return CachedResponse(data: data, response: response, source: .network, isStale: false)
@@ -427,16 +434,17 @@ public final class CachedRequestEngine: RequestSending {
         let responseTime = now
         let headers = Self.headers(of: response)
         if response.statusCode == 304, let cached {
-            let variants = cache.variants(for: [cached.primaryKey], counting: false)
-            let candidates = variants.contains { $0.key == cached.key } ? variants : variants + [cached]
-            let selected = HTTPCachePolicy.selectedBy304(headers, among: candidates, nominated: cached)
-            var revalidated: StoredResponse?
+            // The stored variants now, with the validated one as it was sent (another exchange
+            // may have replaced it meanwhile: then it is answered, not stored again).
+            let variants = cache.variants(for: [cached.primaryKey], counting: false).filter { $0.key != cached.key } + [cached]
+            let selected = HTTPCachePolicy.selectedBy304(headers, among: variants, nominated: cached)
             for stored in selected {
-                let refreshed = HTTPCachePolicy.refreshed(stored, with: headers, requestTime: requestTime, responseTime: responseTime)
-                cache.store(refreshed)
-                if stored.key == cached.key { revalidated = refreshed }
+                cache.update(stored.key) { HTTPCachePolicy.refreshed($0, with: headers, requestTime: requestTime, responseTime: responseTime) }
             }
-            if let revalidated { return .revalidated(revalidated, cookies: headers.filter { $0.key.lowercased().hasPrefix("set-cookie") }) }
+            if selected.contains(where: { $0.key == cached.key }) {
+                let revalidated = HTTPCachePolicy.refreshed(cached, with: headers, requestTime: requestTime, responseTime: responseTime)
+                return .revalidated(revalidated, cookies: headers.filter { $0.key.lowercased().hasPrefix("set-cookie") })
+            }
             // The 304 is not about the response the validators came from: it must not be
             // applied to it, and the caller asked for the resource, not for a 304.
             return await networkExchange(plan, cached: nil)
@@ -444,6 +452,9 @@ public final class CachedRequestEngine: RequestSending {
         if plan.method == .head, response.statusCode == 200 {
             freshenStoredGET(plan, headHeaders: headers, requestTime: requestTime, responseTime: responseTime)
         }
+        // A server error never replaces what is stored for the request (it is passed on, and the
+        // stored response may answer it stale): a cache may always decline to store (§3).
+        if cached != nil, Self.serverFailures.contains(response.statusCode) { return .passed(data, response) }
         let control = HTTPCachePolicy.cacheControl(headers)
         guard !plan.directives.noStore, HTTPCachePolicy.mayStore(status: response.statusCode, headers: headers, control: control),
               let varyNames = HTTPCachePolicy.varyNames(headers)
@@ -477,12 +488,13 @@ public final class CachedRequestEngine: RequestSending {
     private func freshenStoredGET(_ plan: Plan, headHeaders: [String: String], requestTime: Date, responseTime: Date) {
         let getKey = Plan.primaryKey(method: .get, url: plan.url, partition: partitionDigest)
         for stored in cache.variants(for: [getKey], counting: false) where HTTPCachePolicy.matches(stored, requestHeaders: plan.headers) {
-            if HTTPCachePolicy.headResponse(headHeaders, describes: stored) {
-                cache.store(HTTPCachePolicy.refreshed(stored, with: headHeaders, requestTime: requestTime, responseTime: responseTime))
-            } else {
-                var invalidated = stored
+            cache.update(stored.key) { current in
+                if HTTPCachePolicy.headResponse(headHeaders, describes: current) {
+                    return HTTPCachePolicy.refreshed(current, with: headHeaders, requestTime: requestTime, responseTime: responseTime)
+                }
+                var invalidated = current
                 invalidated.isInvalidated = true
-                cache.store(invalidated)
+                return invalidated
             }
         }
     }
@@ -524,6 +536,9 @@ public final class CachedRequestEngine: RequestSending {
             self.revalidateInBackground(plan, cached: current)
         }
     }
+
+    /// Statuses that say the server is failing, not that the resource changed.
+    private static let serverFailures: Set<Int> = [500, 502, 503, 504]
 
     private static func isConnectivityFailure(_ error: any Error) -> Bool {
         switch NetworkError(mapping: error) {

@@ -24,6 +24,8 @@ import Darwin
 ///   error, tampering) is never served: it is deleted and counted (`statistics.corruptRemoved`).
 /// - **Bounded.** The files never take more than `maxBytes` together: the least recently used are
 ///   deleted first to make room, and a response larger than `maxBytes` is not stored.
+/// - **Read your writes.** A response is readable the moment it is stored, before its file is
+///   written.
 /// - **Reads never fail because of the disk.** A response that cannot be written (full disk,
 ///   unwritable folder) is still returned to the caller; the failure is counted
 ///   (`statistics.storeFailures`, `lastStoreFailure`).
@@ -39,7 +41,8 @@ public final class DiskResponseCache: Sendable {
         /// Responses on disk now, and the bytes their files take.
         public var entries = 0
         public var bytes = 0
-        /// Lookups answered from the cache, and lookups that found nothing usable.
+        /// Lookups that found a stored response for the URL (any variant, fresh or not), and
+        /// lookups that found none.
         public var hits = 0
         public var misses = 0
         /// Responses written, and writes that failed (the response was still returned).
@@ -81,6 +84,11 @@ public final class DiskResponseCache: Sendable {
         /// write overtaken by a removal cannot bring its response back.
         var latest: [CacheDigest: UInt64] = [:]
         var nextVersion: UInt64 = 1
+        /// The version every key not in `latest` has: the last `clear()`'s (0 before any).
+        var clearedVersion: UInt64 = 0
+        /// The newest response stored under each key whose file is not written yet: what a read
+        /// answers meanwhile (the index still describes the previous file, if any).
+        var pending: [CacheDigest: StoredResponse] = [:]
         var memory: [CacheDigest: StoredResponse] = [:]
         var memoryIndex = CacheIndex()
         var statistics = Statistics()
@@ -109,7 +117,7 @@ public final class DiskResponseCache: Sendable {
     ///   `ResponseCacheError.storage` when the folder cannot be created, locked, listed or read.
     public init(directory: URL, maxBytes: Int, memoryBytes: Int = 4 << 20) throws {
         self.directory = directory
-        self.maxBytes = max(0, maxBytes)
+        self.maxBytes = min(max(0, maxBytes), Int.max / 2)  // sums of sizes never overflow
         self.memoryBytes = min(max(0, memoryBytes), max(0, maxBytes))
         path = directory.path
         do {
@@ -164,6 +172,9 @@ public final class DiskResponseCache: Sendable {
     public func clear() throws {
         state.withLock { state in
             state.latest = [:]
+            state.clearedVersion = state.nextVersion
+            state.nextVersion += 1
+            state.pending = [:]
             state.index.removeAll()
             state.memory = [:]
             state.memoryIndex.removeAll()
@@ -232,83 +243,102 @@ public final class DiskResponseCache: Sendable {
             state.memory[key] = nil
             state.memoryIndex.remove(key)
             state.queued[key] = nil
+            state.pending[key] = nil
         }
         updateTotals(&state)
+    }
+
+    /// The version of `key`'s latest store or removal.
+    private static func version(of key: CacheDigest, in state: State) -> UInt64 {
+        state.latest[key] ?? state.clearedVersion
     }
 
     // MARK: - Reading
 
     /// The response stored under `key`, if there is one and it reads back intact. A torn or
     /// corrupt file is deleted and counted, and reads as a miss.
-    func response(for key: CacheDigest) -> StoredResponse? {
-        enum Found { case memory(StoredResponse), disk(size: Int), none }
-        let found = state.withLock { state -> Found in
-            if let response = state.memory[key] {
-                state.memoryIndex.touch(key)
-                state.index.touch(key)
-                state.statistics.hits += 1
-                return .memory(response)
-            }
-            if let item = state.index[key] { return .disk(size: item.size) }
-            state.statistics.misses += 1
-            return .none
-        }
-        switch found {
-        case .memory(let response): return response
-        case .none: return nil
-        case .disk(let size): return readFile(key, expectedSize: size)
-        }
+    func response(for key: CacheDigest, counting: Bool = true) -> StoredResponse? {
+        let response = read(key)
+        if counting { count(hit: response != nil) }
+        return response
     }
 
     /// Every variant stored under these primary keys (method, URL, partition) that reads back
     /// intact. `counting`: one hit when there is any, one miss otherwise (a lookup for a reader;
     /// the engine's own bookkeeping reads do not count).
     func variants(for primaryKeys: [CacheDigest], counting: Bool = true) -> [StoredResponse] {
-        enum Found { case memory(StoredResponse), disk(CacheDigest, size: Int) }
-        let found = state.withLock { state -> [Found] in
-            var keys: [CacheDigest] = []
-            for primaryKey in primaryKeys {
-                keys += state.index.variants(of: primaryKey)
-                for key in state.memoryIndex.variants(of: primaryKey) where !keys.contains(key) { keys.append(key) }
-            }
-            return keys.compactMap { key in
-                if let response = state.memory[key] {
-                    state.memoryIndex.touch(key)
-                    state.index.touch(key)
-                    return .memory(response)
-                }
-                return state.index[key].map { .disk(key, size: $0.size) }
-            }
-        }
-        let responses = found.compactMap { found -> StoredResponse? in
-            switch found {
-            case .memory(let response): return response
-            case .disk(let key, let size): return readFile(key, expectedSize: size, counting: false)
-            }
-        }
-        if counting {
-            state.withLock { state in
-                if responses.isEmpty { state.statistics.misses += 1 } else { state.statistics.hits += 1 }
-            }
-        }
+        let responses = variantKeys(of: primaryKeys).compactMap(read)
+        if counting { count(hit: !responses.isEmpty) }
         return responses
+    }
+
+    /// Replaces the response stored under `key` with `change(current)` — unless nothing is stored
+    /// there, or another store or removal of `key` came between reading it and writing (then
+    /// the newer one stays: a change made from an older response must not overwrite it).
+    func update(_ key: CacheDigest, _ change: (StoredResponse) -> StoredResponse) {
+        let version = state.withLock { Self.version(of: key, in: $0) }
+        guard let current = read(key) else { return }
+        store(change(current), ifUnchangedSince: version)
     }
 
     /// Marks every variant stored under these primary keys stale (RFC 9111 §4.4 "invalidate"):
     /// kept, to be shown offline and revalidated, never served as fresh again.
     func markStale(_ primaryKeys: [CacheDigest]) {
-        for stored in variants(for: primaryKeys, counting: false) where !stored.isInvalidated {
-            var invalidated = stored
-            invalidated.isInvalidated = true
-            store(invalidated)
+        for key in variantKeys(of: primaryKeys) {
+            update(key) { stored in
+                var invalidated = stored
+                invalidated.isInvalidated = true
+                return invalidated
+            }
         }
     }
 
-    private func readFile(_ key: CacheDigest, expectedSize: Int, counting: Bool = true) -> StoredResponse? {
+    /// The keys stored under these primary keys: written, kept in memory, or waiting to be written.
+    private func variantKeys(of primaryKeys: [CacheDigest]) -> [CacheDigest] {
+        state.withLock { state in
+            var keys: [CacheDigest] = []
+            for primaryKey in primaryKeys {
+                for key in state.index.variants(of: primaryKey) + state.memoryIndex.variants(of: primaryKey) where !keys.contains(key) {
+                    keys.append(key)
+                }
+            }
+            for (key, response) in state.pending where primaryKeys.contains(response.primaryKey) && !keys.contains(key) {
+                keys.append(key)
+            }
+            return keys
+        }
+    }
+
+    /// The response under `key`: the one waiting to be written, else the decoded copy in
+    /// memory, else its file. Marks it recently used.
+    private func read(_ key: CacheDigest) -> StoredResponse? {
+        enum Found { case response(StoredResponse), disk(size: Int), none }
+        let found = state.withLock { state -> Found in
+            if let response = state.pending[key] ?? state.memory[key] {
+                state.memoryIndex.touch(key)
+                state.index.touch(key)
+                return .response(response)
+            }
+            return state.index[key].map { .disk(size: $0.size) } ?? .none
+        }
+        switch found {
+        case .response(let response): return response
+        case .none: return nil
+        case .disk(let size): return readFile(key, expectedSize: size)
+        }
+    }
+
+    private func count(hit: Bool) {
+        state.withLock { state in
+            if hit { state.statistics.hits += 1 } else { state.statistics.misses += 1 }
+        }
+    }
+
+    private func readFile(_ key: CacheDigest, expectedSize: Int) -> StoredResponse? {
         var buffer: [UInt8] = []
         var info = stat()
         let name = CacheFolder.fileName(key)
-        let read = FileSystem.readRegularFile(named: name, in: folder, maximumSize: max(expectedSize, maxBytes) + 1, into: &buffer, info: &info)
+        let read = FileSystem.readRegularFile(named: name, in: folder, maximumSize: max(expectedSize, maxBytes), into: &buffer, info: &info)
         var decoded: StoredResponse?
         var corrupt = false
         switch read {
@@ -324,11 +354,9 @@ public final class DiskResponseCache: Sendable {
         let response = decoded
         state.withLock { state in
             if let response {
-                if counting { state.statistics.hits += 1 }
                 state.index.touch(key)
                 Self.remember(response, in: &state, budget: memoryBytes)
             } else {
-                if counting { state.statistics.misses += 1 }
                 if corrupt, state.index.remove(key) != nil {
                     state.statistics.corruptRemoved += 1
                     Self.updateTotals(&state)
@@ -342,31 +370,41 @@ public final class DiskResponseCache: Sendable {
 
     // MARK: - Writing
 
-    /// Stores `response` (replacing what `response.key` held): at once in memory, then in its file,
-    /// written in the background after the least recently used files are deleted to make room. A
-    /// write that fails is counted; the caller is never told (it already has its response).
-    func store(_ response: StoredResponse) {
+    /// Stores `response` (replacing what `response.key` held): at once for reads, then in its
+    /// file, written in the background after the least recently used files are deleted to make
+    /// room. A write that fails is counted; the caller is never told (it already has its
+    /// response). With `ifUnchangedSince`, only if the key's latest store or removal is still that
+    /// version (see `update`).
+    func store(_ response: StoredResponse, ifUnchangedSince expected: UInt64? = nil) {
         let data = CacheFileFormat.encode(response)
         guard data.count <= maxBytes else {
             state.withLock { $0.statistics.tooLargeToStore += 1 }
             return
         }
         let (startWriter, dropped) = state.withLock { state -> (Bool, [CacheDigest]) in
+            if let expected, Self.version(of: response.key, in: state) != expected { return (false, []) }
             // At most `maxVariants` per URL: a server that varies on a header whose value changes
-            // with every request must not fill the cache with one URL's variants.
+            // with every request must not fill the cache with one URL's variants. Oldest stored
+            // first; of equal age, the one stored earlier in this process.
             var others: [CacheDigest: Date] = [:]
             for index in [state.index, state.memoryIndex] {
                 for key in index.variants(of: response.primaryKey) where key != response.key {
                     others[key] = index[key]?.summary.storedAt
                 }
             }
-            let oldestFirst = others.sorted { ($0.value, $0.key) < ($1.value, $1.key) }.map(\.key)
+            for (key, pending) in state.pending where pending.primaryKey == response.primaryKey && key != response.key {
+                others[key] = pending.storedAt
+            }
+            let oldestFirst = others.map { (key: $0.key, storedAt: $0.value, version: state.latest[$0.key] ?? 0) }
+                .sorted { ($0.storedAt, $0.version, $0.key) < ($1.storedAt, $1.version, $1.key) }
+                .map(\.key)
             let dropped = Array(oldestFirst.prefix(max(0, oldestFirst.count - (Self.maxVariants - 1))))
             if !dropped.isEmpty { Self.forget(dropped, in: &state) }
             Self.remember(response, in: &state, budget: memoryBytes)
             let version = state.nextVersion
             state.nextVersion += 1
             state.latest[response.key] = version
+            state.pending[response.key] = response
             state.queued[response.key] = WriteJob(response: response, data: data, version: version)
             return (state.writing.insert(response.key).inserted, dropped)
         }
@@ -412,6 +450,7 @@ public final class DiskResponseCache: Sendable {
                 state.reserved[key] = nil
                 // Removed or cleared while it was written (a newer store is queued and rewrites it).
                 guard state.latest[key] == job.version else { return state.queued[key] == nil }
+                state.pending[key] = nil  // reads go to the file (or, if it failed, the previous one)
                 if let failure {
                     state.statistics.storeFailures += 1
                     state.statistics.lastStoreFailure = .storage(operation: failure.operation, path: failure.path, errno: failure.errno)

@@ -193,10 +193,13 @@ enum HTTPCachePolicy {
         return preferredLanguage(accepted) == language
     }
 
-    /// The language range an `Accept-Language` value prefers most (RFC 9110 §12.5.4): the highest
-    /// quality value, the first of equals; `*` and `q=0` never; nil when it names none.
+    /// The language range an `Accept-Language` value prefers most (RFC 9110 §12.5.4): the one
+    /// with the highest quality value; nil when several share it (equal weights state no
+    /// preference, RFC 9110 §12.4.2, which is also why their order is normalised away), or when
+    /// it names none (`*` and `q=0` never count).
     static func preferredLanguage(_ value: String) -> String? {
         var best: (range: String, quality: Double)?
+        var tied = false
         for member in value.split(separator: ",") {
             let parts = member.split(separator: ";")
             guard let first = parts.first else { continue }
@@ -208,9 +211,14 @@ enum HTTPCachePolicy {
                 if text.hasPrefix("q=") { quality = Double(text.dropFirst(2)) ?? 0 }
             }
             guard quality > 0, quality <= 1 else { continue }
-            if quality > (best?.quality ?? 0) { best = (range, quality) }
+            if quality > (best?.quality ?? 0) {
+                best = (range, quality)
+                tied = false
+            } else if quality == best?.quality, range != best?.range {
+                tied = true
+            }
         }
-        return best?.range
+        return tied ? nil : best?.range
     }
 
     /// The stored response that answers a request with these headers: among the variants whose
@@ -278,8 +286,8 @@ enum HTTPCachePolicy {
         /// May be served stale at all (when offline, or as the app's choice): the response did
         /// not say `no-cache` or `must-revalidate` (§4.2.4).
         var mayServeStale: Bool
-        /// Stale within its `stale-while-revalidate` window (RFC 5861 §3), and the request did not
-        /// ask for validation (`no-cache`, `max-age`, `min-fresh`).
+        /// Stale within its `stale-while-revalidate` window (RFC 5861 §3), not invalidated (§4.4),
+        /// and the request did not ask for validation (`no-cache`, `max-age`, `min-fresh`).
         var withinStaleWhileRevalidate: Bool
         /// May be served stale when the origin fails: `mayServeStale`, and within the
         /// `stale-if-error` window when the request (first) or the response gives one (RFC 5861 §4).
@@ -297,18 +305,24 @@ enum HTTPCachePolicy {
         let asksValidation = request.noCache || request.maxAge != .absent || request.minFresh != nil
         var isUsable = !request.noCache
         // max-age=0 asks for validation whatever the age (a clock that has not moved would
-        // otherwise find a response of age zero acceptable).
-        if isUsable, case .value(let maxAge) = request.maxAge, maxAge == 0 || age > .seconds(maxAge) { isUsable = false }
+        // otherwise find a response of age zero acceptable); an invalid one is read as 0.
+        switch request.maxAge {
+        case .value(let maxAge): if maxAge == 0 || age > .seconds(maxAge) { isUsable = false }
+        case .invalid: isUsable = false
+        case .absent: break
+        }
         if isUsable, let minFresh = request.minFresh, lifetime - age < .seconds(minFresh) { isUsable = false }
+        // §4.4: an invalidated response is validated before it is sent again; max-stale does
+        // not reach it.
         if isUsable, !isFresh {
-            isUsable = mayServeStale && request.maxStale.map { staleness <= .seconds($0) } == true
+            isUsable = mayServeStale && !stored.isInvalidated && request.maxStale.map { staleness <= .seconds($0) } == true
         }
         let staleIfErrorWindow = request.staleIfError ?? control.staleIfError
         return Reuse(
             isFresh: isFresh,
             isUsable: isUsable,
             mayServeStale: mayServeStale,
-            withinStaleWhileRevalidate: mayServeStale && !isFresh && !asksValidation
+            withinStaleWhileRevalidate: mayServeStale && !isFresh && !asksValidation && !stored.isInvalidated
                 && control.staleWhileRevalidate.map { staleness <= .seconds($0) } == true,
             mayServeOnError: mayServeStale && staleIfErrorWindow.map { staleness <= .seconds($0) } != false
         )
@@ -395,7 +409,7 @@ enum HTTPCachePolicy {
     /// match the stored ones, and its `Content-Length`, if any, is the stored body's length.
     /// When it does not, the stored response is to be considered stale.
     static func headResponse(_ headHeaders: [String: String], describes stored: StoredResponse) -> Bool {
-        if let etag = value("ETag", in: headHeaders).map(EntityTag.init), stored.header("ETag").map(EntityTag.init)?.opaque != etag.opaque {
+        if let etag = value("ETag", in: headHeaders).map(EntityTag.init), stored.header("ETag").map(EntityTag.init) != etag {
             return false
         }
         if let modified = value("Last-Modified", in: headHeaders), stored.header("Last-Modified") != modified { return false }

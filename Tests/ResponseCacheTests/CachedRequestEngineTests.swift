@@ -376,6 +376,25 @@ struct CachedRequestEngineTests {
         #expect(try await iterator.next() == nil)
     }
 
+    @Test func anAlwaysSubscriptionYieldsTheStoredResponseThenTheNetworks() async throws {
+        let h = try CacheHarness([.ok("v1", headers: ["Cache-Control": "max-age=600"]), .ok("v2", headers: ["Cache-Control": "max-age=600"])])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .http)
+        var answers: [String] = []
+        for try await answer in h.engine.responses(for: Read("/feed"), mode: .always, staleTime: .http) { answers.append(h.body(answer)) }
+        #expect(answers == ["v1", "v2"] && h.session.callCount == 2)
+    }
+
+    @Test func onlyIfCachedInAStreamAnswersAsASingleReadDoes() async throws {
+        let h = try CacheHarness([.ok("v1", headers: ["Cache-Control": "max-age=10"])])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .http)
+        h.clock.advance(by: .seconds(20))
+        var statuses: [Int] = []
+        for try await answer in h.engine.responses(for: Read("/feed", headers: ["Cache-Control": "only-if-cached"]), mode: .online, staleTime: .http) {
+            statuses.append(answer.response.statusCode)
+        }
+        #expect(statuses == [504] && h.session.callCount == 1)
+    }
+
     @Test func aSubscriptionToAFreshResponseYieldsItOnceAndEnds() async throws {
         let h = try CacheHarness([.ok("v1")])
         _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(10))

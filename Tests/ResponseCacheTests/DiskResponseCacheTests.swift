@@ -171,6 +171,59 @@ struct DiskResponseCacheTests {
         #expect(cache.variants(for: [primary]).isEmpty && cacheFiles(directory).isEmpty)
     }
 
+    @Test func aResponseIsReadAsStoredBeforeItsFileIsWrittenEvenWithoutAMemoryLayer() async throws {
+        let directory = TemporaryDirectory()
+        let first = storedResponse("/feed", body: "first")
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20, memoryBytes: 0)
+            cache.store(first)
+            await cache.waitForWrites()
+            var second = first
+            second.body = Data("second".utf8)
+            cache.store(second)
+            #expect(cache.response(for: first.key)?.body == Data("second".utf8))  // not the file of "first"
+            cache.markStale([first.primaryKey])
+            #expect(cache.variants(for: [first.primaryKey]).map(\.isInvalidated) == [true])
+            await cache.waitForWrites()
+        }
+        let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20, memoryBytes: 0)
+        let stored = try #require(reopened.response(for: first.key))
+        #expect(stored.body == Data("second".utf8) && stored.isInvalidated)
+    }
+
+    @Test func aChangeMadeFromAnOlderResponseNeverOverwritesANewerOne() async throws {
+        let directory = TemporaryDirectory()
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        let old = storedResponse("/feed", body: "old")
+        cache.store(old)
+        var newer = old
+        newer.body = Data("newer".utf8)
+        cache.update(old.key) { current in
+            cache.store(newer)  // stored while the change was being made
+            var changed = current
+            changed.isInvalidated = true
+            return changed
+        }
+        let kept = try #require(cache.response(for: old.key))
+        #expect(kept.body == Data("newer".utf8) && !kept.isInvalidated)
+        cache.update(storedResponse("/absent").key) { _ in storedResponse("/absent") }
+        #expect(cache.response(for: storedResponse("/absent").key) == nil)  // nothing stored: nothing made up
+        try cache.clear()
+        cache.update(old.key) { $0 }
+        #expect(cache.count == 0)
+    }
+
+    @Test func aHugeMaxBytesNeverOverflows() async throws {
+        let directory = TemporaryDirectory()
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: .max, memoryBytes: 0)
+            cache.store(storedResponse("/feed"))
+            await cache.waitForWrites()
+        }
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: .max, memoryBytes: .max)
+        #expect(cache.response(for: storedResponse("/feed").key)?.body == Data("body".utf8))
+    }
+
     @Test func clearAndInvalidateRemoveFromMemoryAndDisk() async throws {
         let directory = TemporaryDirectory()
         let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)

@@ -206,8 +206,13 @@ struct HTTPCachePolicyTests {
             HTTPCachePolicy.reuse(stored, request: CacheControl(request), staleTime: .http, now: Self.received.addingTimeInterval(seconds)).isUsable
         }
         #expect(usable("") && !usable("no-cache") && !usable("max-age=0") && !usable("max-age=20") && usable("max-age=40"))
-        #expect(!usable("min-fresh=80") && usable("min-fresh=60"))
+        #expect(!usable("min-fresh=80") && usable("min-fresh=60") && !usable("max-age=abc"))
         #expect(!usable("", after: 80) && usable("max-stale", after: 80) && usable("max-stale=20", after: 80) && !usable("max-stale=5", after: 80))
+        // An invalidated response (§4.4) is validated before use: no max-stale, no stale-while-revalidate.
+        var invalidated = Self.stored(["Cache-Control": "max-age=100, stale-while-revalidate=600"])
+        invalidated.isInvalidated = true
+        let afterInvalidation = HTTPCachePolicy.reuse(invalidated, request: CacheControl("max-stale"), staleTime: .http, now: Self.received)
+        #expect(!afterInvalidation.isUsable && !afterInvalidation.withinStaleWhileRevalidate && afterInvalidation.mayServeStale)
         // max-stale never beats must-revalidate or no-cache (§4.2.4).
         let strict = Self.stored(["Cache-Control": "max-age=100, must-revalidate"])
         #expect(!HTTPCachePolicy.reuse(strict, request: CacheControl("max-stale"), staleTime: .http, now: Self.received.addingTimeInterval(200)).isUsable)
@@ -284,6 +289,7 @@ struct HTTPCachePolicyTests {
         #expect(HTTPCachePolicy.headResponse(["ETag": "\"v1\"", "Content-Length": "4"], describes: stored))
         #expect(HTTPCachePolicy.headResponse([:], describes: stored))
         #expect(!HTTPCachePolicy.headResponse(["ETag": "\"v2\""], describes: stored))
+        #expect(!HTTPCachePolicy.headResponse(["ETag": "W/\"v1\""], describes: stored))
         #expect(!HTTPCachePolicy.headResponse(["Last-Modified": "Tue, 02 Jan 2024 00:00:00 GMT"], describes: stored))
         #expect(!HTTPCachePolicy.headResponse(["Content-Length": "5"], describes: stored))
     }
@@ -294,7 +300,8 @@ struct HTTPCachePolicyTests {
         let german = Self.stored(["Content-Language": "de"], varyNames: ["accept-language"], requestHeaders: ["Accept-Language": "en, de"])
         #expect(HTTPCachePolicy.matches(german, requestHeaders: ["Accept-Language": "fr;q=0.5, de;q=1.0"]))
         #expect(HTTPCachePolicy.matches(german, requestHeaders: ["Accept-Language": "DE"]))
-        #expect(!HTTPCachePolicy.matches(german, requestHeaders: ["Accept-Language": "fr, de"]))  // prefers French
+        #expect(!HTTPCachePolicy.matches(german, requestHeaders: ["Accept-Language": "fr;q=1, de;q=0.9"]))  // prefers French
+        #expect(HTTPCachePolicy.preferredLanguage("fr, de") == nil)  // equal weights: no preference
         #expect(!HTTPCachePolicy.matches(german, requestHeaders: ["Accept-Language": "de;q=0, fr"]))
         #expect(!HTTPCachePolicy.matches(german, requestHeaders: [:]))
         let noLanguage = Self.stored([:], varyNames: ["accept-language"], requestHeaders: ["Accept-Language": "en"])

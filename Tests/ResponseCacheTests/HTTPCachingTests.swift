@@ -184,7 +184,8 @@ struct HTTPCachingTests {
         #expect(try await h.engine.response(for: Read("/dated"), mode: .online, staleTime: .http).source == .network)
         // §5.1: a list-valued Age counts as its first member (7200): stale on arrival.
         _ = try await h.engine.response(for: Read("/listed"), mode: .online, staleTime: .http)
-        #expect(h.session.callCount == 3)
+        #expect(try await h.engine.response(for: Read("/listed"), mode: .online, staleTime: .http).source == .network)
+        #expect(h.session.callCount == 4)
     }
 
     // MARK: Request directives (§5.2.1)
@@ -266,6 +267,22 @@ struct HTTPCachingTests {
         #expect(h.session.callCount == 5)
     }
 
+    @Test(arguments: [500, 502, 503, 504])
+    func aServerErrorNeverReplacesTheStoredResponseEvenWithFreshness(status: Int) async throws {
+        let h = try CacheHarness([
+            .ok("good", headers: ["Cache-Control": "max-age=10"]),
+            .status(status, headers: ["Cache-Control": "private, max-age=600"]),
+        ])
+        _ = try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .http)
+        h.clock.advance(by: .seconds(20))
+        let failing = try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .http)
+        #expect(failing.source == .cache && failing.isStale && h.body(failing) == "good")  // stale-if-error
+        await h.cache.waitForWrites()
+        await h.monitor.setConnected(false)
+        let offline = try await h.engine.response(for: Read("/doc"), mode: .offlineFirst, staleTime: .http)
+        #expect(offline.response.statusCode == 200 && h.body(offline) == "good")
+    }
+
     @Test func fieldsNamedInConnectionAndSetCookieAreNotStored_Section3_1() async throws {
         let h = try CacheHarness([.ok("v1", headers: ["Cache-Control": "max-age=60", "Connection": "X-Hop", "X-Hop": "hop-value", "X-End": "e"])])
         _ = try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .http)
@@ -289,13 +306,16 @@ struct HTTPCachingTests {
 
     @Test func aURLKeepsAtMostEightVariantsDroppingTheOldest() async throws {
         let h = try CacheHarness([.ok("variant", headers: ["Vary": "X-Variant", "Cache-Control": "max-age=600"])])
-        for variant in 0..<12 {
+        for variant in 0..<12 {  // all stored at the same manual-clock instant: the order of storing decides
             _ = try await h.engine.response(for: Read("/doc", headers: ["X-Variant": "\(variant)"]), mode: .online, staleTime: .http)
         }
         await h.cache.waitForWrites()
         #expect(h.cache.count == DiskResponseCache.maxVariants)
-        #expect(try await h.engine.response(for: Read("/doc", headers: ["X-Variant": "11"]), mode: .online, staleTime: .http).source == .cache)
-        #expect(try await h.engine.response(for: Read("/doc", headers: ["X-Variant": "0"]), mode: .online, staleTime: .http).source == .network)
+        for kept in 4..<12 {
+            #expect(try await h.engine.response(for: Read("/doc", headers: ["X-Variant": "\(kept)"]), mode: .online, staleTime: .http).source == .cache, "variant \(kept)")
+        }
+        #expect(try await h.engine.response(for: Read("/doc", headers: ["X-Variant": "3"]), mode: .online, staleTime: .http).source == .network)
+        #expect(h.session.callCount == 13)
     }
 
     @Test func aNewResponseReplacesTheVariantsItsRequestWouldHaveSelected_Section4_1() async throws {
@@ -367,6 +387,18 @@ struct HTTPCachingTests {
         #expect(try await h.engine.response(for: Read("/items/list"), mode: .online, staleTime: .http).source == .network)
         #expect(try await h.engine.response(for: Read("/other"), mode: .online, staleTime: .http).source == .cache)
         #expect(try await h.engine.response(for: elsewhere, mode: .online, staleTime: .http).source == .cache)  // another origin
+    }
+
+    @Test func aReadRightAfterAMutationIsRevalidatedEvenWithinStaleWhileRevalidate_Section4_4() async throws {
+        let h = try CacheHarness([
+            .ok("before", headers: ["Cache-Control": "max-age=600, stale-while-revalidate=3600"]),
+            .status(201),
+            .ok("after", headers: ["Cache-Control": "max-age=600"]),
+        ])
+        _ = try await h.engine.response(for: Read("/list"), mode: .online, staleTime: .http)
+        _ = try await h.engine.send(Read("/list", method: .post))
+        let read = try await h.engine.response(for: Read("/list", headers: ["Cache-Control": "max-stale"]), mode: .online, staleTime: .http)
+        #expect(read.source == .network && h.body(read) == "after")
     }
 
     @Test func anInvalidatedReadIsStillShownOfflineAndAFailedMutationInvalidatesNothing_Section4_4() async throws {
