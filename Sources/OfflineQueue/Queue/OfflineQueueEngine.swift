@@ -253,6 +253,10 @@ public actor OfflineQueueEngine {
         try await store.removeAll()
     }
 
+    /// `store.changes`: every change to the entries, in order (stored, updated, attempts
+    /// starting and ending, removed and why).
+    public nonisolated var changes: AsyncStream<QueueChange> { store.changes }
+
     /// A new stream of per-entry results for each access; it ends when the engine is deinitialised.
     public var results: AsyncStream<QueueEntryResult> {
         subscribers.stream(bufferingPolicy: .bufferingNewest(10_000))
@@ -518,7 +522,7 @@ public actor OfflineQueueEngine {
                 case .skip, .holdBack:
                     continue
                 case .expire:
-                    store.discard(id: entry.id)
+                    store.discard(id: entry.id, reason: .expired)
                     record(.expired(id: entry.id), in: &report)
                 case .replay:
                     let result: ReplayPass.SendResult
@@ -553,11 +557,13 @@ public actor OfflineQueueEngine {
 
     private func replay(_ entry: QueueEntry, report: inout FlushReport) async -> AttemptOutcome {
         guard let request = ReplayRequest(entry) else {
-            store.discard(id: entry.id)
+            store.discard(id: entry.id, reason: .rejected(statusCode: nil))
             record(.failedPermanently(id: entry.id, statusCode: nil), in: &report)
             return .permanent(.invalidRequest(reason: "unknown method \(entry.method)"))
         }
         inFlight.insert(entry.id)
+        store.announce(.attemptStarted(id: entry.id))
+        defer { store.announce(.attemptEnded(id: entry.id)) }
         let outcome = await attempt(request.addingReplayHeaders(for: entry, from: configuration.replayHeaders), previousAttempts: entry.attempts)
         inFlight.remove(entry.id)
         let stillQueued = store.entry(id: entry.id) != nil
@@ -566,15 +572,15 @@ public actor OfflineQueueEngine {
         let superseded = entry.coalescingKey.flatMap { store.entry(coalescingKey: $0) }.map { $0.id != entry.id } ?? false
         switch outcome {
         case .delivered(let status):
-            store.discard(id: entry.id)
+            store.discard(id: entry.id, reason: .delivered(statusCode: status))
             if stillQueued { record(.delivered(id: entry.id, statusCode: status), in: &report) }
         case .permanent(let error):
-            store.discard(id: entry.id)
+            store.discard(id: entry.id, reason: .rejected(statusCode: error.statusCode))
             if stillQueued { record(.failedPermanently(id: entry.id, statusCode: error.statusCode), in: &report) }
         case .retry(let error, let delay):
             guard stillQueued else { break }
             if superseded {
-                store.discard(id: entry.id)
+                store.discard(id: entry.id, reason: .superseded)
                 break
             }
             var updated = entry
@@ -600,7 +606,7 @@ public actor OfflineQueueEngine {
             try? await store.update(updated)
             record(.keptForRetry(id: entry.id, error: error, attempts: updated.attempts, nextAttemptAt: next), in: &report)
         case .offline, .stop:
-            if superseded, stillQueued { store.discard(id: entry.id) }
+            if superseded, stillQueued { store.discard(id: entry.id, reason: .superseded) }
         }
         return outcome
     }

@@ -95,10 +95,13 @@ public final class DiskQueueStore: Sendable {
         var writeCounter: UInt64 = 0
         /// The count last sent to `countSubscribers`.
         var publishedCount = 0
+        /// How many changes have been published on `changes`.
+        var changeSequence: UInt64 = 0
     }
 
     private let state: Locked<State>
     private let countSubscribers = StreamSubscribers<Int>()
+    private let changeSubscribers = StreamSubscribers<(sequence: UInt64, change: QueueChange)>()
     private let directoryPath: String
     private let syncer: DirectorySyncer
     private let pool: BlockingIOPool
@@ -240,6 +243,49 @@ public final class DiskQueueStore: Sendable {
         countSubscribers.yield(state.publishedCount)
     }
 
+    /// A new stream for each access: every change to the entries from now on (stored, updated,
+    /// sent, removed and why), in the order they happened. Nothing is dropped: read it promptly.
+    /// `orderedEntries()` gives the state the changes start from.
+    public var changes: AsyncStream<QueueChange> {
+        let sequenced = sequencedChanges()
+        return AsyncStream { continuation in
+            let task = Task {
+                for await (_, change) in sequenced { continuation.yield(change) }
+                continuation.finish()
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
+    /// `changes` with each change's number (1, 2, …), and the entries and the number of the last
+    /// change at the moment the stream began, taken together: applying the stream's changes to
+    /// those entries follows the store exactly.
+    package func sequencedChanges() -> AsyncStream<(sequence: UInt64, change: QueueChange)> {
+        sequencedChangesWithStart().changes
+    }
+
+    package func sequencedChangesWithStart() -> (entries: [QueueEntry], sequence: UInt64, changes: AsyncStream<(sequence: UInt64, change: QueueChange)>) {
+        state.withLock { state in
+            (state.index.ordered(), state.changeSequence, changeSubscribers.stream(bufferingPolicy: .unbounded))
+        }
+    }
+
+    /// The number of the last change published.
+    package var changeSequence: UInt64 { state.withLock { $0.changeSequence } }
+
+    /// Publishes a change of the engine's (an attempt starting or ending), in order with the
+    /// store's own.
+    package func announce(_ change: QueueChange) {
+        state.withLock { publish(change, &$0) }
+    }
+
+    /// Sends a change to the `changes` streams. Called under the state lock, so changes go out
+    /// in the order they happened.
+    private func publish(_ change: QueueChange, _ state: inout State) {
+        state.changeSequence += 1
+        changeSubscribers.yield((state.changeSequence, change))
+    }
+
     /// The entry with this id, if queued.
     public func entry(id: UUID) -> QueueEntry? { state.withLock { $0.index[id] } }
 
@@ -324,7 +370,7 @@ public final class DiskQueueStore: Sendable {
     @discardableResult
     public func deleteExpired(now: Date = Date()) async -> Int {
         let expired = orderedEntries().filter { $0.isExpired(at: now) }
-        for entry in expired { discard(id: entry.id) }
+        for entry in expired { discard(id: entry.id, reason: .expired) }
         return expired.count
     }
 
@@ -368,6 +414,7 @@ public final class DiskQueueStore: Sendable {
             state.index.upsert(entry)
             let replaced = old.flatMap { $0 == entry.id ? nil : Self.forget($0, in: &state) } != nil
             publishCount(&state)
+            publish(.stored(entry, replacing: replaced ? old : nil), &state)
             return replaced
         }
         if replaced, let old { try? DurableFiles.removeFile(filePath(old)) }
@@ -378,9 +425,11 @@ public final class DiskQueueStore: Sendable {
     /// process still honours the new attempt count and backoff; the error is then thrown, and the
     /// file keeps its older state until a later write succeeds.
     func update(_ entry: QueueEntry) async throws {
-        let apply = { [state] in
+        let apply = { [self] in
             state.withLock { state in
-                if state.index[entry.id] != nil { state.index.upsert(entry) }
+                guard state.index[entry.id] != nil else { return }
+                state.index.upsert(entry)
+                publish(.updated(entry), &state)
             }
         }
         do {
@@ -401,13 +450,16 @@ public final class DiskQueueStore: Sendable {
     /// durability notes), so it runs inline — and synchronously: an `async` function here would
     /// make the queue's actor hop off and back for every delivered entry.
     func remove(id: UUID) throws {
-        guard let removed = forget(id) else { return }
+        guard let removed = forget(id, reason: .cancelled) else { return }
         do {
             try DurableFiles.removeFile(filePath(id))
         } catch {
             state.withLock { state in
                 state.removedAt[id] = nil  // not removed after all: a write in flight stands
-                if state.index[id] == nil { state.index.upsert(removed) }
+                if state.index[id] == nil {
+                    state.index.upsert(removed)
+                    publish(.stored(removed, replacing: nil), &state)
+                }
                 publishCount(&state)
             }
             throw error
@@ -417,16 +469,18 @@ public final class DiskQueueStore: Sendable {
     /// Forgets an entry whose work is done (delivered, failed for good, expired, superseded) and
     /// deletes its file if it can. A file that cannot be deleted is left for the next open, which
     /// may replay it once more with the same `Idempotency-Key` (at-least-once).
-    func discard(id: UUID) {
-        guard forget(id) != nil else { return }
+    func discard(id: UUID, reason: QueueRemovalReason) {
+        guard forget(id, reason: reason) != nil else { return }
         try? DurableFiles.removeFile(filePath(id))
     }
 
-    /// Takes an entry out of the index; a write of it still in flight will delete its file.
-    private func forget(_ id: UUID) -> QueueEntry? {
+    /// Takes an entry out of the index and says why on `changes`; a write of it still in flight
+    /// will delete its file.
+    private func forget(_ id: UUID, reason: QueueRemovalReason) -> QueueEntry? {
         state.withLock { state -> QueueEntry? in
             let removed = Self.forget(id, in: &state)
             publishCount(&state)
+            if let removed { publish(.removed(removed, reason: reason), &state) }
             return removed
         }
     }
@@ -459,7 +513,7 @@ public final class DiskQueueStore: Sendable {
             try DurableFiles.writeFile(data, to: target, via: temp)
             try DurableFiles.syncDirectory(deadLetterPath)
         }
-        guard forget(entry.id) != nil else {
+        guard forget(entry.id, reason: .deadLettered(attempts: entry.attempts)) != nil else {
             try? DurableFiles.removeFile(target)  // cancelled meanwhile: it was not given up on
             return false
         }

@@ -1,0 +1,74 @@
+import Foundation
+import Testing
+import RequestEngine
+import ResilienceTesting
+@testable import OfflineQueue
+
+/// `DiskQueueStore.changes`: every change to the entries, in order, with why an entry left.
+@Suite("OfflineQueue changes: stored, updated, attempts, removed and why", .timeLimit(.minutes(1)))
+struct QueueChangesTests {
+    /// A readable name for each change, with the entry's path.
+    static func describe(_ change: QueueChange) -> String {
+        switch change {
+        case .stored(let entry, let replacing): "stored \(entry.url.path)" + (replacing == nil ? "" : " replacing")
+        case .updated(let entry): "updated \(entry.url.path) attempts \(entry.attempts)"
+        case .attemptStarted: "attempt started"
+        case .attemptEnded: "attempt ended"
+        case .removed(let entry, let reason): "removed \(entry.url.path) \(reason)"
+        }
+    }
+
+    @Test func everyKindOfChangeIsPublishedInOrderWithTheReasonAnEntryLeft() async throws {
+        let h = try QueueHarness([.status(503), .ok()], connected: false)
+        var changes = h.engine.changes.makeAsyncIterator()
+        var edit = Mutation("/profile", body: "v1")
+        edit.coalescingKey = "profile"
+        _ = try await h.engine.enqueue(edit)
+        edit.body = Data("v2".utf8)
+        _ = try await h.engine.enqueue(edit)
+        let doomed = try #require(try await h.engine.enqueue(Mutation("/doomed")).queuedID)
+        _ = try await h.engine.enqueue(Mutation("/posted"))
+        #expect(await h.engine.cancel(id: doomed))
+        await h.monitor.setConnected(true)
+        _ = await h.engine.flush()  // /profile: 503, kept with a backoff; /posted: 200
+        var seen: [String] = []
+        for _ in 0..<11 {
+            guard let change = await changes.next() else { break }
+            seen.append(Self.describe(change))
+        }
+        #expect(seen == [
+            "stored /profile",
+            "stored /profile replacing",
+            "stored /doomed",
+            "stored /posted",
+            "removed /doomed cancelled",
+            "attempt started", "updated /profile attempts 1", "attempt ended",
+            "attempt started", "removed /posted delivered(statusCode: 200)", "attempt ended",
+        ])
+    }
+
+    @Test func aRejectionExpiryAndDeadLetterSayWhy() async throws {
+        var configuration = OfflineQueueEngine.Configuration(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10))
+        configuration.maxAttempts = 1
+        let h = try QueueHarness([.status(422), .status(503)], connected: false, configuration: configuration)
+        let start = h.store.sequencedChangesWithStart()
+        var changes = start.changes.makeAsyncIterator()
+        _ = try await h.engine.enqueue(Mutation("/rejected"))
+        _ = try await h.engine.enqueue(Mutation("/dead"))
+        var short = Mutation("/expired")
+        short.ttl = 5
+        _ = try await h.engine.enqueue(short)
+        h.clock.advance(by: .seconds(10))
+        await h.monitor.setConnected(true)
+        _ = await h.engine.flush()
+        var removals: [String] = []
+        var last: UInt64 = start.sequence
+        while removals.count < 3, let (sequence, change) = await changes.next() {
+            #expect(sequence == last + 1)  // numbered without gaps
+            last = sequence
+            if case .removed(let entry, let reason) = change { removals.append("\(entry.url.path) \(reason)") }
+        }
+        #expect(removals == ["/rejected rejected(statusCode: Optional(422))", "/dead deadLettered(attempts: 1)", "/expired expired"])
+        #expect(h.store.changeSequence == last)  // the expiry was the last change: no attempt follows it
+    }
+}
