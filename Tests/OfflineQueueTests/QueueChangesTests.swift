@@ -10,6 +10,7 @@ struct QueueChangesTests {
     /// A readable name for each change, with the entry's path.
     static func describe(_ change: QueueChange) -> String {
         switch change {
+        case .offered(let entry): "offered \(entry.url.path)"
         case .stored(let entry, let replacing): "stored \(entry.url.path)" + (replacing == nil ? "" : " replacing")
         case .updated(let entry): "updated \(entry.url.path) attempts \(entry.attempts)"
         case .attemptStarted: "attempt started"
@@ -45,6 +46,38 @@ struct QueueChangesTests {
             "attempt started", "updated /profile attempts 1", "attempt ended",
             "attempt started", "removed /posted delivered(statusCode: 200)", "attempt ended",
         ])
+    }
+
+    @Test func aRequestSentAtOnceIsOfferedThenDeliveredStoredOrRejectedUnderOneID() async throws {
+        let h = try QueueHarness([.ok(), .status(503), .status(422)])
+        var changes = h.engine.changes.makeAsyncIterator()
+        #expect(try await h.engine.enqueue(Mutation("/sent")) == .sent(statusCode: 200))
+        let kept = try #require(try await h.engine.enqueue(Mutation("/kept")).queuedID)
+        await #expect(throws: NetworkError.self) { try await h.engine.enqueue(Mutation("/rejected")) }
+        var seen: [String] = []
+        var ids: [UUID] = []
+        for _ in 0..<6 {
+            guard let change = await changes.next() else { break }
+            seen.append(Self.describe(change))
+            ids.append(change.entryID)
+        }
+        #expect(seen == [
+            "offered /sent", "removed /sent delivered(statusCode: 200)",
+            "offered /kept", "stored /kept",
+            "offered /rejected", "removed /rejected rejected(statusCode: Optional(422))",
+        ])
+        #expect(ids[0] == ids[1] && ids[2] == kept && ids[3] == kept && ids[4] == ids[5])
+    }
+
+    @Test func anOfferedRequestThatCannotBeStoredIsRemovedAsNotStored() async throws {
+        let h = try QueueHarness([.status(503)], connected: false, maxQueueSize: 1)
+        _ = try await h.engine.enqueue(Mutation("/first"))
+        var changes = h.engine.changes.makeAsyncIterator()
+        await h.monitor.setConnected(true)
+        await #expect(throws: OfflineQueueError.self) { try await h.engine.enqueue(Mutation("/second")) }
+        var seen: [String] = []
+        while seen.count < 2, let change = await changes.next() { seen.append(Self.describe(change)) }
+        #expect(seen == ["offered /second", "removed /second notStored"])
     }
 
     @Test func aRejectionExpiryAndDeadLetterSayWhy() async throws {

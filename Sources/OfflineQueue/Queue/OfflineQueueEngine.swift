@@ -186,14 +186,23 @@ public actor OfflineQueueEngine {
         var attempts = 0
         var nextAttemptAt: Date?
         var lastError: String?
+        // The entry's identity from the start: the request offered to the network at once and
+        // the entry stored after it are the same write on `changes`.
+        let id = UUID()
+        var offered: QueueEntry?
         if attemptFirst, await mayTrySending(request) {
-            var keyed = ReplayRequest(QueueEntry(request: request, idempotencyKey: key, enqueuedAt: now, sequence: 0))
+            let entry = QueueEntry(id: id, request: request, idempotencyKey: key, enqueuedAt: now, sequence: QueueEntry.unplacedSequence)
+            var keyed = ReplayRequest(entry)
             keyed?.keepSecretHeaders(from: request)
             if let keyed {
+                offered = entry
+                store.announce(.offered(entry))
                 switch await firstAttempt(keyed, timeout: request.timeout) {
                 case .delivered(let status):
+                    store.announce(.removed(entry, reason: .delivered(statusCode: status)))
                     return .sent(statusCode: status)
                 case .permanent(let error):
+                    store.announce(.removed(entry, reason: .rejected(statusCode: error.statusCode)))
                     throw error
                 case .offline:
                     break
@@ -202,11 +211,18 @@ public actor OfflineQueueEngine {
                     nextAttemptAt = now.addingTimeInterval(delay.seconds)
                     lastError = error.description
                 case .stop:
+                    store.announce(.removed(entry, reason: .cancelled))
                     throw NetworkError.cancelled
                 }
             }
         }
-        let entry = try await persist(request, key: key, attempts: attempts, nextAttemptAt: nextAttemptAt, lastError: lastError)
+        let entry: QueueEntry
+        do {
+            entry = try await persist(request, id: id, key: key, attempts: attempts, nextAttemptAt: nextAttemptAt, lastError: lastError)
+        } catch {
+            if let offered { store.announce(.removed(offered, reason: .notStored)) }
+            throw error
+        }
         // While started, a stored entry is replayed without waiting for the next reconnect: when
         // its backoff ends, right away if it has none, or at the offline re-check if a send just
         // found the network unreachable.
@@ -459,6 +475,7 @@ public actor OfflineQueueEngine {
 
     private func persist(
         _ request: some QueueableRequest,
+        id: UUID,
         key: String,
         attempts: Int,
         nextAttemptAt: Date?,
@@ -477,6 +494,7 @@ public actor OfflineQueueEngine {
         // next to an older revision whose deletion was lost, or one still being sent.
         let revision = request.coalescingKey == nil ? 0 : Int(store.makeSequence())
         let entry = QueueEntry(
+            id: id,
             request: request,
             idempotencyKey: key,
             enqueuedAt: now,

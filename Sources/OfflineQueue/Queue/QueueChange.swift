@@ -4,6 +4,11 @@ import Foundation
 /// `OfflineQueueEngine.changes`) in the order the changes happened: what a screen that shows
 /// pending writes, or overlays them on what it reads, follows.
 public enum QueueChange: Sendable, Equatable {
+    /// `enqueue` is sending this request at once, before storing it (the network is up). Then
+    /// comes `stored` with the same id (the attempt failed transiently, or found no network), or
+    /// `removed` (delivered, rejected, cancelled, or not stored: the enqueue threw). Its
+    /// `sequence` is 0 until it is stored.
+    case offered(QueueEntry)
     /// An entry was stored durably: a new one, or a newer edit of a coalescing key, which then
     /// replaced the entry named by `replacing` in the same step (the count never blips).
     case stored(QueueEntry, replacing: UUID?)
@@ -21,7 +26,7 @@ public enum QueueChange: Sendable, Equatable {
     /// The entry the change is about.
     public var entryID: UUID {
         switch self {
-        case .stored(let entry, _), .updated(let entry), .removed(let entry, _): entry.id
+        case .offered(let entry), .stored(let entry, _), .updated(let entry), .removed(let entry, _): entry.id
         case .attemptStarted(let id), .attemptEnded(let id): id
         }
     }
@@ -41,6 +46,9 @@ public enum QueueRemovalReason: Sendable, Equatable {
     case cancelled
     /// A newer edit of its coalescing key replaced it while it was being sent.
     case superseded
+    /// An offered request could not be stored after its first attempt (the queue was full, the
+    /// disk failed): `enqueue` threw, and the caller has the error.
+    case notStored
 
     /// Whether the write reached the server: only `delivered`.
     public var isDelivered: Bool {
