@@ -3,7 +3,8 @@ import PackageDescription
 
 // One package, one target per layer, no package dependencies.
 // Imports point down only: Retry <- RequestEngine <- {Reachability, Auth, Observability};
-// {RequestEngine, Reachability} <- {OfflineQueue, ResponseCache}; Drainer <- OfflineQueue.
+// {RequestEngine, Reachability} <- {OfflineQueue, ResponseCache}; Drainer <- OfflineQueue;
+// OfflineFirst <- {OfflineQueue, ResponseCache}.
 // ResilienceCore holds shared plumbing and is not a product.
 let package = Package(
     name: "Resilience",
@@ -17,6 +18,7 @@ let package = Package(
         .library(name: "Auth", targets: ["Auth"]),
         .library(name: "Observability", targets: ["Observability"]),
         .library(name: "Drainer", targets: ["Drainer"]),
+        .library(name: "OfflineFirst", targets: ["OfflineFirst"]),
         .library(name: "Resilience", targets: ["Resilience"]),
         .library(name: "ResilienceTesting", targets: ["ResilienceTesting"]),
         .executable(name: "resilience-demo", targets: ["resilience-demo"]),
@@ -38,9 +40,10 @@ let package = Package(
         .target(name: "Auth", dependencies: ["RequestEngine", "ResilienceCore"]),
         .target(name: "Observability", dependencies: ["RequestEngine", "ResilienceCore"]),
         .target(name: "Drainer", dependencies: ["OfflineQueue", "Retry", "ResilienceCore"]),
+        .target(name: "OfflineFirst", dependencies: ["OfflineQueue", "ResponseCache", "RequestEngine", "Reachability", "ResilienceCore"]),
         .target(
             name: "Resilience",
-            dependencies: ["Retry", "RequestEngine", "Reachability", "OfflineQueue", "ResponseCache", "Auth", "Observability", "Drainer"]
+            dependencies: ["Retry", "RequestEngine", "Reachability", "OfflineQueue", "ResponseCache", "Auth", "Observability", "Drainer", "OfflineFirst"]
         ),
         .target(name: "ResilienceTesting", dependencies: ["Retry", "RequestEngine", "ResilienceCore"]),
         // Helpers for this package's own tests and demo (package access, not a product).
@@ -57,6 +60,7 @@ let package = Package(
         .testTarget(name: "AuthTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Auth", "OfflineQueue", "ResilienceTesting"]),
         .testTarget(name: "ObservabilityTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Observability", "ResilienceTesting"]),
         .testTarget(name: "DrainerTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Drainer", "OfflineQueue", "ResilienceTesting"]),
+        .testTarget(name: "OfflineFirstTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "OfflineFirst", "OfflineQueue", "ResponseCache", "ResilienceTesting"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -8,6 +8,7 @@
 @_exported import Auth
 @_exported import Drainer
 @_exported import Observability
+@_exported import OfflineFirst
 @_exported import OfflineQueue
 @_exported import Reachability
 @_exported import RequestEngine

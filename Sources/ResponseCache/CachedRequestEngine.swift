@@ -162,11 +162,31 @@ public final class CachedRequestEngine: RequestSending {
         }
     }
 
+    /// What the store holds for `request` now, as `response(for:mode:staleTime:)` would serve it
+    /// without the network: fresh, or stale (`isStale`) when it may be shown stale; `nil` when
+    /// nothing usable is stored or the request cannot use the cache. Never sends anything and
+    /// starts no revalidation.
+    public func storedResponse(for request: some NetworkRequest, staleTime: StaleTime) -> CachedResponse? {
+        let plan = Plan(request, partition: partitionDigest)
+        guard plan.isCacheable, let cached = lookup(plan) else { return nil }
+        let reuse = HTTPCachePolicy.reuse(cached, request: plan.directives, staleTime: staleTime, now: now)
+        guard reuse.isUsable || reuse.mayServeStale else { return nil }
+        return try? answer(cached, plan: plan, isStale: !(reuse.isUsable && reuse.isFresh), validated: false)
+    }
+
     /// Deletes stored responses whose method and URL match (URLs as stored: without query values);
     /// returns how many.
     @discardableResult
     public func invalidate(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> Int {
         cache.invalidate(where: predicate)
+    }
+
+    /// Marks stale (RFC 9111 §4.4 invalidation) the stored responses whose method and URL match
+    /// (URLs as stored: without query values): kept, shown offline, revalidated before they are
+    /// served online. Returns how many.
+    @discardableResult
+    public func markStale(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> Int {
+        cache.markStale(where: predicate)
     }
 
     /// Waits until every background revalidation started so far has finished (for tests).

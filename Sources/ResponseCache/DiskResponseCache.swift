@@ -204,17 +204,37 @@ public final class DiskResponseCache: Sendable {
     /// secret without it reaching the disk.
     @discardableResult
     public func invalidate(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> Int {
+        let matching = matchingKeys(predicate)
+        remove(matching)
+        return matching.count
+    }
+
+    /// The keys of every stored response (written, in memory or waiting to be written) whose
+    /// method and stored URL match.
+    private func matchingKeys(_ predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> [CacheDigest] {
         let summaries = state.withLock { state -> [StoredResponseSummary] in
             var seen = Set<CacheDigest>()
-            return (state.index.items.values.map(\.summary) + state.memory.values.map(\.summary))
+            return (state.index.items.values.map(\.summary) + state.memory.values.map(\.summary) + state.pending.values.map(\.summary))
                 .filter { seen.insert($0.key).inserted }
         }
-        let matching = summaries.filter { summary in
+        return summaries.filter { summary in
             guard let method = HTTPMethod(rawValue: summary.method), let url = URL(string: summary.url) else { return false }
             return predicate(method, url)
         }.map(\.key)
-        remove(matching)
-        return matching.count
+    }
+
+    /// Marks stale the stored responses whose method and URL match `predicate` (URLs as stored,
+    /// as for `invalidate(where:)`): kept, to be shown offline and revalidated, never served as
+    /// fresh again. Returns how many.
+    @discardableResult
+    public func markStale(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> Int {
+        let keys = matchingKeys(predicate)
+        for key in keys { update(key) { stored in
+            var invalidated = stored
+            invalidated.isInvalidated = true
+            return invalidated
+        } }
+        return keys.count
     }
 
     /// Deletes what is stored for `method` and `url`: every partition and every `Vary` variant of

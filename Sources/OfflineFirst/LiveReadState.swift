@@ -1,0 +1,149 @@
+import Foundation
+import OfflineQueue
+import RequestEngine
+import ResponseCache
+
+/// One live read's state, as a value with no I/O: what is stored or fetched (the base), the
+/// pending writes that overlay it, the delivered ones still overlaid until a refetch lands, the
+/// rejections to report, and when to fetch. The client's loop feeds it events (queue changes,
+/// connectivity, fetch results) and performs what it asks (start a fetch, yield a snapshot).
+///
+/// The rule that keeps a screen from flickering: a delivered write stays applied until a fetch
+/// that *started after* its delivery has landed (or failed). A fetch already in flight when the
+/// write was delivered may carry the server's state from before it, so its landing clears only
+/// the writes delivered before it started, and another fetch follows.
+struct LiveReadState: Sendable {
+    /// The optimistic updates that change this read.
+    let rules: [OptimisticUpdate]
+    /// Whether a delivered entry makes this read stale (an invalidation or an update names it).
+    let invalidatedBy: @Sendable (QueueEntry) -> Bool
+    /// The most rejections a read keeps to report.
+    static let rejectionLimit = 32
+
+    private(set) var mirror: QueueMirror
+    private(set) var base: CachedResponse?
+    private var baseIsStale: Bool
+    /// Delivered entries still applied, each with the number of fetches started when it was
+    /// delivered: a fetch numbered higher started after it.
+    private var settling: [(entry: QueueEntry, fetchesStartedBefore: Int)] = []
+    private var rejections: [RejectedWrite] = []
+    private(set) var connected: Bool
+    private var fetchesStarted = 0
+    /// The number of the fetch in flight.
+    private(set) var fetching: Int?
+    private(set) var needsFetch: Bool
+    private var lastFetchError: NetworkError?
+
+    init(rules: [OptimisticUpdate], invalidatedBy: @escaping @Sendable (QueueEntry) -> Bool, entries: [QueueEntry],
+         stored: CachedResponse?, fetchAtOnce: Bool, connected: Bool) {
+        self.rules = rules
+        self.invalidatedBy = invalidatedBy
+        let overlaying = rules
+        mirror = QueueMirror(entries) { entry in overlaying.contains { $0.mutations(entry) } }
+        base = stored
+        baseIsStale = stored?.isStale ?? false
+        needsFetch = stored == nil || stored?.isStale == true || fetchAtOnce
+        self.connected = connected
+    }
+
+    /// Whether a fetch should start now.
+    var shouldFetch: Bool { needsFetch && connected && fetching == nil }
+
+    /// Applies one queue change; returns whether the snapshot may have changed.
+    mutating func apply(_ change: QueueChange) -> Bool {
+        switch mirror.apply(change) {
+        case .none:
+            return false
+        case .changed:
+            return true
+        case .removed(let entry, let reason, let wasKept):
+            let overlays = wasKept || rules.contains { $0.mutations(entry) }
+            switch reason {
+            case .delivered:
+                let invalidates = overlays || invalidatedBy(entry)
+                if overlays { settling.append((entry, fetchesStarted)) }
+                if invalidates {
+                    needsFetch = true
+                    if base != nil { baseIsStale = true }
+                }
+                return overlays || invalidates
+            case .superseded:
+                return wasKept
+            case .rejected, .expired, .deadLettered, .cancelled, .notStored:
+                guard overlays else { return false }
+                let statusCode: Int? = if case .rejected(let status) = reason { status } else { nil }
+                rejections.append(RejectedWrite(id: entry.id, statusCode: statusCode, reason: reason, entry: entry))
+                if rejections.count > Self.rejectionLimit { rejections.removeFirst(rejections.count - Self.rejectionLimit) }
+                return true
+            }
+        }
+    }
+
+    /// Connectivity changed; returns whether the snapshot changed (`isPaused`).
+    mutating func setConnected(_ connected: Bool) -> Bool {
+        guard connected != self.connected else { return false }
+        let wasPaused = isPaused
+        self.connected = connected
+        if connected, base?.isStale == true || baseIsStale { needsFetch = true }
+        return wasPaused != isPaused || shouldFetch
+    }
+
+    /// A fetch is starting; returns its number.
+    mutating func fetchStarted() -> Int {
+        fetchesStarted += 1
+        fetching = fetchesStarted
+        needsFetch = false
+        return fetchesStarted
+    }
+
+    /// The fetch numbered `number` answered.
+    mutating func fetchLanded(_ number: Int, _ response: CachedResponse) {
+        guard fetching == number else { return }
+        fetching = nil
+        base = response
+        baseIsStale = response.isStale
+        lastFetchError = nil
+        settle(after: number)
+    }
+
+    /// The fetch numbered `number` failed: what is shown stays, marked with the error.
+    mutating func fetchFailed(_ number: Int, _ error: NetworkError) {
+        guard fetching == number else { return }
+        fetching = nil
+        lastFetchError = error
+        settle(after: number)
+    }
+
+    /// Drops the delivered writes the fetch numbered `number` accounts for (delivered before it
+    /// started); those delivered since need another fetch.
+    private mutating func settle(after number: Int) {
+        settling.removeAll { $0.fetchesStartedBefore < number }
+        if !settling.isEmpty { needsFetch = true }
+        if needsFetch, base != nil { baseIsStale = true }
+    }
+
+    var isPaused: Bool { needsFetch && !connected }
+
+    func snapshot() -> QuerySnapshot {
+        let settled = Overlays.apply(settling.map(\.entry), to: base?.data, rules: rules)
+        let pending = Overlays.apply(mirror.entries, to: settled.data, rules: rules)
+        let source: QuerySnapshot.Source = switch base?.source {
+        case .network: .network
+        case .cache: .cache
+        case nil: .overlayOnly
+        }
+        return QuerySnapshot(
+            data: pending.data,
+            response: base?.response,
+            source: source,
+            isStale: base != nil && baseIsStale,
+            pendingEntryIDs: pending.applied,
+            settlingEntryIDs: settled.applied,
+            rejectedWrites: rejections,
+            overlayFailures: settled.failures + pending.failures,
+            isPaused: isPaused,
+            isFetching: fetching != nil,
+            lastFetchError: lastFetchError
+        )
+    }
+}

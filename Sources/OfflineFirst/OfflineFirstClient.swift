@@ -1,0 +1,416 @@
+import Foundation
+import OfflineQueue
+import Reachability
+import RequestEngine
+import ResilienceCore
+import ResponseCache
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// The one object a screen talks to: reads that survive offline (`CachedRequestEngine`), writes
+/// that survive offline (`OfflineQueueEngine`), and the two meeting — what the user saved offline
+/// shows in the screens that read it, across relaunches, until the server has it.
+///
+/// ```swift
+/// let client = OfflineFirstClient(
+///     reads: CachedRequestEngine(requestEngine: engine, cache: cache, reachabilityMonitor: monitor),
+///     queue: OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: store),
+///     optimisticUpdates: [OptimisticUpdate(
+///         mutations: { $0.method == "POST" && $0.url.path == "/notes" },
+///         reads: { $0.path == "/notes" },
+///         apply: { notes, pending in try Notes.appending(pending.body, to: notes) }
+///     )]
+/// )
+/// for try await notes in client.snapshots(for: NotesRequest(), mode: .offlineFirst, staleTime: .seconds(60)) {
+///     render(notes.data, pending: notes.hasPendingWrites, offline: notes.isPaused)
+/// }
+/// try await client.mutate(CreateNote(text: "Milk"))   // shows in the list above before it returns
+/// ```
+///
+/// - **Overlays are computed, never stored**: a read is the cached (or fetched) body with the
+///   overlays of every matching pending queue entry applied in replay order, recomputed from the
+///   durable queue — so a relaunch offline, in another process, shows the same screen. Entries
+///   enqueued straight on the queue overlay too; a coalesced edit shows only its newest version.
+/// - **Delivery**: a delivered entry's reads are marked stale (its `Invalidation`s, and the reads
+///   its `OptimisticUpdate`s change) and live reads refetch; the entry stays applied until a
+///   fetch that started after its delivery lands, so the screen never shows the server's state
+///   from before the write in between.
+/// - **Rollback**: an entry that fails for good (rejected, expired, dead-lettered, cancelled)
+///   stops overlaying at once; live reads re-yield without it and report it in `rejectedWrites`.
+///
+/// The client listens to the queue's changes from its creation until it is released, to mark
+/// delivered writes' reads stale even when no screen is showing them. Docs/OfflineFirst.md has
+/// the state table.
+public final class OfflineFirstClient: Sendable {
+    public let reads: CachedRequestEngine
+    public let queue: OfflineQueueEngine
+    public let optimisticUpdates: [OptimisticUpdate]
+    public let invalidations: [Invalidation]
+
+    private let progress: Progress
+    private let listener: Task<Void, Never>
+
+    public init(
+        reads: CachedRequestEngine,
+        queue: OfflineQueueEngine,
+        optimisticUpdates: [OptimisticUpdate] = [],
+        invalidations: [Invalidation] = []
+    ) {
+        self.reads = reads
+        self.queue = queue
+        self.optimisticUpdates = optimisticUpdates
+        self.invalidations = invalidations
+        let start = queue.store.sequencedChangesWithStart()
+        let progress = Progress(entries: start.entries, sequence: start.sequence)
+        self.progress = progress
+        listener = Task { [reads, optimisticUpdates, invalidations] in
+            for await (sequence, change) in start.changes {
+                if case .removed(let entry, .delivered) = change {
+                    // Every read a delivered write could have changed is stale now.
+                    let rules = optimisticUpdates.filter { $0.mutations(entry) }.map(\.reads)
+                        + invalidations.filter { $0.mutations(entry) }.map(\.reads)
+                    if !rules.isEmpty {
+                        reads.markStale { method, url in method == .get && rules.contains { $0(url) } }
+                    }
+                }
+                progress.listenerApplied(change, sequence: sequence)
+            }
+        }
+    }
+
+    deinit {
+        listener.cancel()
+    }
+
+    // MARK: - Writes
+
+    /// Enqueues `request` on the queue (sent at once when online, else stored durably; see
+    /// `OfflineQueueEngine.enqueue`). Its overlay is shown by every matching live read before
+    /// this returns — from the moment it is offered to the network, while stored, and after
+    /// delivery until the reads' refetch lands.
+    ///
+    /// - Throws: what `OfflineQueueEngine.enqueue` throws (a rejection, a full queue, a storage
+    ///   failure); live reads then show it in `rejectedWrites`.
+    @discardableResult
+    public func mutate(_ request: some QueueableRequest) async throws -> EnqueueResult {
+        let result: EnqueueResult
+        do {
+            result = try await queue.enqueue(request)
+        } catch {
+            await progress.waitForLiveReads(through: queue.store.changeSequence)
+            throw error
+        }
+        await progress.waitForLiveReads(through: queue.store.changeSequence)
+        return result
+    }
+
+    /// Returns when every write pending now (stored, or being offered at once) has left the
+    /// queue: delivered, or failed for good (Firestore's `waitForPendingWrites`). A write replaced
+    /// by a newer edit of its coalescing key is waited for through that edit.
+    ///
+    /// - Throws: `NetworkError.cancelled` when the calling task is cancelled.
+    public func waitForPendingWrites() async throws {
+        let start = queue.store.sequencedChangesWithStart()
+        var waiting = Set(start.entries.map(\.id)).union(progress.offeredIDs)
+        guard !waiting.isEmpty else { return }
+        for await (_, change) in start.changes {
+            switch change {
+            case .removed(let entry, _):
+                waiting.remove(entry.id)
+            case .stored(let entry, let replacing?) where waiting.contains(replacing):
+                waiting.remove(replacing)
+                waiting.insert(entry.id)
+            default:
+                break
+            }
+            if waiting.isEmpty { return }
+        }
+        throw NetworkError.cancelled
+    }
+
+    /// The pending writes in replay order, each with its state (waiting, sending, retrying with
+    /// its attempts, next attempt time and last error): at once, then on every change. A slow
+    /// consumer sees the latest list. Ends when the consuming task is cancelled.
+    public var pendingWrites: AsyncStream<[PendingWrite]> {
+        let start = queue.store.sequencedChangesWithStart()
+        return AsyncStream(bufferingPolicy: .bufferingNewest(1)) { continuation in
+            let task = Task {
+                var mirror = QueueMirror(start.entries)
+                continuation.yield(Self.pendingWrites(mirror))
+                for await (_, change) in start.changes {
+                    guard case .none = mirror.apply(change) else {
+                        continuation.yield(Self.pendingWrites(mirror))
+                        continue
+                    }
+                }
+                continuation.finish()
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
+    private static func pendingWrites(_ mirror: QueueMirror) -> [PendingWrite] {
+        mirror.entries.map { entry in
+            let state: PendingWrite.State = if mirror.sending.contains(entry.id) {
+                .sending
+            } else if entry.attempts > 0 {
+                .retrying(attempts: entry.attempts, nextAttemptAt: entry.nextAttemptAt, lastError: entry.lastError)
+            } else {
+                .waiting
+            }
+            return PendingWrite(entry: entry, state: state)
+        }
+    }
+
+    // MARK: - Reads
+
+    /// One snapshot: `CachedRequestEngine.response(for:mode:staleTime:)` (waiting while offline
+    /// as the mode says) with the overlays of every matching pending write.
+    ///
+    /// - Throws: what the read throws when no body can be had (`NetworkError`).
+    public func snapshot(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) async throws -> QuerySnapshot {
+        // Writes delivered before now have made their reads stale before this one reads.
+        await progress.waitForListener(through: queue.store.changeSequence)
+        let answer = try await reads.response(for: request, mode: mode, staleTime: staleTime)
+        let rules = optimisticUpdates.filter { $0.reads(request.url) }
+        let pending = progress.pendingEntries.filter { entry in rules.contains { $0.mutations(entry) } }
+        let overlaid = Overlays.apply(pending, to: answer.data, rules: rules)
+        return QuerySnapshot(
+            data: overlaid.data, response: answer.response, source: answer.source == .network ? .network : .cache,
+            isStale: answer.isStale, pendingEntryIDs: overlaid.applied, settlingEntryIDs: [], rejectedWrites: [],
+            overlayFailures: overlaid.failures, isPaused: false, isFetching: false, lastFetchError: nil
+        )
+    }
+
+    /// `snapshot(for:mode:staleTime:)` with a `Duration`: the app's own stale time.
+    @_disfavoredOverload
+    public func snapshot(for request: some NetworkRequest, mode: NetworkMode, staleTime: Duration) async throws -> QuerySnapshot {
+        try await snapshot(for: request, mode: mode, staleTime: .duration(staleTime))
+    }
+
+    /// A live read: a snapshot at once — what the cache holds, with the overlays of every matching
+    /// pending write, without waiting for anything — and again on every change beneath it: a
+    /// fetch landing or failing, a matching write offered, stored, coalesced, delivered, rejected
+    /// or cancelled, connectivity (`isPaused`). It fetches when nothing is stored, when what is
+    /// stored is stale, when a delivered write made it stale, and at once in mode `.always`;
+    /// while offline it waits (`isPaused`) and fetches when connectivity returns.
+    ///
+    /// It never finishes on its own: cancelling the consuming task (or dropping the stream) ends
+    /// it and everything it started. A fetch failure does not end it either: the snapshot keeps
+    /// what it showed, with `lastFetchError`. A slow consumer sees the latest snapshot.
+    public func snapshots(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) -> AsyncThrowingStream<QuerySnapshot, any Error> {
+        let read = LiveRead(request: AnyRequest(request), mode: mode, staleTime: staleTime, client: self)
+        return AsyncThrowingStream(bufferingPolicy: .bufferingNewest(1)) { continuation in
+            let task = Task { await read.run(continuation) }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
+    /// `snapshots(for:mode:staleTime:)` with a `Duration`: the app's own stale time.
+    @_disfavoredOverload
+    public func snapshots(for request: some NetworkRequest, mode: NetworkMode, staleTime: Duration) -> AsyncThrowingStream<QuerySnapshot, any Error> {
+        snapshots(for: request, mode: mode, staleTime: .duration(staleTime))
+    }
+
+    // MARK: - Internals
+
+    /// One live read's loop: its own view of the queue (a mirror fed by the change feed from the
+    /// moment it starts), connectivity, and its fetches, all handled one event at a time.
+    private struct LiveRead: Sendable {
+        let request: AnyRequest
+        let mode: NetworkMode
+        let staleTime: StaleTime
+        let client: OfflineFirstClient
+
+        enum Event: Sendable {
+            case change(UInt64, QueueChange)
+            case connectivity(Bool)
+            case fetched(Int, Result<CachedResponse, NetworkError>)
+        }
+
+        func run(_ continuation: AsyncThrowingStream<QuerySnapshot, any Error>.Continuation) async {
+            let url = request.url
+            let rules = client.optimisticUpdates.filter { $0.reads(url) }
+            let invalidations = client.invalidations.filter { $0.reads(url) }
+            let start = client.queue.store.sequencedChangesWithStart()
+            let monitor = client.reads.reachabilityMonitor
+            let connectivity = await monitor.connectivity
+            var state = LiveReadState(
+                rules: rules,
+                invalidatedBy: { entry in invalidations.contains { $0.mutations(entry) } },
+                entries: start.entries,
+                stored: client.reads.storedResponse(for: request, staleTime: staleTime),
+                fetchAtOnce: mode == .always,
+                connected: await monitor.isConnected
+            )
+            let registration = client.progress.register(at: start.sequence)
+            defer { client.progress.unregister(registration) }
+            let (events, inbox) = AsyncStream<Event>.makeStream()
+            await withTaskGroup(of: Void.self) { group in
+                group.addTask {
+                    for await (sequence, change) in start.changes { inbox.yield(.change(sequence, change)) }
+                }
+                group.addTask {
+                    for await connected in connectivity { inbox.yield(.connectivity(connected)) }
+                }
+                continuation.yield(state.snapshot())
+                if state.shouldFetch { startFetch(&state, group: &group, inbox: inbox) }
+                for await event in events {
+                    var changed: Bool
+                    var sequence: UInt64?
+                    switch event {
+                    case .change(let number, let change):
+                        changed = state.apply(change)
+                        sequence = number
+                    case .connectivity(let connected):
+                        changed = state.setConnected(connected)
+                    case .fetched(let number, .success(let response)):
+                        state.fetchLanded(number, response)
+                        changed = true
+                    case .fetched(let number, .failure(let error)):
+                        state.fetchFailed(number, error)
+                        changed = true
+                    }
+                    if state.shouldFetch {
+                        startFetch(&state, group: &group, inbox: inbox)
+                        changed = true
+                    }
+                    if changed { continuation.yield(state.snapshot()) }
+                    if let sequence { client.progress.liveRead(registration, reached: sequence) }
+                }
+                group.cancelAll()
+            }
+            continuation.finish(throwing: NetworkError.cancelled)
+        }
+
+        private func startFetch(_ state: inout LiveReadState, group: inout TaskGroup<Void>, inbox: AsyncStream<Event>.Continuation) {
+            let number = state.fetchStarted()
+            let (reads, request, staleTime) = (client.reads, request, staleTime)
+            group.addTask {
+                do {
+                    // `.always`: the fetch is decided here (stale, invalidated, or asked for); the
+                    // store must not answer it, nor the monitor hold it.
+                    let response = try await reads.response(for: request, mode: .always, staleTime: staleTime)
+                    inbox.yield(.fetched(number, .success(response)))
+                } catch {
+                    inbox.yield(.fetched(number, .failure(NetworkError(mapping: error))))
+                }
+            }
+        }
+    }
+
+    /// What the client's listener and its live reads have handled of the queue's changes, so
+    /// that `mutate` can return once every live read shows the write, and `snapshot` can read
+    /// once every delivered write has made its reads stale.
+    final class Progress: Sendable {
+        private struct State: Sendable {
+            /// The queue as the listener has seen it (stored and offered entries).
+            var mirror: QueueMirror
+            var listenerSequence: UInt64
+            var liveReads: [UInt64: UInt64] = [:]
+            var nextRegistration: UInt64 = 0
+            /// Tagged with the sequence they wait for: the listener's (`listener`) or every live
+            /// read's (`liveReads`).
+            var waiters = WaiterList<Void, Wait>()
+        }
+
+        enum Wait: Sendable, Equatable {
+            case listener(UInt64)
+            case liveReads(UInt64)
+        }
+
+        private let state: Locked<State>
+
+        init(entries: [QueueEntry], sequence: UInt64) {
+            state = Locked(State(mirror: QueueMirror(entries), listenerSequence: sequence))
+        }
+
+        /// The pending writes the listener knows of, in replay order.
+        var pendingEntries: [QueueEntry] { state.withLock { $0.mirror.entries } }
+
+        /// Requests being offered at once now (not stored yet).
+        var offeredIDs: Set<UUID> { state.withLock { Set($0.mirror.entries.filter { $0.sequence == 0 }.map(\.id)) } }
+
+        func listenerApplied(_ change: QueueChange, sequence: UInt64) {
+            let ready = state.withLock { state in
+                _ = state.mirror.apply(change)
+                state.listenerSequence = sequence
+                return Self.takeReady(&state)
+            }
+            for waiter in ready { waiter.resume(returning: ()) }
+        }
+
+        func register(at sequence: UInt64) -> UInt64 {
+            state.withLock { state in
+                defer { state.nextRegistration += 1 }
+                state.liveReads[state.nextRegistration] = sequence
+                return state.nextRegistration
+            }
+        }
+
+        func unregister(_ registration: UInt64) {
+            let ready = state.withLock { state in
+                state.liveReads[registration] = nil
+                return Self.takeReady(&state)
+            }
+            for waiter in ready { waiter.resume(returning: ()) }
+        }
+
+        func liveRead(_ registration: UInt64, reached sequence: UInt64) {
+            let ready = state.withLock { state -> [WaiterList<Void, Wait>.Waiter] in
+                guard state.liveReads[registration] != nil else { return [] }
+                state.liveReads[registration] = sequence
+                return Self.takeReady(&state)
+            }
+            for waiter in ready { waiter.resume(returning: ()) }
+        }
+
+        /// Returns once the listener has handled every change up to `sequence` (or the task is cancelled).
+        func waitForListener(through sequence: UInt64) async {
+            await state.wait(on: \.waiters, tag: .listener(sequence), cancelled: ()) { state in
+                state.listenerSequence >= sequence ? () : nil
+            }
+        }
+
+        /// Returns once every live read has handled every change up to `sequence` (or the task is
+        /// cancelled).
+        func waitForLiveReads(through sequence: UInt64) async {
+            await state.wait(on: \.waiters, tag: .liveReads(sequence), cancelled: ()) { state in
+                state.liveReads.values.allSatisfy { $0 >= sequence } ? () : nil
+            }
+        }
+
+        private static func takeReady(_ state: inout State) -> [WaiterList<Void, Wait>.Waiter] {
+            let listener = state.listenerSequence
+            let slowest = state.liveReads.values.min() ?? .max
+            return state.waiters.takeAll { wait in
+                switch wait {
+                case .listener(let sequence): listener >= sequence
+                case .liveReads(let sequence): slowest >= sequence
+                }
+            }
+        }
+    }
+}
+
+/// A request kept as a value (its properties read once), so a live read can send it again.
+struct AnyRequest: NetworkRequest {
+    let url: URL
+    let method: HTTPMethod
+    let headers: [String: String]
+    let body: Data?
+    let timeout: TimeInterval
+    let maximumResponseBodySize: Int?
+    let deadline: Duration?
+
+    init(_ request: some NetworkRequest) {
+        url = request.url
+        method = request.method
+        headers = request.headers
+        body = request.body
+        timeout = request.timeout
+        maximumResponseBodySize = request.maximumResponseBodySize
+        deadline = request.deadline
+    }
+}

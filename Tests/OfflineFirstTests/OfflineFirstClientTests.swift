@@ -1,0 +1,266 @@
+import Foundation
+import Testing
+import OfflineQueue
+import Reachability
+import RequestEngine
+import ResilienceTesting
+@testable import OfflineFirst
+import ResponseCache
+import ResilienceTestSupport
+
+/// The state table of Docs/OfflineFirst.md, row by row, on a manual clock, a manual monitor and a
+/// fake origin: pending, delivered and refetching, delivered and settled, rejected — online and
+/// offline.
+@Suite("OfflineFirstClient: reads and queued writes meet", .timeLimit(.minutes(1)))
+struct OfflineFirstClientTests {
+    // MARK: Pending
+
+    @Test func aNoteSavedOfflineShowsInTheListBeforeMutateReturns() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"])
+        _ = try await h.reads.response(for: NotesList(), mode: .online, staleTime: .http)  // stored
+        await h.monitor.setConnected(false)
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http))
+        await reader.waitFor { Notes.decode($0.data) == ["a"] }
+        let result = try await h.client.mutate(CreateNote("b"))
+        #expect(result.queuedID != nil)
+        let shown = try #require(reader.latest)  // already there when mutate returned
+        #expect(Notes.decode(shown.data) == ["a", "b"] && shown.hasPendingWrites && shown.pendingEntryIDs == [result.queuedID])
+        #expect(shown.source == .cache)
+        #expect(h.origin.writes == 0)
+        await reader.cancel()
+    }
+
+    @Test func withNothingCachedOfflineTheOverlayAloneIsShownAndTheReadIsPaused() async throws {
+        let h = try OfflineFirstHarness(connected: false)
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .online, staleTime: .http))
+        let first = await reader.waitFor { _ in true }
+        #expect(first.data == nil && first.source == .overlayOnly && first.isPaused)
+        try await h.client.mutate(CreateNote("offline"))
+        let shown = try #require(reader.latest)
+        #expect(Notes.decode(shown.data) == ["offline"] && shown.isPaused && shown.hasPendingWrites)
+        await reader.cancel()
+    }
+
+    @Test func entriesEnqueuedStraightOnTheQueueOverlayTooAndAFreshClientShowsThemFromTheDurableQueue() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"])
+        _ = try await h.reads.response(for: NotesList(), mode: .online, staleTime: .http)
+        await h.monitor.setConnected(false)
+        try await h.queue.enqueue(CreateNote("straight"))
+        // A new client over the same queue and cache (as after a relaunch): the overlay is
+        // recomputed from the stored entry; nothing else was kept.
+        let fresh = OfflineFirstClient(reads: h.reads, queue: h.queue, optimisticUpdates: [appendNote])
+        let snapshot = try await fresh.snapshot(for: NotesList(), mode: .offlineFirst, staleTime: .http)
+        #expect(Notes.decode(snapshot.data) == ["a", "straight"] && snapshot.hasPendingWrites)
+    }
+
+    @Test func coalescedEditsShowOnlyTheNewestAndOrderedWritesApplyInReplayOrder() async throws {
+        let h = try OfflineFirstHarness(connected: false)
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http))
+        try await h.client.mutate(CreateNote("draft 1", coalescingKey: "draft"))
+        try await h.client.mutate(CreateNote("first", orderingKey: "list"))
+        try await h.client.mutate(CreateNote("draft 2", coalescingKey: "draft"))
+        try await h.client.mutate(CreateNote("second", orderingKey: "list"))
+        #expect(reader.notes.last == ["draft 2", "first", "second"])  // the draft keeps its place in line
+        #expect(reader.notes.allSatisfy { !$0.contains("draft 1") || !$0.contains("draft 2") })
+        await reader.cancel()
+    }
+
+    @Test func aThrowingApplySkipsThatOverlayAndIsReported() async throws {
+        struct Unreadable: Error {}
+        let picky = OptimisticUpdate(
+            mutations: { $0.method == "POST" },
+            reads: { $0.path == "/notes" },
+            apply: { current, pending in
+                if pending.body == Data("bad".utf8) { throw Unreadable() }
+                return Notes.encode((Notes.decode(current) ?? []) + [String(decoding: pending.body ?? Data(), as: UTF8.self)])
+            }
+        )
+        let h = try OfflineFirstHarness(connected: false, updates: [picky])
+        try await h.client.mutate(CreateNote("good"))
+        let bad = try #require(try await h.client.mutate(CreateNote("bad")).queuedID)
+        try await h.client.mutate(CreateNote("also good"))
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http))
+        let shown = await reader.waitFor { _ in true }
+        #expect(Notes.decode(shown.data) == ["good", "also good"])
+        #expect(shown.overlayFailures.map(\.entryID) == [bad] && shown.pendingEntryIDs.count == 2)
+        await reader.cancel()
+    }
+
+    // MARK: Delivered: refetching, then settled
+
+    /// The no-flicker rule: once the note was shown, no snapshot may show the list without it —
+    /// not when it is delivered, not while the refetch is in flight, not when a fetch that began
+    /// before the delivery lands.
+    @Test func aDeliveredNoteStaysShownUntilARefetchStartedAfterItsDeliveryLands() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"])
+        _ = try await h.reads.response(for: NotesList(), mode: .online, staleTime: .http)
+        await h.monitor.setConnected(false)
+        try await h.client.mutate(CreateNote("b"))
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .seconds(0)))
+        await reader.waitFor { Notes.decode($0.data) == ["a", "b"] && $0.isPaused }
+        h.origin.holdReads(true)
+        await h.monitor.setConnected(true)  // the stale list is refetched: a fetch begins, held
+        await h.origin.waitForHeldReads(1)
+        let delivered = await h.queue.flush()  // delivered while that fetch is in flight
+        #expect(delivered.delivered.count == 1)
+        await reader.waitFor { $0.settlingEntryIDs.count == 1 && !$0.hasPendingWrites }
+        h.origin.releaseReads()  // the held fetch read ["a"] before the delivery: it settles nothing
+        await h.origin.waitForHeldReads(1)  // so a second fetch follows
+        #expect(reader.latest?.settlingEntryIDs.count == 1)
+        h.origin.holdReads(false)
+        h.origin.releaseReads()
+        let settled = await reader.waitFor { $0.settlingEntryIDs.isEmpty && !$0.isFetching }
+        #expect(Notes.decode(settled.data) == ["a", "b"] && settled.source == .network && !settled.hasPendingWrites)
+        // Never the list without the note after it was first shown.
+        let notes = reader.notes
+        let firstShown = try #require(notes.firstIndex(of: ["a", "b"]))
+        #expect(notes[firstShown...].allSatisfy { $0 == ["a", "b"] }, "\(notes)")
+        await reader.cancel()
+    }
+
+    @Test func aNoteSentAtOnceOnlineIsShownFromTheMomentItIsOfferedUntilTheRefetch() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"])
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .online, staleTime: .http))
+        await reader.waitFor { Notes.decode($0.data) == ["a"] && $0.source == .network }
+        h.origin.holdReads(true)
+        #expect(try await h.client.mutate(CreateNote("b")) == .sent(statusCode: 201))
+        let shown = try #require(reader.latest)  // delivered at once: applied until the refetch lands
+        #expect(Notes.decode(shown.data) == ["a", "b"] && shown.settlingEntryIDs.count == 1 && shown.isStale)
+        await h.origin.waitForHeldReads(1)
+        h.origin.holdReads(false)
+        h.origin.releaseReads()
+        let settled = await reader.waitFor { $0.settlingEntryIDs.isEmpty && !$0.isFetching }
+        #expect(Notes.decode(settled.data) == ["a", "b"] && !settled.isStale)
+        let notes = reader.notes
+        let firstShown = try #require(notes.firstIndex(of: ["a", "b"]))
+        #expect(notes[firstShown...].allSatisfy { $0 == ["a", "b"] }, "\(notes)")
+        await reader.cancel()
+    }
+
+    @Test func aDeliveredWriteMarksTheReadsItsInvalidationNamesStaleEvenWithNoScreenShowingThem() async throws {
+        let counted = Invalidation(mutations: { $0.method == "POST" }, reads: { $0.path == "/notes" })
+        let h = try OfflineFirstHarness(notes: ["a"], updates: [], invalidations: [counted])
+        _ = try await h.reads.response(for: NotesList(), mode: .online, staleTime: .http)
+        #expect(h.origin.reads == 1)
+        try await h.client.mutate(CreateNote("b"))  // sent at once
+        let after = try await h.client.snapshot(for: NotesList(), mode: .online, staleTime: .http)
+        #expect(Notes.decode(after.data) == ["a", "b"] && h.origin.reads == 2)  // fresh for 60 s, yet refetched
+    }
+
+    // MARK: Rejected
+
+    @Test func aRejectedWriteStopsOverlayingAtOnceAndIsReported() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"])
+        _ = try await h.reads.response(for: NotesList(), mode: .online, staleTime: .http)
+        await h.monitor.setConnected(false)
+        let id = try #require(try await h.client.mutate(CreateNote("spam")).queuedID)
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http))
+        await reader.waitFor { Notes.decode($0.data) == ["a", "spam"] }
+        h.origin.rejectWrites(with: 422)
+        await h.monitor.setConnected(true)
+        _ = await h.queue.flush()
+        let shown = await reader.waitFor { !$0.rejectedWrites.isEmpty }
+        #expect(Notes.decode(shown.data) == ["a"] && !shown.hasPendingWrites)
+        #expect(shown.rejectedWrites.map(\.id) == [id] && shown.rejectedWrites.first?.statusCode == 422)
+        await reader.cancel()
+    }
+
+    @Test(arguments: ["expired", "cancelled", "dead-lettered", "rejected at once"])
+    func everyKindOfPermanentFailureRollsBack(kind: String) async throws {
+        var configuration = OfflineQueueEngine.Configuration(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10))
+        configuration.maxAttempts = 1
+        let h = try OfflineFirstHarness(connected: kind == "rejected at once", configuration: configuration)
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http))
+        await reader.waitFor { _ in true }
+        var note = CreateNote("doomed")
+        note.ttl = 5
+        switch kind {
+        case "rejected at once":
+            h.origin.rejectWrites(with: 400)
+            await #expect(throws: NetworkError.self) { try await h.client.mutate(note) }
+        default:
+            let id = try #require(try await h.client.mutate(note).queuedID)
+            #expect(Notes.decode(reader.latest?.data) == ["doomed"])
+            switch kind {
+            case "expired":
+                h.clock.advance(by: .seconds(10))
+                await h.monitor.setConnected(true)
+                _ = await h.queue.flush()
+            case "cancelled":
+                #expect(await h.queue.cancel(id: id))
+            default:
+                h.origin.rejectWrites(with: 503)
+                await h.monitor.setConnected(true)
+                _ = await h.queue.flush()
+            }
+        }
+        let shown = await reader.waitFor { !$0.rejectedWrites.isEmpty }
+        #expect(Notes.decode(shown.data) ?? [] == [] && !shown.hasPendingWrites, "\(kind)")
+        let expected: String = switch kind {
+        case "expired": "expired"
+        case "cancelled": "cancelled"
+        case "dead-lettered": "deadLettered(attempts: 1)"
+        default: "rejected(statusCode: Optional(400))"
+        }
+        #expect("\(shown.rejectedWrites[0].reason)" == expected)
+        await reader.cancel()
+    }
+
+    // MARK: Live reads, waits, pending lists
+
+    @Test func cancellingALiveReadEndsItAndMutateNoLongerWaitsForIt() async throws {
+        let h = try OfflineFirstHarness(connected: false)
+        let stream = h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http)
+        let consumer = Task {
+            var count = 0
+            for try await _ in stream { count += 1 }
+            return count
+        }
+        while await h.monitor.subscriberCount == 0 { await Task.yield() }
+        consumer.cancel()
+        _ = try? await consumer.value
+        while await h.monitor.subscriberCount > 0 { await Task.yield() }  // its connectivity listener left
+        try await h.client.mutate(CreateNote("after"))  // would wait for the read if it were still registered
+    }
+
+    @Test func waitForPendingWritesReturnsWhenEveryWritePendingAtTheCallLeftTheQueue() async throws {
+        let h = try OfflineFirstHarness(connected: false)
+        try await h.client.mutate(CreateNote("one"))
+        try await h.client.mutate(CreateNote("two"))
+        let waiting = Task { try await h.client.waitForPendingWrites() }
+        await h.monitor.setConnected(true)
+        _ = await h.queue.flush()
+        try await waiting.value
+        #expect(await h.queue.pendingCount() == 0)
+        // Nothing pending: returns at once. Cancelled while waiting: throws.
+        try await h.client.waitForPendingWrites()
+        await h.monitor.setConnected(false)
+        try await h.client.mutate(CreateNote("three"))
+        let cancelled = Task { try await h.client.waitForPendingWrites() }
+        cancelled.cancel()
+        await #expect(throws: NetworkError.self) { try await cancelled.value }
+    }
+
+    @Test func pendingWritesShowEachEntrysStateAsItChanges() async throws {
+        let h = try OfflineFirstHarness(connected: false)
+        var lists = h.client.pendingWrites.makeAsyncIterator()
+        #expect(await lists.next() == [])
+        let id = try #require(try await h.client.mutate(CreateNote("one")).queuedID)
+        #expect(await lists.next()?.map(\.state) == [.waiting])
+        h.origin.rejectWrites(with: 503)
+        await h.monitor.setConnected(true)
+        _ = await h.queue.flush()
+        var states: [PendingWrite.State] = []
+        while let list = await lists.next() {
+            states.append(contentsOf: list.map(\.state))
+            if case .retrying = list.first?.state { break }
+        }
+        #expect(states.first == .sending)
+        guard case .retrying(let attempts, let next, let error)? = states.last else {
+            Issue.record("no retrying state: \(states)")
+            return
+        }
+        #expect(attempts == 1 && next != nil && error != nil)
+        #expect(await h.queue.items.map(\.id) == [id])
+    }
+}

@@ -1,0 +1,176 @@
+import Foundation
+import Testing
+import OfflineQueue
+import Reachability
+import RequestEngine
+import ResilienceCore
+import ResilienceTesting
+@testable import OfflineFirst
+import ResponseCache
+import ResilienceTestSupport
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// A notes server for logic tests: `GET /notes` answers the list as JSON (`max-age=60`),
+/// `POST /notes` appends its body once per `Idempotency-Key` (201), `DELETE /notes/<text>`
+/// removes a note. It can reject the next writes, and hold reads until released.
+final class NotesOrigin: NetworkSession {
+    private struct State: Sendable {
+        var notes: [String]
+        var seenKeys: Set<String> = []
+        var rejectWrites: Int?
+        var holdReads = false
+        var heldReads: [Gate] = []
+        var reads = 0
+        var writes = 0
+    }
+
+    private let state: Locked<State>
+
+    init(notes: [String] = []) { state = Locked(State(notes: notes)) }
+
+    var notes: [String] { state.withLock { $0.notes } }
+    var reads: Int { state.withLock { $0.reads } }
+    var writes: Int { state.withLock { $0.writes } }
+    var heldReadCount: Int { state.withLock { $0.heldReads.count } }
+
+    /// Writes answer this status (for good) until set to nil.
+    func rejectWrites(with status: Int?) { state.withLock { $0.rejectWrites = status } }
+
+    /// While on, reads wait (after reading the list) until `releaseReads()`.
+    func holdReads(_ on: Bool) { state.withLock { $0.holdReads = on } }
+
+    func releaseReads() {
+        for gate in state.withLock({ state -> [Gate] in defer { state.heldReads = [] }; return state.heldReads }) { gate.open() }
+    }
+
+    func waitForHeldReads(_ count: Int) async {
+        while heldReadCount < count { await Task.yield() }
+    }
+
+    func data(for request: URLRequest) async throws -> (Data, URLResponse) {
+        guard let url = request.url else { throw URLError(.badURL) }
+        let method = request.httpMethod ?? "GET"
+        if method == "GET" {
+            let (body, gate) = state.withLock { state -> (Data, Gate?) in
+                state.reads += 1
+                let body = Notes.encode(state.notes)
+                guard state.holdReads else { return (body, nil) }
+                let gate = Gate()
+                state.heldReads.append(gate)
+                return (body, gate)
+            }
+            if let gate { await gate.wait() }
+            try Task.checkCancellation()
+            return (body, HTTPURLResponse(url: url, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: ["Cache-Control": "max-age=60", "Content-Type": "application/json"])!)
+        }
+        let status = state.withLock { state -> Int in
+            state.writes += 1
+            if let reject = state.rejectWrites { return reject }
+            let key = request.value(forHTTPHeaderField: "Idempotency-Key") ?? UUID().uuidString
+            guard state.seenKeys.insert(key).inserted else { return 201 }
+            let text = String(decoding: request.httpBody ?? Data(), as: UTF8.self)
+            if method == "POST" { state.notes.append(text) }
+            if method == "DELETE" { state.notes.removeAll { $0 == url.lastPathComponent } }
+            return 201
+        }
+        return (Data(), HTTPURLResponse(url: url, statusCode: status, httpVersion: "HTTP/1.1", headerFields: [:])!)
+    }
+}
+
+enum Notes {
+    static func encode(_ notes: [String]) -> Data { (try? JSONEncoder().encode(notes)) ?? Data() }
+    static func decode(_ data: Data?) -> [String]? { data.flatMap { try? JSONDecoder().decode([String].self, from: $0) } }
+}
+
+struct NotesList: NetworkRequest {
+    var url = URL(string: "https://notes.example.test/notes")!
+    var method: HTTPMethod { .get }
+    var timeout: TimeInterval = .infinity
+}
+
+struct CreateNote: QueueableRequest {
+    let text: String
+    var url = URL(string: "https://notes.example.test/notes")!
+    var method: HTTPMethod { .post }
+    var body: Data? { Data(text.utf8) }
+    var timeout: TimeInterval = .infinity
+    var ttl: TimeInterval = 86_400
+    var orderingKey: String?
+    var coalescingKey: String?
+    var idempotencyKey: String = UUID().uuidString
+
+    init(_ text: String, orderingKey: String? = nil, coalescingKey: String? = nil) {
+        self.text = text
+        self.orderingKey = orderingKey
+        self.coalescingKey = coalescingKey
+    }
+}
+
+/// A note created offline appears at the end of the list until the server has it.
+let appendNote = OptimisticUpdate(
+    mutations: { $0.method == "POST" && $0.url.path == "/notes" },
+    reads: { $0.path == "/notes" },
+    apply: { current, pending in
+        Notes.encode((Notes.decode(current) ?? []) + [String(decoding: pending.body ?? Data(), as: UTF8.self)])
+    }
+)
+
+/// The whole stack on a manual clock, a manual monitor and a fake origin.
+final class OfflineFirstHarness: Sendable {
+    let directory = TemporaryDirectory()
+    let clock = ManualClock()
+    let origin: NotesOrigin
+    let monitor: ManualReachabilityMonitor
+    let cache: DiskResponseCache
+    let store: DiskQueueStore
+    let queue: OfflineQueueEngine
+    let reads: CachedRequestEngine
+    let client: OfflineFirstClient
+
+    init(notes: [String] = [], connected: Bool = true, updates: [OptimisticUpdate] = [appendNote], invalidations: [Invalidation] = [],
+         configuration: OfflineQueueEngine.Configuration = .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10))) throws {
+        origin = NotesOrigin(notes: notes)
+        monitor = ManualReachabilityMonitor(isConnected: connected)
+        cache = try DiskResponseCache(directory: directory.url.appendingPathComponent("cache"), maxBytes: 1 << 20)
+        store = try DiskQueueStore(directory: directory.url.appendingPathComponent("queue"))
+        let engine = AsyncRequestEngine(session: origin, clock: clock)
+        queue = OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: store, configuration: configuration, clock: clock)
+        reads = CachedRequestEngine(requestEngine: engine, cache: cache, reachabilityMonitor: monitor, clock: clock)
+        client = OfflineFirstClient(reads: reads, queue: queue, optimisticUpdates: updates, invalidations: invalidations)
+    }
+}
+
+/// Reads a live stream from a task of its own; the test takes its snapshots one by one.
+final class SnapshotReader: Sendable {
+    private let log = Log<QuerySnapshot>()
+    private let task: Task<Void, Never>
+
+    init(_ stream: AsyncThrowingStream<QuerySnapshot, any Error>) {
+        let log = self.log
+        task = Task {
+            do {
+                for try await snapshot in stream { log.append(snapshot) }
+            } catch {}
+        }
+    }
+
+    var all: [QuerySnapshot] { log.values }
+    var latest: QuerySnapshot? { log.values.last }
+    var notes: [[String]] { log.values.map { Notes.decode($0.data) ?? [] } }
+
+    /// Waits until the latest snapshot satisfies `condition`.
+    @discardableResult
+    func waitFor(_ condition: (QuerySnapshot) -> Bool) async -> QuerySnapshot {
+        while true {
+            if let latest = log.values.last, condition(latest) { return latest }
+            await Task.yield()
+        }
+    }
+
+    func cancel() async {
+        task.cancel()
+        await task.value
+    }
+}
