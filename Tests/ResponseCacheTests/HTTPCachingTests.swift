@@ -413,6 +413,19 @@ struct HTTPCachingTests {
         #expect(shown.source == .cache && shown.isStale && h.body(shown) == "list")
     }
 
+    @Test func storedResponseAnswersFromTheStoreAloneAndMarkStaleKeepsWhatItMarks() async throws {
+        let h = try CacheHarness([.ok("v1", headers: ["Cache-Control": "max-age=60"]), .ok("v2", headers: ["Cache-Control": "max-age=60"])])
+        #expect(h.engine.storedResponse(for: Read("/doc"), staleTime: .http) == nil)
+        _ = try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .http)
+        let fresh = try #require(h.engine.storedResponse(for: Read("/doc"), staleTime: .http))
+        #expect(h.body(fresh) == "v1" && !fresh.isStale && fresh.source == .cache)
+        #expect(h.engine.markStale { _, url in url.path == "/doc" } == 1)
+        let marked = try #require(h.engine.storedResponse(for: Read("/doc"), staleTime: .http))
+        #expect(h.body(marked) == "v1" && marked.isStale)  // kept, to show offline
+        #expect(h.session.callCount == 1)  // neither call sent anything
+        #expect(try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .http).source == .network)
+    }
+
     // MARK: RFC 5861
 
     @Test func staleWhileRevalidateServesAtOnceAndRefreshesInTheBackground_RFC5861_Section3() async throws {
