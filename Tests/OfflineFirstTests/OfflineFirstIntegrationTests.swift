@@ -1,0 +1,142 @@
+import Foundation
+import Testing
+import OfflineQueue
+import Reachability
+import RequestEngine
+import ResilienceCore
+import ResilienceTesting
+@testable import OfflineFirst
+import ResponseCache
+import ResilienceTestSupport
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Real parts: URLSession, LoopbackHTTPServer on 127.0.0.1, real folders, two processes, SIGKILL.
+@Suite("OfflineFirst through URLSession, a real server, and a relaunch after SIGKILL", .timeLimit(.minutes(3)))
+struct OfflineFirstIntegrationTests {
+    /// A notes server on loopback: `GET /notes` (the list, `max-age=60`), `POST /notes` (appended
+    /// once per `Idempotency-Key`, 201). Every POST's key is logged.
+    final class NotesServer: Sendable {
+        let server: LoopbackHTTPServer
+        private let state = Locked((notes: [String](), keys: [String]()))
+
+        init(notes: [String]) throws {
+            server = try LoopbackHTTPServer()
+            state.withLock { $0.notes = notes }
+            server.route("/notes", handler: { [state] request in
+                if request.method == "POST" {
+                    let key = request.header("idempotency-key") ?? ""
+                    state.withLock { state in
+                        if !state.keys.contains(key) { state.notes.append(String(decoding: request.body, as: UTF8.self)) }
+                        state.keys.append(key)
+                    }
+                    return .status(201)
+                }
+                let body = String(decoding: Notes.encode(state.withLock { $0.notes }), as: UTF8.self)
+                return .status(200, headers: ["Cache-Control": "max-age=60", "Content-Type": "application/json"], body: body)
+            })
+        }
+
+        var notes: [String] { state.withLock { $0.notes } }
+        var postedKeys: [String] { state.withLock { $0.keys } }
+    }
+
+    /// The stack a process of the app opens: its folders, URLSession, a monitor it drives.
+    struct App {
+        let monitor: ManualReachabilityMonitor
+        let queue: OfflineQueueEngine
+        let client: OfflineFirstClient
+
+        init(folder: String, connected: Bool) async throws {
+            let configuration = URLSessionConfiguration.ephemeral
+            configuration.urlCache = nil
+            let engine = AsyncRequestEngine(session: URLSession(configuration: configuration))
+            monitor = ManualReachabilityMonitor(isConnected: connected)
+            let store = try await DiskQueueStore.open(directory: URL(fileURLWithPath: folder + "/queue"), lockTimeout: .seconds(10))
+            queue = OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: store)
+            let reads = CachedRequestEngine(
+                requestEngine: engine,
+                cache: try DiskResponseCache(directory: URL(fileURLWithPath: folder + "/cache"), maxBytes: 1 << 20),
+                reachabilityMonitor: monitor
+            )
+            client = OfflineFirstClient(reads: reads, queue: queue, optimisticUpdates: [appendNote])
+        }
+    }
+
+    struct Notes2: NetworkRequest {
+        let url: URL
+        var method: HTTPMethod { .get }
+        var timeout: TimeInterval = 10
+    }
+
+    struct Post: QueueableRequest {
+        let url: URL
+        let text: String
+        var method: HTTPMethod { .post }
+        var body: Data? { Data(text.utf8) }
+        var timeout: TimeInterval = 10
+    }
+
+    @Test func aNoteSavedOfflineIsShownAtOnceThenDeliveredOnceAndTheListRefetched() async throws {
+        let notes = try NotesServer(notes: ["a"])
+        defer { notes.server.shutdown() }
+        let folder = TemporaryDirectory()
+        let app = try await App(folder: folder.url.path, connected: true)
+        let list = Notes2(url: notes.server.url("/notes"))
+        let reader = SnapshotReader(app.client.snapshots(for: list, mode: .offlineFirst, staleTime: .http))
+        await reader.waitFor { $0.source == .network && Notes.decode($0.data) == ["a"] }
+        await app.monitor.setConnected(false)
+        try await app.client.mutate(Post(url: notes.server.url("/notes"), text: "b"))
+        #expect(Notes.decode(reader.latest?.data) == ["a", "b"] && reader.latest?.hasPendingWrites == true)
+        await app.monitor.setConnected(true)
+        _ = await app.queue.flush()
+        let settled = await reader.waitFor { !$0.hasPendingWrites && $0.settlingEntryIDs.isEmpty && !$0.isFetching && $0.source == .network }
+        #expect(Notes.decode(settled.data) == ["a", "b"] && notes.notes == ["a", "b"])
+        #expect(notes.postedKeys.count == 1)
+        await reader.cancel()
+    }
+
+    /// Process A goes offline, saves a note and is killed; process B opens the same folders
+    /// offline and its first snapshot holds the note; B reconnects, the note is delivered once
+    /// (one `Idempotency-Key`), the list is refetched, and the overlay goes.
+    @Test func aNoteSavedOfflineByAKilledProcessShowsInTheNextOneAndIsDeliveredOnce() async throws {
+        let notes = try NotesServer(notes: ["a"])
+        defer { notes.server.shutdown() }
+        let folder = TemporaryDirectory()
+        let url = notes.server.url("/notes").absoluteString
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .signal(SIGKILL)) { [path = folder.url.path as String, url = url as String] in
+                let app = try await OfflineFirstIntegrationTests.App(folder: path, connected: true)
+                let list = OfflineFirstIntegrationTests.Notes2(url: try #require(URL(string: url)))
+                _ = try await app.client.snapshot(for: list, mode: .online, staleTime: .http)  // the list is stored
+                await app.monitor.setConnected(false)
+                try await app.client.mutate(OfflineFirstIntegrationTests.Post(url: try #require(URL(string: url)), text: "from A"))
+                kill(getpid(), SIGKILL)
+            }
+        }
+        #expect(notes.postedKeys.isEmpty)
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { [path = folder.url.path as String, url = url as String] in
+                let app = try await OfflineFirstIntegrationTests.App(folder: path, connected: false)
+                let list = OfflineFirstIntegrationTests.Notes2(url: try #require(URL(string: url)))
+                let reader = SnapshotReader(app.client.snapshots(for: list, mode: .offlineFirst, staleTime: .http))
+                // Offline, before anything is fetched: the stored list with A's note on it.
+                let first = await reader.waitFor { _ in true }
+                #expect(Notes.decode(first.data) == ["a", "from A"] && first.hasPendingWrites && first.source == .cache)
+                await app.monitor.setConnected(true)
+                _ = await app.queue.flush()
+                let settled = await reader.waitFor { !$0.hasPendingWrites && $0.settlingEntryIDs.isEmpty && !$0.isFetching && $0.source == .network }
+                #expect(Notes.decode(settled.data) == ["a", "from A"])
+                await reader.cancel()
+            }
+        }
+        #expect(notes.notes == ["a", "from A"])
+        #expect(notes.postedKeys.count == 1)
+    }
+}
