@@ -41,6 +41,7 @@ enum Demo {
         Scenario(name: "401 storm: one token refresh", run: authStorm),
         Scenario(name: "offline → queued → restart → reconnect → drained", run: offlineQueue),
         Scenario(name: "offline reads: cached feed, paused read, 304", run: offlineReads),
+        Scenario(name: "offline notes: saved offline, shown, relaunched, delivered", run: offlineNotes),
         Scenario(name: "drain-service cycles with a budget, SIGTERM stop", run: drainServiceCycles),
         Scenario(name: "metrics table and Prometheus text", run: metrics),
     ]

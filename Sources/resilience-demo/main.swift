@@ -15,6 +15,9 @@ if arguments.first == "serve" {
 if arguments.first == "drain" {
     exit(await DrainCommand.run(Array(arguments.dropFirst())))
 }
+if arguments.first == "notes-relaunch" {
+    exit(await NotesRelaunchCommand.run(Array(arguments.dropFirst())))
+}
 if arguments.contains("--help") || arguments.contains("-h") {
     print("""
     usage: resilience-demo                         run every scenario against the embedded loopback server
@@ -25,6 +28,8 @@ if arguments.contains("--help") || arguments.contains("-h") {
                                                    steady workload with Prometheus metrics at /metrics
            resilience-demo drain [--interval S] [--budget S] [--entries N]
                                                    a drain service process; stops cleanly on SIGTERM/SIGINT
+           resilience-demo notes-relaunch FOLDER URL
+                                                   the offline-notes scenario's second process
     """)
     exit(0)
 }
