@@ -51,6 +51,20 @@ let package = Package(
             plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
         .executableTarget(
+            name: "OfflineFirstBenchmarks",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "OfflineFirst", package: "Resilience"),
+                .product(name: "OfflineQueue", package: "Resilience"),
+                .product(name: "ResponseCache", package: "Resilience"),
+                .product(name: "Reachability", package: "Resilience"),
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+            ],
+            path: "Benchmarks/OfflineFirstBenchmarks",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
+        ),
+        .executableTarget(
             name: "AuthBenchmarks",
             dependencies: [
                 .product(name: "Benchmark", package: "benchmark"),

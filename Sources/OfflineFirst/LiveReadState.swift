@@ -22,10 +22,24 @@ struct LiveReadState: Sendable {
 
     private(set) var mirror: QueueMirror
     private(set) var base: CachedResponse?
+    /// Counts changes of `base` (for `memo`).
+    private var baseVersion = 0
     private var baseIsStale: Bool
     /// Delivered entries still applied, each with the number of fetches started when it was
     /// delivered: a fetch numbered higher started after it.
-    private var settling: [(entry: QueueEntry, fetchesStartedBefore: Int)] = []
+    private var settling: [(item: QueueMirror.Item, fetchesStartedBefore: Int)] = []
+    /// The overlays last applied: while base, settling writes and the mirror's order are
+    /// unchanged, a new pending write at the end is applied on top of them alone.
+    private var memo: Memo?
+
+    private struct Memo: Sendable {
+        let baseVersion: Int
+        let settlingIDs: [UUID]
+        let rewrites: Int
+        let pendingCount: Int
+        let settled: Overlays.Result
+        let pending: Overlays.Result
+    }
     private var rejections: [RejectedWrite] = []
     private(set) var connected: Bool
     private var fetchesStarted = 0
@@ -38,12 +52,19 @@ struct LiveReadState: Sendable {
          stored: CachedResponse?, fetchAtOnce: Bool, connected: Bool) {
         self.rules = rules
         self.invalidatedBy = invalidatedBy
-        let overlaying = rules
-        mirror = QueueMirror(entries) { entry in overlaying.contains { $0.mutations(entry) } }
+        mirror = QueueMirror(entries, classify: Self.classifier(rules))
         base = stored
         baseIsStale = stored?.isStale ?? false
         needsFetch = stored == nil || stored?.isStale == true || fetchAtOnce
         self.connected = connected
+    }
+
+    /// The indices of the rules that apply to an entry; `nil` when none does.
+    static func classifier(_ rules: [OptimisticUpdate]) -> @Sendable (QueueEntry) -> [Int]? {
+        { entry in
+            let matching = rules.indices.filter { rules[$0].mutations(entry) }
+            return matching.isEmpty ? nil : matching
+        }
     }
 
     /// Whether a fetch should start now.
@@ -57,11 +78,12 @@ struct LiveReadState: Sendable {
         case .changed:
             return true
         case .removed(let entry, let reason, let wasKept):
-            let overlays = wasKept || rules.contains { $0.mutations(entry) }
+            let matching = Self.classifier(rules)(entry)
+            let overlays = wasKept || matching != nil
             switch reason {
             case .delivered:
                 let invalidates = overlays || invalidatedBy(entry)
-                if overlays { settling.append((entry, fetchesStarted)) }
+                if let matching { settling.append((QueueMirror.Item(entry: entry, rules: matching), fetchesStarted)) }
                 if invalidates {
                     needsFetch = true
                     if base != nil { baseIsStale = true }
@@ -101,6 +123,7 @@ struct LiveReadState: Sendable {
         guard fetching == number else { return }
         fetching = nil
         base = response
+        baseVersion += 1
         baseIsStale = response.isStale
         lastFetchError = nil
         settle(after: number)
@@ -124,9 +147,24 @@ struct LiveReadState: Sendable {
 
     var isPaused: Bool { needsFetch && !connected }
 
-    func snapshot() -> QuerySnapshot {
-        let settled = Overlays.apply(settling.map(\.entry), to: base?.data, rules: rules)
-        let pending = Overlays.apply(mirror.entries, to: settled.data, rules: rules)
+    /// The snapshot to show now (it remembers the overlays it applied, for the next one).
+    mutating func snapshot() -> QuerySnapshot {
+        let settlingIDs = settling.map(\.item.entry.id)
+        let settled: Overlays.Result
+        let pending: Overlays.Result
+        if let memo, memo.baseVersion == baseVersion, memo.settlingIDs == settlingIDs {
+            settled = memo.settled
+            if memo.rewrites == mirror.rewrites, memo.pendingCount <= mirror.items.count {
+                pending = Overlays.apply(mirror.items[memo.pendingCount...], to: memo.pending, rules: rules)
+            } else {
+                pending = Overlays.apply(mirror.items, to: Overlays.Result(data: settled.data), rules: rules)
+            }
+        } else {
+            settled = Overlays.apply(settling.map(\.item), to: Overlays.Result(data: base?.data), rules: rules)
+            pending = Overlays.apply(mirror.items, to: Overlays.Result(data: settled.data), rules: rules)
+        }
+        memo = Memo(baseVersion: baseVersion, settlingIDs: settlingIDs, rewrites: mirror.rewrites, pendingCount: mirror.items.count, settled: settled, pending: pending)
+
         let source: QuerySnapshot.Source = switch base?.source {
         case .network: .network
         case .cache: .cache

@@ -62,7 +62,7 @@ public final class OfflineFirstClient: Sendable {
         self.optimisticUpdates = optimisticUpdates
         self.invalidations = invalidations
         let start = queue.store.sequencedChangesWithStart()
-        let progress = Progress(entries: start.entries, sequence: start.sequence)
+        let progress = Progress(entries: start.entries, sequence: start.sequence, rules: optimisticUpdates)
         self.progress = progress
         listener = Task { [reads, optimisticUpdates, invalidations] in
             for await (sequence, change) in start.changes {
@@ -173,9 +173,10 @@ public final class OfflineFirstClient: Sendable {
         // Writes delivered before now have made their reads stale before this one reads.
         await progress.waitForListener(through: queue.store.changeSequence)
         let answer = try await reads.response(for: request, mode: mode, staleTime: staleTime)
-        let rules = optimisticUpdates.filter { $0.reads(request.url) }
-        let pending = progress.pendingEntries.filter { entry in rules.contains { $0.mutations(entry) } }
-        let overlaid = Overlays.apply(pending, to: answer.data, rules: rules)
+        let reading = Set(optimisticUpdates.indices.filter { optimisticUpdates[$0].reads(request.url) })
+        let overlaid = reading.isEmpty
+            ? Overlays.Result(data: answer.data)
+            : Overlays.apply(progress.overlayingItems, to: Overlays.Result(data: answer.data), rules: optimisticUpdates, only: reading)
         return QuerySnapshot(
             data: overlaid.data, response: answer.response, source: answer.source == .network ? .network : .cache,
             isStale: answer.isStale, pendingEntryIDs: overlaid.applied, settlingEntryIDs: [], rejectedWrites: [],
@@ -247,7 +248,8 @@ public final class OfflineFirstClient: Sendable {
             let registration = client.progress.register(at: start.sequence)
             defer { client.progress.unregister(registration) }
             let (events, inbox) = AsyncStream<Event>.makeStream()
-            await withTaskGroup(of: Void.self) { group in
+            // A discarding group: finished fetches must not pile up until the read ends.
+            await withDiscardingTaskGroup { group in
                 group.addTask {
                     for await (sequence, change) in start.changes { inbox.yield(.change(sequence, change)) }
                 }
@@ -284,7 +286,7 @@ public final class OfflineFirstClient: Sendable {
             continuation.finish(throwing: NetworkError.cancelled)
         }
 
-        private func startFetch(_ state: inout LiveReadState, group: inout TaskGroup<Void>, inbox: AsyncStream<Event>.Continuation) {
+        private func startFetch(_ state: inout LiveReadState, group: inout DiscardingTaskGroup, inbox: AsyncStream<Event>.Continuation) {
             let number = state.fetchStarted()
             let (reads, request, staleTime) = (client.reads, request, staleTime)
             group.addTask {
@@ -322,15 +324,17 @@ public final class OfflineFirstClient: Sendable {
 
         private let state: Locked<State>
 
-        init(entries: [QueueEntry], sequence: UInt64) {
-            state = Locked(State(mirror: QueueMirror(entries), listenerSequence: sequence))
+        init(entries: [QueueEntry], sequence: UInt64, rules: [OptimisticUpdate]) {
+            // Every pending write is kept, with the updates that apply to it worked out once.
+            let mirror = QueueMirror(entries) { entry in rules.indices.filter { rules[$0].mutations(entry) } }
+            state = Locked(State(mirror: mirror, listenerSequence: sequence))
         }
 
-        /// The pending writes the listener knows of, in replay order.
-        var pendingEntries: [QueueEntry] { state.withLock { $0.mirror.entries } }
+        /// The pending writes some update applies to, in replay order, with those updates.
+        var overlayingItems: [QueueMirror.Item] { state.withLock { $0.mirror.overlaying } }
 
         /// Requests being offered at once now (not stored yet).
-        var offeredIDs: Set<UUID> { state.withLock { Set($0.mirror.entries.filter { $0.sequence == 0 }.map(\.id)) } }
+        var offeredIDs: Set<UUID> { state.withLock { Set($0.mirror.items.map(\.entry).filter { $0.sequence == 0 }.map(\.id)) } }
 
         func listenerApplied(_ change: QueueChange, sequence: UInt64) {
             let ready = state.withLock { state in

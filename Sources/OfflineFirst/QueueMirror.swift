@@ -8,12 +8,25 @@ import OfflineQueue
 /// queue exactly, change by change — which no re-read of the store can do, since the store may
 /// already be ahead of the change being handled.
 struct QueueMirror: Sendable {
+    /// A kept entry and the indices of the rules that apply to it, worked out once when it
+    /// arrives (rules are pure), so that showing a read calls no rule's `mutations` again.
+    struct Item: Sendable {
+        let entry: QueueEntry
+        let rules: [Int]
+    }
+
     /// The entries kept, in replay order.
-    private(set) var entries: [QueueEntry] = []
+    private(set) var items: [Item] = []
+    /// The kept entries that some rule applies to, in replay order: what overlays are made of
+    /// (a mirror that keeps every entry may hold many that change no read).
+    private(set) var overlaying: [Item] = []
     /// The entries being sent now.
     private(set) var sending: Set<UUID> = []
-    /// Which entries to keep (a live read keeps only those its rules overlay).
-    private let keep: @Sendable (QueueEntry) -> Bool
+    /// How often an entry was removed, replaced or inserted anywhere but last: while it stays
+    /// the same, `items` only grew at the end (what lets a read apply only the new overlays).
+    private(set) var rewrites = 0
+    /// Which entries to keep, and the rules that apply to each (`nil`: not kept).
+    private let classify: @Sendable (QueueEntry) -> [Int]?
 
     /// What one change did to the mirror.
     enum Effect: Sendable {
@@ -25,10 +38,15 @@ struct QueueMirror: Sendable {
         case removed(QueueEntry, QueueRemovalReason, wasKept: Bool)
     }
 
-    init(_ stored: [QueueEntry], keep: @escaping @Sendable (QueueEntry) -> Bool = { _ in true }) {
-        self.keep = keep
-        for entry in stored where keep(entry) { insert(entry) }
+    init(_ stored: [QueueEntry], classify: @escaping @Sendable (QueueEntry) -> [Int]? = { _ in [] }) {
+        self.classify = classify
+        for entry in stored {
+            if let rules = classify(entry) { insert(Item(entry: entry, rules: rules)) }
+        }
     }
+
+    /// The kept entries, in replay order.
+    var entries: [QueueEntry] { items.map(\.entry) }
 
     mutating func apply(_ change: QueueChange) -> Effect {
         switch change {
@@ -52,26 +70,38 @@ struct QueueMirror: Sendable {
         }
     }
 
-    func contains(_ id: UUID) -> Bool { entries.contains { $0.id == id } }
+    func contains(_ id: UUID) -> Bool { items.contains { $0.entry.id == id } }
 
     /// Adds or replaces `entry` if it is kept (removing an older copy either way); returns whether
     /// the mirror changed.
     private mutating func upsert(_ entry: QueueEntry) -> Bool {
         let removed = remove(entry.id) != nil
-        guard keep(entry) else { return removed }
-        insert(entry)
+        guard let rules = classify(entry) else { return removed }
+        insert(Item(entry: entry, rules: rules))
         return true
     }
 
-    private mutating func insert(_ entry: QueueEntry) {
-        let position = entries.firstIndex { Self.replaysBefore(entry, $0) } ?? entries.endIndex
-        entries.insert(entry, at: position)
+    private mutating func insert(_ item: Item) {
+        // From the back: a new entry usually goes last.
+        var position = items.endIndex
+        while position > items.startIndex, Self.replaysBefore(item.entry, items[position - 1].entry) { position -= 1 }
+        if position != items.endIndex { rewrites += 1 }
+        items.insert(item, at: position)
+        guard !item.rules.isEmpty else { return }
+        var overlayPosition = overlaying.endIndex
+        while overlayPosition > overlaying.startIndex, Self.replaysBefore(item.entry, overlaying[overlayPosition - 1].entry) { overlayPosition -= 1 }
+        overlaying.insert(item, at: overlayPosition)
     }
 
     @discardableResult
     private mutating func remove(_ id: UUID) -> QueueEntry? {
-        guard let position = entries.firstIndex(where: { $0.id == id }) else { return nil }
-        return entries.remove(at: position)
+        guard let position = items.firstIndex(where: { $0.entry.id == id }) else { return nil }
+        rewrites += 1
+        let removed = items.remove(at: position)
+        if !removed.rules.isEmpty, let overlayPosition = overlaying.firstIndex(where: { $0.entry.id == id }) {
+            overlaying.remove(at: overlayPosition)
+        }
+        return removed.entry
     }
 
     /// The queue's replay order: higher priority first, then the order queued; a request not
@@ -83,7 +113,8 @@ struct QueueMirror: Sendable {
     }
 }
 
-/// Applies the overlays of `entries` (in order) to `base` with the rules that apply to each.
+/// Applies overlays: each item's rules (indices into `rules`; with `only`, just those in it) to
+/// the body, in order.
 enum Overlays {
     struct Result: Sendable {
         var data: Data?
@@ -91,19 +122,19 @@ enum Overlays {
         var failures: [OverlayFailure] = []
     }
 
-    static func apply(_ entries: [QueueEntry], to base: Data?, rules: [OptimisticUpdate]) -> Result {
-        var result = Result(data: base)
-        for entry in entries {
+    static func apply(_ items: some Sequence<QueueMirror.Item>, to result: Result, rules: [OptimisticUpdate], only: Set<Int>? = nil) -> Result {
+        var result = result
+        for item in items {
             var applied = false
-            for rule in rules where rule.mutations(entry) {
+            for index in item.rules where only?.contains(index) ?? true {
                 do {
-                    result.data = try rule.apply(result.data, entry)
+                    result.data = try rules[index].apply(result.data, item.entry)
                     applied = true
                 } catch {
-                    result.failures.append(OverlayFailure(entryID: entry.id, message: String(describing: error)))
+                    result.failures.append(OverlayFailure(entryID: item.entry.id, message: String(describing: error)))
                 }
             }
-            if applied { result.applied.append(entry.id) }
+            if applied { result.applied.append(item.entry.id) }
         }
         return result
     }

@@ -137,6 +137,37 @@ struct OfflineFirstClientTests {
         await reader.cancel()
     }
 
+    @Test func aWriteRetryingOnlineStaysShownUntilItIsDelivered() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"])
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .online, staleTime: .http))
+        await reader.waitFor { $0.source == .network }
+        h.origin.rejectWrites(with: 503)
+        let id = try #require(try await h.client.mutate(CreateNote("b")).queuedID)  // tried at once, kept for a retry
+        #expect(Notes.decode(reader.latest?.data) == ["a", "b"] && reader.latest?.pendingEntryIDs == [id])
+        h.origin.rejectWrites(with: nil)
+        h.clock.advance(by: .seconds(10))
+        _ = await h.queue.flush()
+        let settled = await reader.waitFor { !$0.hasPendingWrites && $0.settlingEntryIDs.isEmpty && !$0.isFetching }
+        #expect(Notes.decode(settled.data) == ["a", "b"] && h.origin.notes == ["a", "b"])
+        await reader.cancel()
+    }
+
+    @Test func aDeliveredWriteWhoseRefetchMustWaitForTheNetworkStaysShownWhileThereadIsPaused() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"])
+        _ = try await h.reads.response(for: NotesList(), mode: .online, staleTime: .http)
+        await h.monitor.setConnected(false)
+        try await h.client.mutate(CreateNote("b"))
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http))
+        await reader.waitFor { $0.hasPendingWrites }
+        _ = await h.queue.flush(ignoringReachability: true)  // delivered, though the monitor says offline
+        let paused = await reader.waitFor { $0.settlingEntryIDs.count == 1 }
+        #expect(Notes.decode(paused.data) == ["a", "b"] && paused.isPaused && paused.isStale && !paused.isFetching)
+        await h.monitor.setConnected(true)
+        let settled = await reader.waitFor { $0.settlingEntryIDs.isEmpty && !$0.isFetching && $0.source == .network }
+        #expect(Notes.decode(settled.data) == ["a", "b"] && !settled.isPaused && !settled.isStale)
+        await reader.cancel()
+    }
+
     @Test func aDeliveredWriteMarksTheReadsItsInvalidationNamesStaleEvenWithNoScreenShowingThem() async throws {
         let counted = Invalidation(mutations: { $0.method == "POST" }, reads: { $0.path == "/notes" })
         let h = try OfflineFirstHarness(notes: ["a"], updates: [], invalidations: [counted])

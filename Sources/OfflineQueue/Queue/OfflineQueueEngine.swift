@@ -77,6 +77,8 @@ public actor OfflineQueueEngine {
     public nonisolated let reachabilityMonitor: any ReachabilityMonitoring
     private var reachability: any ReachabilityMonitoring { reachabilityMonitor }
     private let time: TimeSource
+    /// Bounds enqueues' first attempts (one sleeping task for all of them).
+    private let firstAttemptDeadlines: DeadlineTimer
     private let wallClockOrigin: Date
 
     private var inFlight: Set<UUID> = []
@@ -114,6 +116,7 @@ public actor OfflineQueueEngine {
         self.maxQueueSize = max(0, maxQueueSize)
         self.configuration = configuration
         self.time = TimeSource(clock)
+        self.firstAttemptDeadlines = DeadlineTimer(time: self.time)
         self.wallClockOrigin = Date()
     }
 
@@ -362,17 +365,14 @@ public actor OfflineQueueEngine {
         // cancellation, which is exactly the sender this bound is for.
         let race = FirstAnswer<AttemptOutcome?>()
         let sending = Task { race.answer(await self.attempt(request, previousAttempts: 0)) }
-        let time = self.time
-        let timer = Task {
-            do { try await time.sleep(limit) } catch { return }
-            race.answer(nil)
-        }
+        // The queue's one timer, not a sleeping task per enqueue (see `DeadlineTimer`).
+        let timeout = firstAttemptDeadlines.schedule(after: limit) { race.answer(nil) }
         let winner = await withTaskCancellationHandler {
             await race.value
         } onCancel: {
             race.answer(.stop)
         }
-        timer.cancel()
+        firstAttemptDeadlines.cancel(timeout)
         sending.cancel()  // a no-op when it answered; otherwise its late outcome is ignored
         guard let winner else {
             return Task.isCancelled ? .stop : .retry(.timedOut, after: backoff(afterAttempts: 1))
@@ -680,6 +680,7 @@ public actor OfflineQueueEngine {
         subscribers.finishAll()
         loopTask?.cancel()
         timerTask?.cancel()
+        firstAttemptDeadlines.shutdown()
     }
 }
 
