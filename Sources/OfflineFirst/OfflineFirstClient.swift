@@ -234,7 +234,10 @@ public final class OfflineFirstClient: Sendable {
             let url = request.url
             let rules = client.optimisticUpdates.filter { $0.reads(url) }
             let invalidations = client.invalidations.filter { $0.reads(url) }
-            let start = client.queue.store.sequencedChangesWithStart()
+            let (events, inbox) = AsyncStream<Event>.makeStream()
+            // Queue changes go straight into the inbox as they are published (no forwarding task).
+            let start = client.queue.store.observeChanges { sequence, change in inbox.yield(.change(sequence, change)) }
+            defer { start.stop() }
             let monitor = client.reads.reachabilityMonitor
             let connectivity = await monitor.connectivity
             var state = LiveReadState(
@@ -247,12 +250,8 @@ public final class OfflineFirstClient: Sendable {
             )
             let registration = client.progress.register(at: start.sequence)
             defer { client.progress.unregister(registration) }
-            let (events, inbox) = AsyncStream<Event>.makeStream()
             // A discarding group: finished fetches must not pile up until the read ends.
             await withDiscardingTaskGroup { group in
-                group.addTask {
-                    for await (sequence, change) in start.changes { inbox.yield(.change(sequence, change)) }
-                }
                 group.addTask {
                     for await connected in connectivity { inbox.yield(.connectivity(connected)) }
                 }

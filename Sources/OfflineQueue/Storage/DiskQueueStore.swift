@@ -97,6 +97,9 @@ public final class DiskQueueStore: Sendable {
         var publishedCount = 0
         /// How many changes have been published on `changes`.
         var changeSequence: UInt64 = 0
+        /// Observers told of each change as it is published (`observeChanges`).
+        var changeObservers: [UInt64: @Sendable (UInt64, QueueChange) -> Void] = [:]
+        var nextObserver: UInt64 = 0
     }
 
     private let state: Locked<State>
@@ -270,6 +273,22 @@ public final class DiskQueueStore: Sendable {
         }
     }
 
+    /// Calls `observer` with each change from now on, as it is published (under the store's
+    /// lock, in order: it must only hand the change on, as an `AsyncStream` continuation's `yield`
+    /// does), until `stop` is called; returns the entries and the number of the last change at
+    /// the moment observing began. One hop fewer than a stream for a consumer with an inbox of
+    /// its own.
+    package func observeChanges(_ observer: @escaping @Sendable (UInt64, QueueChange) -> Void) -> (entries: [QueueEntry], sequence: UInt64, stop: @Sendable () -> Void) {
+        state.withLock { state in
+            let id = state.nextObserver
+            state.nextObserver += 1
+            state.changeObservers[id] = observer
+            return (state.index.ordered(), state.changeSequence, { [weak self] in
+                self?.state.withLock { _ = $0.changeObservers.removeValue(forKey: id) }
+            })
+        }
+    }
+
     /// The number of the last change published.
     package var changeSequence: UInt64 { state.withLock { $0.changeSequence } }
 
@@ -284,6 +303,7 @@ public final class DiskQueueStore: Sendable {
     private func publish(_ change: QueueChange, _ state: inout State) {
         state.changeSequence += 1
         changeSubscribers.yield((state.changeSequence, change))
+        for observer in state.changeObservers.values { observer(state.changeSequence, change) }
     }
 
     /// The entry with this id, if queued.
