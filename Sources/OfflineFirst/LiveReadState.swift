@@ -9,9 +9,9 @@ import ResponseCache
 /// connectivity, fetch results) and performs what it asks (start a fetch, yield a snapshot).
 ///
 /// The rule that keeps a screen from flickering: a delivered write stays applied until a fetch
-/// that *started after* its delivery has landed (or failed). A fetch already in flight when the
-/// write was delivered may carry the server's state from before it, so its landing clears only
-/// the writes delivered before it started, and another fetch follows.
+/// that *started after* its delivery has landed. A fetch already in flight when the write was
+/// delivered may carry the server's state from before it, so its landing clears only the writes
+/// delivered before it started, and another fetch follows; a fetch that fails clears nothing.
 struct LiveReadState: Sendable {
     /// The optimistic updates that change this read.
     let rules: [OptimisticUpdate]
@@ -47,6 +47,11 @@ struct LiveReadState: Sendable {
     private(set) var fetching: Int?
     private(set) var needsFetch: Bool
     private var lastFetchError: NetworkError?
+    /// A delivered write made this read stale since the loop last asked (`takeDeliveryInvalidation`).
+    private var deliveredSinceAsked = false
+    /// The next fetch follows a delivery: it must reach the origin, past every cache and shared
+    /// call on the way (see `fetchStarted`).
+    private var nextFetchFollowsDelivery = false
 
     init(rules: [OptimisticUpdate], invalidatedBy: @escaping @Sendable (QueueEntry) -> Bool, entries: [QueueEntry],
          stored: CachedResponse?, fetchAtOnce: Bool, connected: Bool) {
@@ -65,6 +70,14 @@ struct LiveReadState: Sendable {
             let matching = rules.indices.filter { rules[$0].mutations(entry) }
             return matching.isEmpty ? nil : matching
         }
+    }
+
+    /// Whether a delivered write made the read stale since the last call: the loop then marks
+    /// the read stale in the cache, so that its next fetch starts a new exchange with the origin
+    /// rather than join one begun before the delivery.
+    mutating func takeDeliveryInvalidation() -> Bool {
+        defer { deliveredSinceAsked = false }
+        return deliveredSinceAsked
     }
 
     /// Whether a fetch should start now.
@@ -86,6 +99,8 @@ struct LiveReadState: Sendable {
                 if let matching { settling.append((QueueMirror.Item(entry: entry, rules: matching), fetchesStarted)) }
                 if invalidates {
                     needsFetch = true
+                    deliveredSinceAsked = true
+                    nextFetchFollowsDelivery = true
                     if base != nil { baseIsStale = true }
                 }
                 return overlays || invalidates
@@ -110,12 +125,16 @@ struct LiveReadState: Sendable {
         return wasPaused != isPaused || shouldFetch
     }
 
-    /// A fetch is starting; returns its number.
-    mutating func fetchStarted() -> Int {
+    /// A fetch is starting; returns its number, and whether it follows a delivery — then it is
+    /// sent with `Cache-Control: no-cache`, so that neither a cache on the way nor a request
+    /// already in flight for the same read (which the engine would let it share) can answer it
+    /// with the state from before the write.
+    mutating func fetchStarted() -> (number: Int, followsDelivery: Bool) {
         fetchesStarted += 1
         fetching = fetchesStarted
         needsFetch = false
-        return fetchesStarted
+        defer { nextFetchFollowsDelivery = false }
+        return (fetchesStarted, nextFetchFollowsDelivery)
     }
 
     /// The fetch numbered `number` answered.
@@ -129,19 +148,25 @@ struct LiveReadState: Sendable {
         settle(after: number)
     }
 
-    /// The fetch numbered `number` failed: what is shown stays, marked with the error.
+    /// The fetch numbered `number` failed: what is shown stays — delivered writes included, since
+    /// nothing showed the server has them — marked with the error. The next reconnect (or the
+    /// next change that asks for a fetch) tries again.
     mutating func fetchFailed(_ number: Int, _ error: NetworkError) {
         guard fetching == number else { return }
         fetching = nil
         lastFetchError = error
-        settle(after: number)
+        if base != nil { baseIsStale = true }
+        if !settling.isEmpty { nextFetchFollowsDelivery = true }
     }
 
     /// Drops the delivered writes the fetch numbered `number` accounts for (delivered before it
     /// started); those delivered since need another fetch.
     private mutating func settle(after number: Int) {
         settling.removeAll { $0.fetchesStartedBefore < number }
-        if !settling.isEmpty { needsFetch = true }
+        if !settling.isEmpty {
+            needsFetch = true
+            nextFetchFollowsDelivery = true
+        }
         if needsFetch, base != nil { baseIsStale = true }
     }
 

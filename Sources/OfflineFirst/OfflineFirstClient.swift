@@ -111,8 +111,8 @@ public final class OfflineFirstClient: Sendable {
     ///
     /// - Throws: `NetworkError.cancelled` when the calling task is cancelled.
     public func waitForPendingWrites() async throws {
-        let start = queue.store.sequencedChangesWithStart()
-        var waiting = Set(start.entries.map(\.id)).union(progress.offeredIDs)
+        let start = queue.store.sequencedChangesWithStart()  // stored and offered, with the feed from then on
+        var waiting = Set(start.entries.map(\.id))
         guard !waiting.isEmpty else { return }
         for await (_, change) in start.changes {
             switch change {
@@ -152,7 +152,8 @@ public final class OfflineFirstClient: Sendable {
 
     private static func pendingWrites(_ mirror: QueueMirror) -> [PendingWrite] {
         mirror.entries.map { entry in
-            let state: PendingWrite.State = if mirror.sending.contains(entry.id) {
+            // An offered request (sequence 0: not stored yet) is in its first attempt.
+            let state: PendingWrite.State = if mirror.sending.contains(entry.id) || entry.sequence == 0 {
                 .sending
             } else if entry.attempts > 0 {
                 .retrying(attempts: entry.attempts, nextAttemptAt: entry.nextAttemptAt, lastError: entry.lastError)
@@ -240,6 +241,10 @@ public final class OfflineFirstClient: Sendable {
             defer { start.stop() }
             let monitor = client.reads.reachabilityMonitor
             let connectivity = await monitor.connectivity
+            let registration = client.progress.register(at: start.sequence)
+            defer { client.progress.unregister(registration) }
+            // Writes delivered before this read began have made what it reads stale first.
+            await client.progress.waitForListener(through: start.sequence)
             var state = LiveReadState(
                 rules: rules,
                 invalidatedBy: { entry in invalidations.contains { $0.mutations(entry) } },
@@ -248,8 +253,6 @@ public final class OfflineFirstClient: Sendable {
                 fetchAtOnce: mode == .always,
                 connected: await monitor.isConnected
             )
-            let registration = client.progress.register(at: start.sequence)
-            defer { client.progress.unregister(registration) }
             // A discarding group: finished fetches must not pile up until the read ends.
             await withDiscardingTaskGroup { group in
                 group.addTask {
@@ -273,6 +276,10 @@ public final class OfflineFirstClient: Sendable {
                         state.fetchFailed(number, error)
                         changed = true
                     }
+                    if state.takeDeliveryInvalidation() {
+                        // Before the refetch: what the origin sent before the delivery must not answer it.
+                        client.reads.markStale(for: request)
+                    }
                     if state.shouldFetch {
                         startFetch(&state, group: &group, inbox: inbox)
                         changed = true
@@ -286,13 +293,18 @@ public final class OfflineFirstClient: Sendable {
         }
 
         private func startFetch(_ state: inout LiveReadState, group: inout DiscardingTaskGroup, inbox: AsyncStream<Event>.Continuation) {
-            let number = state.fetchStarted()
-            let (reads, request, staleTime) = (client.reads, request, staleTime)
+            let (number, followsDelivery) = state.fetchStarted()
+            let (reads, staleTime) = (client.reads, staleTime)
+            let request = followsDelivery ? request.revalidating() : request
             group.addTask {
                 do {
                     // `.always`: the fetch is decided here (stale, invalidated, or asked for); the
                     // store must not answer it, nor the monitor hold it.
                     let response = try await reads.response(for: request, mode: .always, staleTime: staleTime)
+                    // An error status is not the read's body: what is shown stays.
+                    guard (200...299).contains(response.response.statusCode) else {
+                        throw NetworkError.httpError(statusCode: response.response.statusCode, data: response.data)
+                    }
                     inbox.yield(.fetched(number, .success(response)))
                 } catch {
                     inbox.yield(.fetched(number, .failure(NetworkError(mapping: error))))
@@ -332,8 +344,6 @@ public final class OfflineFirstClient: Sendable {
         /// The pending writes some update applies to, in replay order, with those updates.
         var overlayingItems: [QueueMirror.Item] { state.withLock { $0.mirror.overlaying } }
 
-        /// Requests being offered at once now (not stored yet).
-        var offeredIDs: Set<UUID> { state.withLock { Set($0.mirror.items.map(\.entry).filter { $0.sequence == 0 }.map(\.id)) } }
 
         func listenerApplied(_ change: QueueChange, sequence: UInt64) {
             let ready = state.withLock { state in
@@ -401,7 +411,7 @@ public final class OfflineFirstClient: Sendable {
 struct AnyRequest: NetworkRequest {
     let url: URL
     let method: HTTPMethod
-    let headers: [String: String]
+    var headers: [String: String]
     let body: Data?
     let timeout: TimeInterval
     let maximumResponseBodySize: Int?
@@ -415,5 +425,16 @@ struct AnyRequest: NetworkRequest {
         timeout = request.timeout
         maximumResponseBodySize = request.maximumResponseBodySize
         deadline = request.deadline
+    }
+
+    /// This request with `Cache-Control: no-cache` added: answered by the origin itself.
+    func revalidating() -> AnyRequest {
+        var copy = self
+        if let name = headers.keys.first(where: { $0.caseInsensitiveCompare("Cache-Control") == .orderedSame }), let value = headers[name] {
+            copy.headers[name] = value + ", no-cache"
+        } else {
+            copy.headers["Cache-Control"] = "no-cache"
+        }
+        return copy
     }
 }

@@ -181,6 +181,16 @@ public final class CachedRequestEngine: RequestSending {
         cache.invalidate(where: predicate)
     }
 
+    /// Marks stale what is stored for `request` (its URL's GET and HEAD responses, every variant,
+    /// this engine's partition) — and makes sure that no exchange with the origin that began
+    /// before this call answers a read made after it, nor is stored as fresh: what the server
+    /// sends from now on is what such a read gets. For a read that must reflect a write the
+    /// server has just taken.
+    public func markStale(for request: some NetworkRequest) {
+        let url = request.url
+        cache.markStale([HTTPMethod.get, .head].map { Plan.primaryKey(method: $0, url: url, partition: partitionDigest) })
+    }
+
     /// Marks stale (RFC 9111 §4.4 invalidation) the stored responses whose method and URL match
     /// (URLs as stored: without query values): kept, shown offline, revalidated before they are
     /// served online. Returns how many.
@@ -392,7 +402,9 @@ public final class CachedRequestEngine: RequestSending {
     /// a connectivity failure or a 500/502/503/504 serves `cached`, stale.
     /// `staleTime` nil (mode `.always`): never answered from the store, not even fresh.
     private func fetch(_ plan: Plan, cached: StoredResponse?, staleIfError: Bool, staleTime: StaleTime?) async throws -> CachedResponse {
-        let outcome = await fetches.run(plan.fetchKey) { [self] in
+        // A read made after the URL was marked stale never joins an exchange begun before.
+        let epoch = cache.staleEpoch(of: plan.primaryKey)
+        let outcome = await fetches.run(Self.flightKey(plan, epoch: epoch)) { [self] in
             // A reader that found the store stale (or empty) while another exchange for this key
             // ran, and reaches here after it ended, starts an exchange of its own: the store may
             // hold a usable answer by now, and that needs no second request.
@@ -400,7 +412,7 @@ public final class CachedRequestEngine: RequestSending {
                HTTPCachePolicy.reuse(current, request: plan.directives, staleTime: staleTime, now: self.now).isUsable {
                 return .foundFresh(current)
             }
-            return await self.networkExchange(plan, cached: cached)
+            return await self.networkExchange(plan, cached: cached, epoch: epoch)
         }
         switch outcome {
         case .revalidated(let stored, let cookies):
@@ -442,7 +454,7 @@ public final class CachedRequestEngine: RequestSending {
     /// A `304` updates the stored responses its validators select (RFC 9111 §4.3.4); when that
     /// is not `cached`, the request is sent once more without validators. A `200` to `HEAD`
     /// freshens (or marks stale) the stored GET responses it describes (§4.3.5).
-    private func networkExchange(_ plan: Plan, cached: StoredResponse?) async -> Exchange {
+    private func networkExchange(_ plan: Plan, cached: StoredResponse?, epoch: UInt64) async -> Exchange {
         let requestTime = now
         let data: Data
         let response: HTTPURLResponse
@@ -458,8 +470,14 @@ public final class CachedRequestEngine: RequestSending {
             // may have replaced it meanwhile: then it is answered, not stored again).
             let variants = cache.variants(for: [cached.primaryKey], counting: false).filter { $0.key != cached.key } + [cached]
             let selected = HTTPCachePolicy.selectedBy304(headers, among: variants, nominated: cached)
+            // Marked stale while this exchange ran: the 304 may predate what made it stale.
+            let overtaken = cache.staleEpoch(of: plan.primaryKey) != epoch
             for stored in selected {
-                cache.update(stored.key) { HTTPCachePolicy.refreshed($0, with: headers, requestTime: requestTime, responseTime: responseTime) }
+                cache.update(stored.key) { current in
+                    var refreshed = HTTPCachePolicy.refreshed(current, with: headers, requestTime: requestTime, responseTime: responseTime)
+                    refreshed.isInvalidated = overtaken
+                    return refreshed
+                }
             }
             if selected.contains(where: { $0.key == cached.key }) {
                 let revalidated = HTTPCachePolicy.refreshed(cached, with: headers, requestTime: requestTime, responseTime: responseTime)
@@ -467,7 +485,7 @@ public final class CachedRequestEngine: RequestSending {
             }
             // The 304 is not about the response the validators came from: it must not be
             // applied to it, and the caller asked for the resource, not for a 304.
-            return await networkExchange(plan, cached: nil)
+            return await networkExchange(plan, cached: nil, epoch: epoch)
         }
         if plan.method == .head, response.statusCode == 200 {
             freshenStoredGET(plan, headHeaders: headers, requestTime: requestTime, responseTime: responseTime)
@@ -480,7 +498,7 @@ public final class CachedRequestEngine: RequestSending {
               let varyNames = HTTPCachePolicy.varyNames(headers)
         else { return .passed(data, response) }
         let varyDigest = HTTPCachePolicy.varyDigest(names: varyNames, requestHeaders: plan.headers)
-        let stored = StoredResponse(
+        var stored = StoredResponse(
             key: StoredResponse.variantKey(primary: plan.primaryKey, varyNames: varyNames, varyDigest: varyDigest),
             primaryKey: plan.primaryKey,
             method: plan.method.rawValue,
@@ -494,6 +512,8 @@ public final class CachedRequestEngine: RequestSending {
             varyDigest: varyDigest,
             body: plan.method == .head ? Data() : data
         )
+        // Marked stale while this exchange ran: stored, but stale (it may predate the change).
+        stored.isInvalidated = cache.staleEpoch(of: plan.primaryKey) != epoch
         // The new response replaces every stored variant this request would have selected.
         let superseded = cache.variants(for: [plan.primaryKey], counting: false)
             .filter { $0.key != stored.key && HTTPCachePolicy.matches($0, requestHeaders: plan.headers) }
@@ -530,9 +550,15 @@ public final class CachedRequestEngine: RequestSending {
     }
 
     private func revalidateInBackground(_ plan: Plan, cached: StoredResponse) {
-        fetches.startInBackground(plan.fetchKey) { [self] in
-            await self.networkExchange(plan, cached: cached)
+        let epoch = cache.staleEpoch(of: plan.primaryKey)
+        fetches.startInBackground(Self.flightKey(plan, epoch: epoch)) { [self] in
+            await self.networkExchange(plan, cached: cached, epoch: epoch)
         }
+    }
+
+    /// The key concurrent readers share an exchange under: the request's, within one stale epoch.
+    private static func flightKey(_ plan: Plan, epoch: UInt64) -> CacheDigest {
+        epoch == 0 ? plan.fetchKey : CacheDigest(plan.fetchKey.hex + "\nepoch \(epoch)")
     }
 
     /// A stale response was shown offline: revalidate it once connectivity returns (one wait per

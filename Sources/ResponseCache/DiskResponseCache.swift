@@ -89,6 +89,9 @@ public final class DiskResponseCache: Sendable {
         /// The newest response stored under each key whose file is not written yet: what a read
         /// answers meanwhile (the index still describes the previous file, if any).
         var pending: [CacheDigest: StoredResponse] = [:]
+        /// For each primary key marked stale, the number of its latest marking (see `staleEpoch`).
+        var staleEpochs: [CacheDigest: UInt64] = [:]
+        var nextStaleEpoch: UInt64 = 1
         var memory: [CacheDigest: StoredResponse] = [:]
         var memoryIndex = CacheIndex()
         var statistics = Statistics()
@@ -172,6 +175,7 @@ public final class DiskResponseCache: Sendable {
     public func clear() throws {
         state.withLock { state in
             state.latest = [:]
+            state.staleEpochs = [:]
             state.clearedVersion = state.nextVersion
             state.nextVersion += 1
             state.pending = [:]
@@ -212,6 +216,10 @@ public final class DiskResponseCache: Sendable {
     /// The keys of every stored response (written, in memory or waiting to be written) whose
     /// method and stored URL match.
     private func matchingKeys(_ predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> [CacheDigest] {
+        matchingSummaries(predicate).map(\.key)
+    }
+
+    private func matchingSummaries(_ predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> [StoredResponseSummary] {
         let summaries = state.withLock { state -> [StoredResponseSummary] in
             var seen = Set<CacheDigest>()
             return (state.index.items.values.map(\.summary) + state.memory.values.map(\.summary) + state.pending.values.map(\.summary))
@@ -220,7 +228,7 @@ public final class DiskResponseCache: Sendable {
         return summaries.filter { summary in
             guard let method = HTTPMethod(rawValue: summary.method), let url = URL(string: summary.url) else { return false }
             return predicate(method, url)
-        }.map(\.key)
+        }
     }
 
     /// Marks stale the stored responses whose method and URL match `predicate` (URLs as stored,
@@ -228,7 +236,9 @@ public final class DiskResponseCache: Sendable {
     /// fresh again. Returns how many.
     @discardableResult
     public func markStale(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> Int {
-        let keys = matchingKeys(predicate)
+        let summaries = matchingSummaries(predicate)
+        bumpStaleEpochs(Set(summaries.map(\.primaryKey)))
+        let keys = summaries.map(\.key)
         for key in keys { update(key) { stored in
             var invalidated = stored
             invalidated.isInvalidated = true
@@ -301,9 +311,27 @@ public final class DiskResponseCache: Sendable {
         store(change(current), ifUnchangedSince: version)
     }
 
+    /// The number of the latest time `primaryKey` was marked stale (0: never). An exchange with
+    /// the origin that began under an older number may carry the state from before whatever made
+    /// it stale: what it brings is stored stale, and later reads do not join it.
+    func staleEpoch(of primaryKey: CacheDigest) -> UInt64 {
+        state.withLock { $0.staleEpochs[primaryKey] ?? 0 }
+    }
+
+    /// Starts a new stale epoch for these primary keys, whether anything is stored under them or not.
+    func bumpStaleEpochs(_ primaryKeys: some Sequence<CacheDigest>) {
+        state.withLock { state in
+            for key in primaryKeys {
+                state.staleEpochs[key] = state.nextStaleEpoch
+                state.nextStaleEpoch += 1
+            }
+        }
+    }
+
     /// Marks every variant stored under these primary keys stale (RFC 9111 §4.4 "invalidate"):
     /// kept, to be shown offline and revalidated, never served as fresh again.
     func markStale(_ primaryKeys: [CacheDigest]) {
+        bumpStaleEpochs(primaryKeys)
         for key in variantKeys(of: primaryKeys) {
             update(key) { stored in
                 var invalidated = stored

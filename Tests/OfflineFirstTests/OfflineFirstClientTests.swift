@@ -23,7 +23,8 @@ struct OfflineFirstClientTests {
         await reader.waitFor { Notes.decode($0.data) == ["a"] }
         let result = try await h.client.mutate(CreateNote("b"))
         #expect(result.queuedID != nil)
-        let shown = try #require(reader.latest)  // already there when mutate returned
+        // Yielded before mutate returned (the reader's own task collects it).
+        let shown = await reader.waitFor { $0.hasPendingWrites }
         #expect(Notes.decode(shown.data) == ["a", "b"] && shown.hasPendingWrites && shown.pendingEntryIDs == [result.queuedID])
         #expect(shown.source == .cache)
         #expect(h.origin.writes == 0)
@@ -36,7 +37,7 @@ struct OfflineFirstClientTests {
         let first = await reader.waitFor { _ in true }
         #expect(first.data == nil && first.source == .overlayOnly && first.isPaused)
         try await h.client.mutate(CreateNote("offline"))
-        let shown = try #require(reader.latest)
+        let shown = await reader.waitFor { $0.hasPendingWrites }
         #expect(Notes.decode(shown.data) == ["offline"] && shown.isPaused && shown.hasPendingWrites)
         await reader.cancel()
     }
@@ -60,6 +61,7 @@ struct OfflineFirstClientTests {
         try await h.client.mutate(CreateNote("first", orderingKey: "list"))
         try await h.client.mutate(CreateNote("draft 2", coalescingKey: "draft"))
         try await h.client.mutate(CreateNote("second", orderingKey: "list"))
+        await reader.waitFor { $0.pendingEntryIDs.count == 3 }
         #expect(reader.notes.last == ["draft 2", "first", "second"])  // the draft keeps its place in line
         #expect(reader.notes.allSatisfy { !$0.contains("draft 1") || !$0.contains("draft 2") })
         await reader.cancel()
@@ -124,7 +126,7 @@ struct OfflineFirstClientTests {
         await reader.waitFor { Notes.decode($0.data) == ["a"] && $0.source == .network }
         h.origin.holdReads(true)
         #expect(try await h.client.mutate(CreateNote("b")) == .sent(statusCode: 201))
-        let shown = try #require(reader.latest)  // delivered at once: applied until the refetch lands
+        let shown = await reader.waitFor { $0.settlingEntryIDs.count == 1 }  // delivered at once: applied until the refetch lands
         #expect(Notes.decode(shown.data) == ["a", "b"] && shown.settlingEntryIDs.count == 1 && shown.isStale)
         await h.origin.waitForHeldReads(1)
         h.origin.holdReads(false)
@@ -143,7 +145,7 @@ struct OfflineFirstClientTests {
         await reader.waitFor { $0.source == .network }
         h.origin.rejectWrites(with: 503)
         let id = try #require(try await h.client.mutate(CreateNote("b")).queuedID)  // tried at once, kept for a retry
-        #expect(Notes.decode(reader.latest?.data) == ["a", "b"] && reader.latest?.pendingEntryIDs == [id])
+        await reader.waitFor { Notes.decode($0.data) == ["a", "b"] && $0.pendingEntryIDs == [id] }
         h.origin.rejectWrites(with: nil)
         h.clock.advance(by: .seconds(10))
         _ = await h.queue.flush()
@@ -211,7 +213,7 @@ struct OfflineFirstClientTests {
             await #expect(throws: NetworkError.self) { try await h.client.mutate(note) }
         default:
             let id = try #require(try await h.client.mutate(note).queuedID)
-            #expect(Notes.decode(reader.latest?.data) == ["doomed"])
+            await reader.waitFor { Notes.decode($0.data) == ["doomed"] }
             switch kind {
             case "expired":
                 h.clock.advance(by: .seconds(10))
@@ -247,10 +249,10 @@ struct OfflineFirstClientTests {
             for try await _ in stream { count += 1 }
             return count
         }
-        while await h.monitor.subscriberCount == 0 { await Task.yield() }
+        while await h.monitor.subscriberCount == 0, !Task.isCancelled { await Task.yield() }
         consumer.cancel()
         _ = try? await consumer.value
-        while await h.monitor.subscriberCount > 0 { await Task.yield() }  // its connectivity listener left
+        while await h.monitor.subscriberCount > 0, !Task.isCancelled { await Task.yield() }  // its connectivity listener left
         try await h.client.mutate(CreateNote("after"))  // would wait for the read if it were still registered
     }
 
@@ -274,24 +276,104 @@ struct OfflineFirstClientTests {
 
     @Test func pendingWritesShowEachEntrysStateAsItChanges() async throws {
         let h = try OfflineFirstHarness(connected: false)
-        var lists = h.client.pendingWrites.makeAsyncIterator()
-        #expect(await lists.next() == [])
+        let lists = Log<[PendingWrite.State]>()
+        let watcher = Task { for await list in h.client.pendingWrites { lists.append(list.map(\.state)) } }
+        while lists.count == 0, !Task.isCancelled { await Task.yield() }
+        #expect(lists.values.last == [])
         let id = try #require(try await h.client.mutate(CreateNote("one")).queuedID)
-        #expect(await lists.next()?.map(\.state) == [.waiting])
+        while lists.values.last != [.waiting], !Task.isCancelled { await Task.yield() }
         h.origin.rejectWrites(with: 503)
+        h.origin.holdWrites(true)
         await h.monitor.setConnected(true)
-        _ = await h.queue.flush()
-        var states: [PendingWrite.State] = []
-        while let list = await lists.next() {
-            states.append(contentsOf: list.map(\.state))
-            if case .retrying = list.first?.state { break }
+        let flush = Task { await h.queue.flush() }
+        await h.origin.waitForHeldWrites(1)
+        while lists.values.last != [.sending], !Task.isCancelled { await Task.yield() }  // held at the server: being sent
+        h.origin.releaseWrites()
+        _ = await flush.value
+        while !Task.isCancelled {
+            if case .retrying(let attempts, let next, let error)? = lists.values.last?.first {
+                #expect(attempts == 1 && next != nil && error != nil)
+                break
+            }
+            await Task.yield()
         }
-        #expect(states.first == .sending)
-        guard case .retrying(let attempts, let next, let error)? = states.last else {
-            Issue.record("no retrying state: \(states)")
-            return
-        }
-        #expect(attempts == 1 && next != nil && error != nil)
         #expect(await h.queue.items.map(\.id) == [id])
+        watcher.cancel()
+    }
+
+    @Test func aRequestBeingOfferedAtOnceIsPendingAndSendingAndWaitedFor() async throws {
+        let h = try OfflineFirstHarness()
+        h.origin.holdWrites(true)
+        let lists = Log<[PendingWrite.State]>()
+        let watcher = Task { for await list in h.client.pendingWrites { lists.append(list.map(\.state)) } }
+        let mutation = Task { try await h.client.mutate(CreateNote("now")) }
+        await h.origin.waitForHeldWrites(1)
+        while lists.values.last != [.sending], !Task.isCancelled { await Task.yield() }
+        // Started while the request is in its first attempt: it waits for it.
+        let waiting = Task { try await h.client.waitForPendingWrites() }
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .online, staleTime: .http))
+        await reader.waitFor { $0.pendingEntryIDs.count == 1 }  // a read begun meanwhile shows it too
+        h.origin.holdWrites(false)
+        h.origin.releaseWrites()
+        #expect(try await mutation.value == .sent(statusCode: 201))
+        try await waiting.value
+        // And right after a write sent at once, there is nothing left to wait for.
+        try await h.client.mutate(CreateNote("then"))
+        try await h.client.waitForPendingWrites()
+        watcher.cancel()
+        await reader.cancel()
+    }
+
+    // MARK: Refetch failures and other readers (no flicker)
+
+    @Test func aRefetchAnsweredWithAnErrorStatusOrNoConnectionKeepsTheWriteShown() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"])
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .online, staleTime: .http))
+        await reader.waitFor { $0.source == .network }
+        h.origin.failReads(true)
+        try await h.client.mutate(CreateNote("b"))  // delivered at once; its refetch fails
+        let failed = await reader.waitFor { $0.lastFetchError != nil && !$0.isFetching }
+        #expect(Notes.decode(failed.data) == ["a", "b"] && failed.settlingEntryIDs.count == 1 && failed.isStale)
+        h.origin.failReads(false)
+        await h.monitor.setConnected(false)
+        await h.monitor.setConnected(true)  // the next reconnect refetches
+        let settled = await reader.waitFor { $0.settlingEntryIDs.isEmpty && !$0.isFetching && $0.lastFetchError == nil }
+        #expect(Notes.decode(settled.data) == ["a", "b"])
+        #expect(reader.notes.drop { $0 != ["a", "b"] }.allSatisfy { $0 == ["a", "b"] }, "\(reader.notes)")
+        await reader.cancel()
+    }
+
+    @Test func aLiveReadNeverSettlesFromAnExchangeAnotherReaderBeganBeforeTheDelivery() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"])
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .online, staleTime: .http))
+        await reader.waitFor { $0.source == .network }
+        h.origin.holdReads(true)
+        // Another screen pulls to refresh: its GET reads the list (["a"]) and is held.
+        let refresh = Task { try await h.client.snapshot(for: NotesList(), mode: .always, staleTime: .http) }
+        await h.origin.waitForHeldReads(1)
+        try await h.client.mutate(CreateNote("b"))  // delivered while that GET is in flight
+        await h.origin.waitForHeldReads(2)  // the live read's own refetch: not joined to the held one
+        h.origin.holdReads(false)
+        h.origin.releaseReads()
+        _ = try await refresh.value
+        let settled = await reader.waitFor { $0.settlingEntryIDs.isEmpty && !$0.isFetching }
+        #expect(Notes.decode(settled.data) == ["a", "b"])
+        #expect(reader.notes.drop { $0 != ["a", "b"] }.allSatisfy { $0 == ["a", "b"] }, "\(reader.notes)")
+        // The held GET's pre-write list was not stored as fresh: a read now gets the list with the note.
+        let now = try await h.reads.response(for: NotesList(), mode: .online, staleTime: .http)
+        #expect(Notes.decode(now.data) == ["a", "b"])
+        await reader.cancel()
+    }
+
+    @Test func aRefetchAnsweredWith503IsAnErrorNotTheList() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"], connected: false)
+        _ = try? await h.reads.response(for: NotesList(), mode: .always, staleTime: .http)  // stored
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .always, staleTime: .http))
+        await reader.waitFor { $0.isPaused }
+        h.origin.failReadsWith503(true)
+        await h.monitor.setConnected(true)
+        let failed = await reader.waitFor { $0.lastFetchError != nil }
+        #expect(Notes.decode(failed.data) == ["a"] && failed.source == .cache && failed.lastFetchError?.statusCode == 503)
+        await reader.cancel()
     }
 }

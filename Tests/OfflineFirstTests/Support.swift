@@ -22,6 +22,10 @@ final class NotesOrigin: NetworkSession {
         var rejectWrites: Int?
         var holdReads = false
         var heldReads: [Gate] = []
+        var holdWrites = false
+        var heldWrites: [Gate] = []
+        var failReads = false
+        var readsAnswer503 = false
         var reads = 0
         var writes = 0
     }
@@ -45,14 +49,36 @@ final class NotesOrigin: NetworkSession {
         for gate in state.withLock({ state -> [Gate] in defer { state.heldReads = [] }; return state.heldReads }) { gate.open() }
     }
 
+    /// Waits until `count` reads are held (or the test's time limit cancels it).
     func waitForHeldReads(_ count: Int) async {
-        while heldReadCount < count { await Task.yield() }
+        while heldReadCount < count, !Task.isCancelled { await Task.yield() }
     }
+
+    /// While on, writes wait (before they take effect) until `releaseWrites()`.
+    func holdWrites(_ on: Bool) { state.withLock { $0.holdWrites = on } }
+
+    func releaseWrites() {
+        for gate in state.withLock({ state -> [Gate] in defer { state.heldWrites = [] }; return state.heldWrites }) { gate.open() }
+    }
+
+    func waitForHeldWrites(_ count: Int) async {
+        while state.withLock({ $0.heldWrites.count }) < count, !Task.isCancelled { await Task.yield() }
+    }
+
+    /// While on, reads fail as a refused connection would.
+    func failReads(_ on: Bool) { state.withLock { $0.failReads = on } }
+
+    /// While on, reads are answered 503 (a proxy's error page).
+    func failReadsWith503(_ on: Bool) { state.withLock { $0.readsAnswer503 = on } }
 
     func data(for request: URLRequest) async throws -> (Data, URLResponse) {
         guard let url = request.url else { throw URLError(.badURL) }
         let method = request.httpMethod ?? "GET"
         if method == "GET" {
+            if state.withLock({ $0.failReads }) { throw URLError(.cannotConnectToHost) }
+            if state.withLock({ $0.readsAnswer503 }) {
+                return (Data("<html>down</html>".utf8), HTTPURLResponse(url: url, statusCode: 503, httpVersion: "HTTP/1.1", headerFields: [:])!)
+            }
             let (body, gate) = state.withLock { state -> (Data, Gate?) in
                 state.reads += 1
                 let body = Notes.encode(state.notes)
@@ -65,6 +91,13 @@ final class NotesOrigin: NetworkSession {
             try Task.checkCancellation()
             return (body, HTTPURLResponse(url: url, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: ["Cache-Control": "max-age=60", "Content-Type": "application/json"])!)
         }
+        let writeGate = state.withLock { state -> Gate? in
+            guard state.holdWrites else { return nil }
+            let gate = Gate()
+            state.heldWrites.append(gate)
+            return gate
+        }
+        if let writeGate { await writeGate.wait() }
         let status = state.withLock { state -> Int in
             state.writes += 1
             if let reject = state.rejectWrites { return reject }
@@ -160,11 +193,17 @@ final class SnapshotReader: Sendable {
     var latest: QuerySnapshot? { log.values.last }
     var notes: [[String]] { log.values.map { Notes.decode($0.data) ?? [] } }
 
-    /// Waits until the latest snapshot satisfies `condition`.
+    /// Waits until the latest snapshot satisfies `condition`; when the test's time limit cancels
+    /// the wait first, records an issue and returns what there is, so a stuck read fails its test
+    /// instead of hanging the run.
     @discardableResult
-    func waitFor(_ condition: (QuerySnapshot) -> Bool) async -> QuerySnapshot {
+    func waitFor(_ condition: (QuerySnapshot) -> Bool, sourceLocation: SourceLocation = #_sourceLocation) async -> QuerySnapshot {
         while true {
             if let latest = log.values.last, condition(latest) { return latest }
+            if Task.isCancelled {
+                Issue.record("the snapshot never came: \(log.values.map { "\(Notes.decode($0.data) ?? []) \($0.source) settling \($0.settlingEntryIDs.count) pending \($0.pendingEntryIDs.count) fetching \($0.isFetching) stale \($0.isStale) error \(String(describing: $0.lastFetchError))" })", sourceLocation: sourceLocation)
+                return log.values.last ?? QuerySnapshot.empty
+            }
             await Task.yield()
         }
     }
@@ -173,4 +212,11 @@ final class SnapshotReader: Sendable {
         task.cancel()
         await task.value
     }
+}
+
+extension QuerySnapshot {
+    static let empty = QuerySnapshot(
+        data: nil, response: nil, source: .overlayOnly, isStale: false, pendingEntryIDs: [], settlingEntryIDs: [],
+        rejectedWrites: [], overlayFailures: [], isPaused: false, isFetching: false, lastFetchError: nil
+    )
 }

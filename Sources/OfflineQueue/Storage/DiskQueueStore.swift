@@ -97,6 +97,9 @@ public final class DiskQueueStore: Sendable {
         var publishedCount = 0
         /// How many changes have been published on `changes`.
         var changeSequence: UInt64 = 0
+        /// Requests `enqueue` is offering at once (announced `offered`, not yet stored or
+        /// removed): part of what a change feed starts from.
+        var offered: [UUID: QueueEntry] = [:]
         /// Observers told of each change as it is published (`observeChanges`).
         var changeObservers: [UInt64: @Sendable (UInt64, QueueChange) -> Void] = [:]
         var nextObserver: UInt64 = 0
@@ -260,17 +263,23 @@ public final class DiskQueueStore: Sendable {
         }
     }
 
-    /// `changes` with each change's number (1, 2, …), and the entries and the number of the last
-    /// change at the moment the stream began, taken together: applying the stream's changes to
-    /// those entries follows the store exactly.
+    /// `changes` with each change's number (1, 2, …), and the pending entries (stored, then
+    /// offered at once) and the number of the last change at the moment the stream began, taken
+    /// together: applying the stream's changes to those entries follows the store exactly.
     package func sequencedChanges() -> AsyncStream<(sequence: UInt64, change: QueueChange)> {
         sequencedChangesWithStart().changes
     }
 
     package func sequencedChangesWithStart() -> (entries: [QueueEntry], sequence: UInt64, changes: AsyncStream<(sequence: UInt64, change: QueueChange)>) {
         state.withLock { state in
-            (state.index.ordered(), state.changeSequence, changeSubscribers.stream(bufferingPolicy: .unbounded))
+            (Self.pending(state), state.changeSequence, changeSubscribers.stream(bufferingPolicy: .unbounded))
         }
+    }
+
+    /// The stored entries in replay order, then the requests being offered at once (oldest
+    /// offer first): the state a change feed starts from.
+    private static func pending(_ state: State) -> [QueueEntry] {
+        state.index.ordered() + state.offered.values.sorted { $0.enqueuedAt < $1.enqueuedAt }
     }
 
     /// Calls `observer` with each change from now on, as it is published (under the store's
@@ -283,7 +292,7 @@ public final class DiskQueueStore: Sendable {
             let id = state.nextObserver
             state.nextObserver += 1
             state.changeObservers[id] = observer
-            return (state.index.ordered(), state.changeSequence, { [weak self] in
+            return (Self.pending(state), state.changeSequence, { [weak self] in
                 self?.state.withLock { _ = $0.changeObservers.removeValue(forKey: id) }
             })
         }
@@ -301,6 +310,11 @@ public final class DiskQueueStore: Sendable {
     /// Sends a change to the `changes` streams. Called under the state lock, so changes go out
     /// in the order they happened.
     private func publish(_ change: QueueChange, _ state: inout State) {
+        switch change {
+        case .offered(let entry): state.offered[entry.id] = entry
+        case .stored(let entry, _), .removed(let entry, _): state.offered[entry.id] = nil
+        case .updated, .attemptStarted, .attemptEnded: break
+        }
         state.changeSequence += 1
         changeSubscribers.yield((state.changeSequence, change))
         for observer in state.changeObservers.values { observer(state.changeSequence, change) }
