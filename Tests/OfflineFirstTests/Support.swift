@@ -150,7 +150,8 @@ let appendNote = OptimisticUpdate(
     }
 )
 
-/// The whole stack on a manual clock, a manual monitor and a fake origin.
+/// The whole stack on a manual clock, a manual monitor and a fake origin (`NotesOrigin`, or the
+/// `session` given, e.g. a `ScriptedNetworkSession`).
 final class OfflineFirstHarness: Sendable {
     let directory = TemporaryDirectory()
     let clock = ManualClock()
@@ -162,13 +163,13 @@ final class OfflineFirstHarness: Sendable {
     let reads: CachedRequestEngine
     let client: OfflineFirstClient
 
-    init(notes: [String] = [], connected: Bool = true, updates: [OptimisticUpdate] = [appendNote], invalidations: [Invalidation] = [],
+    init(notes: [String] = [], session: (any NetworkSession)? = nil, connected: Bool = true, updates: [OptimisticUpdate] = [appendNote], invalidations: [Invalidation] = [],
          configuration: OfflineQueueEngine.Configuration = .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10))) throws {
         origin = NotesOrigin(notes: notes)
         monitor = ManualReachabilityMonitor(isConnected: connected)
         cache = try DiskResponseCache(directory: directory.url.appendingPathComponent("cache"), maxBytes: 1 << 20)
         store = try DiskQueueStore(directory: directory.url.appendingPathComponent("queue"))
-        let engine = AsyncRequestEngine(session: origin, clock: clock)
+        let engine = AsyncRequestEngine(session: session ?? origin, clock: clock)
         queue = OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: store, configuration: configuration, clock: clock)
         reads = CachedRequestEngine(requestEngine: engine, cache: cache, reachabilityMonitor: monitor, clock: clock)
         client = OfflineFirstClient(reads: reads, queue: queue, optimisticUpdates: updates, invalidations: invalidations)
