@@ -15,13 +15,16 @@ struct AuthenticatedRequest<Wrapped: NetworkRequest>: NetworkRequest {
     var body: Data? { wrapped.body }
     var timeout: TimeInterval { wrapped.timeout }
     var maximumResponseBodySize: Int? { wrapped.maximumResponseBodySize }
-    /// Each send gets the caller's deadline afresh: the first, and the retry after a 401.
-    var deadline: Duration? { wrapped.deadline }
+    /// What is left of the caller's deadline when this send starts (`AuthenticatedRequestEngine`
+    /// counts one deadline across the token wait, the first send, the refresh and the retry), or
+    /// `nil` when neither the request nor the sending engine has one.
+    let deadline: Duration?
 
     /// `wrapped` with header `name` set to `value`; any header of the same name in another letter
     /// case is dropped, so exactly one token header goes out.
-    init(_ wrapped: Wrapped, headerName name: String, value: String) {
+    init(_ wrapped: Wrapped, headerName name: String, value: String, deadline: Duration?) {
         self.wrapped = wrapped
+        self.deadline = deadline
         var headers = wrapped.headers
         if !headers.isEmpty {
             for key in headers.keys where key.caseInsensitiveCompare(name) == .orderedSame {

@@ -31,6 +31,9 @@ import FoundationNetworking
 ///   token to begin with, not sent at all).
 /// - **Cancellation.** A cancelled caller gets `NetworkError.cancelled` at once, also while it
 ///   waits for a refresh; the refresh goes on for the others.
+/// - **Deadline.** A request's `deadline` (else the `AsyncRequestEngine`'s `totalDeadline`) bounds
+///   the whole call — the token wait, the first send, the refresh after a 401 and the retry —
+///   and a caller still waiting for a refresh at it gets `NetworkError.deadlineExceeded`.
 /// - **Admission (opt-in).** With `maxConcurrentRequests: n`, at most n attempts are in flight at
 ///   once; later ones wait in order and read the token only when admitted. After a 401, requests
 ///   not yet admitted then go out with the refreshed token instead of the rejected one: a storm of
@@ -87,17 +90,26 @@ public final class AuthenticatedRequestEngine: RequestSending {
     /// - Throws: `NetworkError` when no HTTP response was obtained (`.cancelled` included),
     ///   `AuthError` when no token can be had.
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+        // The request's deadline (or the sending engine's `totalDeadline`) bounds the whole call:
+        // the wait for a token, the first send, the shared refresh after a 401 and the retry. It
+        // is placed on the coordinator's clock once, here; each send gets what is left of it.
+        let deadline = (request.deadline ?? defaultDeadline).map { coordinator.time.now() + $0 }
         // With an admission limit, the place is held from the token read through the 401, the
         // shared refresh and the retry: the 401 must start the refresh at once, not after
         // queueing again behind requests that would then all go out with the rejected token.
-        try await admitted {
-            let issued = try await token { try await coordinator.tokenForRequest() }
-            let first = try await requestEngine.response(for: authorized(request, issued.token))
+        return try await admitted {
+            let issued = try await token(by: deadline) { try await coordinator.tokenForRequest(deadline: deadline) }
+            let first = try await requestEngine.response(for: try authorized(request, issued.token, by: deadline))
             guard first.1.statusCode == 401 else { return first }
-            let replacement = try await token { try await coordinator.tokenAfterUnauthorized(issued) }
-            return try await requestEngine.response(for: authorized(request, replacement.token))
+            let replacement = try await token(by: deadline) {
+                try await coordinator.tokenAfterUnauthorized(issued, deadline: deadline)
+            }
+            return try await requestEngine.response(for: try authorized(request, replacement.token, by: deadline))
         }
     }
+
+    /// The sending engine's own total deadline, which applies when a request has none.
+    private var defaultDeadline: Duration? { (requestEngine as? AsyncRequestEngine)?.options.totalDeadline }
 
     /// Runs `body` holding a place in the admission gate, if there is one.
     private func admitted<T>(_ body: () async throws -> T) async throws -> T {
@@ -111,14 +123,25 @@ public final class AuthenticatedRequestEngine: RequestSending {
         return try await body()
     }
 
-    private func authorized<R: NetworkRequest>(_ request: R, _ token: String) -> AuthenticatedRequest<R> {
-        AuthenticatedRequest(request, headerName: tokenHeaderName, value: tokenPrefix + token)
+    /// The request to send with `token`, its deadline what is left of `deadline` (a point on the
+    /// coordinator's clock); `NetworkError.deadlineExceeded` when nothing is left.
+    private func authorized<R: NetworkRequest>(_ request: R, _ token: String, by deadline: Duration?) throws(NetworkError) -> AuthenticatedRequest<R> {
+        var remaining: Duration?
+        if let deadline {
+            let left = deadline - coordinator.time.now()
+            guard left > .zero else { throw .deadlineExceeded }
+            remaining = left
+        }
+        return AuthenticatedRequest(request, headerName: tokenHeaderName, value: tokenPrefix + token, deadline: remaining)
     }
 
-    /// Runs a coordinator call, reporting its cancellation the way the engines do.
+    /// Runs a coordinator call, reporting its cancellation the way the engines do; with a
+    /// deadline already past, it fails at once with `deadlineExceeded` and asks for no token.
     private func token(
+        by deadline: Duration?,
         _ body: () async throws -> TokenRefreshStateMachine.IssuedToken
     ) async throws -> TokenRefreshStateMachine.IssuedToken {
+        if let deadline, deadline <= coordinator.time.now() { throw NetworkError.deadlineExceeded }
         do {
             return try await body()
         } catch is CancellationError {

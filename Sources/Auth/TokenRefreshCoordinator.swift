@@ -72,7 +72,10 @@ public final class TokenRefreshCoordinator: Sendable {
     public let refreshTimeout: Duration
 
     let state: Locked<State>
-    private let time: TimeSource
+    let time: TimeSource
+    /// Ends the waits of callers whose request deadline comes before their refresh ends: one
+    /// timer for all of them, armed only for a caller that must wait.
+    private let waitDeadlines: DeadlineTimer
     /// The wall-clock moment the clock's zero corresponds to, to place a provider's expiry `Date`
     /// on the clock (so a `ManualClock` moves expiries in tests, as it does TTLs in the queue).
     private let wallClockOrigin: Date
@@ -111,6 +114,7 @@ public final class TokenRefreshCoordinator: Sendable {
         self.refreshTimeout = configuration.refreshTimeout
         self.state = Locked(State(machine: Machine(configuration: configuration)))
         self.time = TimeSource(clock)
+        self.waitDeadlines = DeadlineTimer(time: time)
         self.wallClockOrigin = Date()
     }
 
@@ -138,19 +142,22 @@ public final class TokenRefreshCoordinator: Sendable {
     /// The token to send a request with: the current one, or a new one if there is none yet or
     /// the current one is known to be unusable (then this waits for the shared refresh).
     ///
-    /// - Throws: `AuthError` when no token can be had, `CancellationError` when cancelled.
-    func tokenForRequest() async throws -> Machine.IssuedToken {
+    /// - Parameter deadline: when the caller's request must be done, on this coordinator's clock
+    ///   (`time.now()` based); a wait for a refresh ends there. `nil`: no bound but `refreshTimeout`.
+    /// - Throws: `AuthError` when no token can be had, `CancellationError` when cancelled,
+    ///   `NetworkError.deadlineExceeded` when `deadline` comes first (the refresh goes on).
+    func tokenForRequest(deadline: Duration? = nil) async throws -> Machine.IssuedToken {
         let stamp = state.withLock { $0.machine.stamp }
         let token = await provider.currentToken()
-        return try await perform(decide { $0.tokenRead(token, stamp: stamp, now: time.now()) })
+        return try await perform(decide { $0.tokenRead(token, stamp: stamp, now: time.now()) }, deadline: deadline)
     }
 
     /// The token to retry with after the server answered 401 to `rejected`: the current token if
     /// it is newer, else the result of the shared refresh.
     ///
-    /// - Throws: `AuthError` when no token can be had, `CancellationError` when cancelled.
-    func tokenAfterUnauthorized(_ rejected: Machine.IssuedToken) async throws -> Machine.IssuedToken {
-        return try await perform(decide { $0.unauthorized(rejected.stamp, now: time.now()) })
+    /// - Throws: as `tokenForRequest(deadline:)`.
+    func tokenAfterUnauthorized(_ rejected: Machine.IssuedToken, deadline: Duration? = nil) async throws -> Machine.IssuedToken {
+        return try await perform(decide { $0.unauthorized(rejected.stamp, now: time.now()) }, deadline: deadline)
     }
 
     // MARK: - Performing the machine's actions
@@ -175,7 +182,7 @@ public final class TokenRefreshCoordinator: Sendable {
         }
     }
 
-    private func perform(_ decision: Decision) async throws -> Machine.IssuedToken {
+    private func perform(_ decision: Decision, deadline: Duration? = nil) async throws -> Machine.IssuedToken {
         switch decision.action {
         case .send(let issued):
             return issued
@@ -192,11 +199,11 @@ public final class TokenRefreshCoordinator: Sendable {
             return issued
         case .wait(let id):
             notifyWatchers()
-            return try await waitForRefresh(id, decision.ticket)
+            return try await waitForRefresh(id, decision.ticket, deadline: deadline)
         case .startRefreshAndWait(let id, let refresh):
             startRefresh(refresh)
             notifyWatchers()
-            return try await waitForRefresh(id, decision.ticket)
+            return try await waitForRefresh(id, decision.ticket, deadline: deadline)
         case .fail(let error):
             throw error
         }
@@ -274,11 +281,33 @@ public final class TokenRefreshCoordinator: Sendable {
         return (state.waiters.resumeAll(where: { ids.contains($0) }, with: completion.outcome), completion.outcome)
     }
 
-    /// Suspends waiter `id` until its refresh ends; answers at once when the caller is cancelled.
+    /// Suspends waiter `id` until its refresh ends; answers at once when the caller is cancelled,
+    /// or when `deadline` (on `time`) passes first — the waiter leaves as a cancelled one does,
+    /// and the refresh goes on for the others.
     private func waitForRefresh(
-        _ id: Machine.WaiterID, _ ticket: WaiterList<WaitOutcome?, Machine.WaiterID>.Ticket?
+        _ id: Machine.WaiterID, _ ticket: WaiterList<WaitOutcome?, Machine.WaiterID>.Ticket?, deadline: Duration?
     ) async throws -> Machine.IssuedToken {
         guard let ticket else { preconditionFailure("a waiting decision always carries a ticket") }
+        let state = self.state
+        @Sendable func leave() -> Bool {
+            let waiter = state.withLock { state in
+                let waiter = state.waiters.cancel(ticket, with: nil)
+                if waiter != nil { _ = state.machine.waiterLeft(id) }
+                return waiter
+            }
+            waiter?.resume(returning: nil)
+            return waiter != nil
+        }
+        // Set only by the deadline's timer, and read after the wait: a `nil` outcome is then the
+        // deadline's, not a cancellation.
+        let passedDeadline = deadline.map { _ in Locked(false) }
+        let timer = deadline.map { deadline in
+            waitDeadlines.schedule(after: deadline - time.now()) {
+                passedDeadline?.withLock { $0 = true }
+                _ = leave()
+            }
+        }
+        defer { if let timer { waitDeadlines.cancel(timer) } }
         let outcome = await suspendCancellably { continuation in
             state.withLock { state -> WaitOutcome?? in
                 if let handed = state.waiters.claim(ticket) {
@@ -290,17 +319,15 @@ public final class TokenRefreshCoordinator: Sendable {
                 return nil
             }
         } onCancel: {
-            let waiter = state.withLock { state in
-                let waiter = state.waiters.cancel(ticket, with: nil)
-                if waiter != nil { _ = state.machine.waiterLeft(id) }
-                return waiter
-            }
-            waiter?.resume(returning: nil)
+            _ = leave()
         }
         switch outcome {
         case .success(let issued): return issued
         case .failure(let error): throw error
-        case nil: throw CancellationError()
+        case nil:
+            if Task.isCancelled { throw CancellationError() }
+            if passedDeadline?.withLock({ $0 }) == true { throw NetworkError.deadlineExceeded }
+            throw CancellationError()
         }
     }
 

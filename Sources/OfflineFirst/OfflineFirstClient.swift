@@ -395,6 +395,7 @@ public final class OfflineFirstClient: Sendable {
         }
 
         private static func takeReady(_ state: inout State) -> [WaiterList<Void, Wait>.Waiter] {
+            guard !state.waiters.isEmpty else { return [] }  // most live reads' steps: nobody waits
             let listener = state.listenerSequence
             let slowest = state.liveReads.values.min() ?? .max
             return state.waiters.takeAll { wait in

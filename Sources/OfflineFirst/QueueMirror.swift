@@ -20,6 +20,9 @@ struct QueueMirror: Sendable {
     /// The kept entries that some rule applies to, in replay order: what overlays are made of
     /// (a mirror that keeps every entry may hold many that change no read).
     private(set) var overlaying: [Item] = []
+    /// The ids in `items`: a new entry (most changes bring one) is known not to be there without
+    /// a scan.
+    private var ids: Set<UUID> = []
     /// The entries being sent now.
     private(set) var sending: Set<UUID> = []
     /// How often an entry was removed, replaced or inserted anywhere but last: while it stays
@@ -70,7 +73,7 @@ struct QueueMirror: Sendable {
         }
     }
 
-    func contains(_ id: UUID) -> Bool { items.contains { $0.entry.id == id } }
+    func contains(_ id: UUID) -> Bool { ids.contains(id) }
 
     /// Adds or replaces `entry` if it is kept (removing an older copy either way); returns whether
     /// the mirror changed.
@@ -87,6 +90,7 @@ struct QueueMirror: Sendable {
         while position > items.startIndex, Self.replaysBefore(item.entry, items[position - 1].entry) { position -= 1 }
         if position != items.endIndex { rewrites += 1 }
         items.insert(item, at: position)
+        ids.insert(item.entry.id)
         guard !item.rules.isEmpty else { return }
         var overlayPosition = overlaying.endIndex
         while overlayPosition > overlaying.startIndex, Self.replaysBefore(item.entry, overlaying[overlayPosition - 1].entry) { overlayPosition -= 1 }
@@ -95,7 +99,7 @@ struct QueueMirror: Sendable {
 
     @discardableResult
     private mutating func remove(_ id: UUID) -> QueueEntry? {
-        guard let position = items.firstIndex(where: { $0.entry.id == id }) else { return nil }
+        guard ids.remove(id) != nil, let position = items.firstIndex(where: { $0.entry.id == id }) else { return nil }
         rewrites += 1
         let removed = items.remove(at: position)
         if !removed.rules.isEmpty, let overlayPosition = overlaying.firstIndex(where: { $0.entry.id == id }) {

@@ -60,11 +60,23 @@ public final class LoopbackHTTPServer: Sendable {
     private let state: LoopbackServerState
     private let wake: LoopbackWakePipe
 
+    /// How many requests `requestLog` keeps unless told otherwise: 10 000 (about 6 MB).
+    public static let defaultRequestLogLimit = 10_000
+
+    /// How many of the newest requests `requestLog` keeps (`Int.max`: all of them).
+    public let requestLogLimit: Int
+
     /// Binds 127.0.0.1 on `port` — 0 (the default) for an ephemeral port — with a listen backlog
     /// of 4096, and starts serving on a background thread. Throws `LoopbackHTTPServer.Error` when a
     /// socket call fails (`.bind(errno: EADDRINUSE)` for a taken port, `EINVAL` for one out of range).
-    public init(port: Int = 0) throws {
+    ///
+    /// `requestLogLimit` bounds `requestLog` to the newest requests (a server that serves for
+    /// hours must not keep every request it saw); `hits(_:)` and `totalHits` keep counting all.
+    /// Below 1 it is taken as 1.
+    public init(port: Int = 0, requestLogLimit: Int = LoopbackHTTPServer.defaultRequestLogLimit) throws {
         guard (0...65_535).contains(port) else { throw Error.bind(errno: EINVAL) }
+        let logLimit = max(1, requestLogLimit)
+        self.requestLogLimit = logLimit
         let listener = try LoopbackSocket.makeListener(backlog: 4096, port: port)
         let wake: LoopbackWakePipe
         do {
@@ -74,6 +86,7 @@ public final class LoopbackHTTPServer: Sendable {
             throw error
         }
         let state = LoopbackServerState()
+        state.withLock { $0.logLimit = logLimit }
         self.port = listener.port
         self.baseURL = URL(string: "http://127.0.0.1:\(listener.port)") ?? URL(fileURLWithPath: "/")
         self.state = state
@@ -141,9 +154,12 @@ public final class LoopbackHTTPServer: Sendable {
 
     // MARK: Observation
 
-    /// Every parsed request, in arrival order (unparseable ones, answered 400/431/505, are not included).
+    /// The newest parsed requests, at most `requestLogLimit`, in arrival order (unparseable
+    /// ones, answered 400/431/505, are not included).
     public var requestLog: [LoopbackRequest] {
-        state.withLock { $0.log }
+        state.withLock { fields in
+            fields.log.count > fields.logLimit ? Array(fields.log.suffix(fields.logLimit)) : fields.log
+        }
     }
 
     /// How many parsed requests had exactly this path (the query is not part of it). A `path` ending

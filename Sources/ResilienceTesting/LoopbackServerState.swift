@@ -33,7 +33,10 @@ struct LoopbackLoopCommands {
 /// Only ever accessed through `LoopbackServerState.withLock`.
 struct LoopbackServerFields {
     var routes: [String: LoopbackRoute] = [:]
+    /// The newest requests, oldest first: at most `2 × logLimit` held, the newest `logLimit` shown
+    /// (trimmed in halves, so recording stays O(1) amortized).
     var log: [LoopbackRequest] = []
+    var logLimit = LoopbackHTTPServer.defaultRequestLogLimit
     var hitsByPath: [String: Int] = [:]
     var totalHits = 0
 
@@ -203,6 +206,9 @@ final class LoopbackServerState: StateLock, @unchecked Sendable {
     func respond(to request: LoopbackRequest) -> (response: LoopbackResponse, heldID: Int?) {
         let resolution = withLock { fields -> Resolution in
             fields.log.append(request)
+            if fields.log.count >= 2 * fields.logLimit, fields.logLimit < Int.max / 2 {
+                fields.log.removeFirst(fields.log.count - fields.logLimit)
+            }
             fields.hitsByPath[request.path, default: 0] += 1
             fields.totalHits += 1
             if let key = fields.routeKey(for: request.path), case .handler(let handler) = fields.routes[key] {

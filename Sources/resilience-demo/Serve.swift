@@ -90,7 +90,7 @@ enum Serve {
         let metricsServer: LoopbackHTTPServer
         do {
             workload = try WorkloadServers()
-            metricsServer = try LoopbackHTTPServer(port: options.port ?? 0)
+            metricsServer = try LoopbackHTTPServer(port: options.port ?? 0, requestLogLimit: 100)
         } catch {
             complain("resilience-demo serve: could not start a loopback server: \(error)")
             return 1
@@ -251,9 +251,10 @@ final class StopSignal: Sendable {
     }
 }
 
-/// The workload's server, replaced every minute: `LoopbackHTTPServer` keeps every request in its
-/// `requestLog`, so one server serving for hours would grow without bound. The previous server
-/// stays up one more period, so requests in flight during a switch complete.
+/// The workload's server, replaced every minute: its `requestLog` is bounded (the last 1 000
+/// requests), but its per-path hit counts grow with every distinct path the workload invents, so
+/// one server serving for hours would still grow. The previous server stays up one more period,
+/// so requests in flight during a switch complete.
 final class WorkloadServers: Sendable {
     private struct State {
         var current: LoopbackHTTPServer
@@ -292,7 +293,7 @@ final class WorkloadServers: Sendable {
     /// times out at 1 s), a catalog slow enough for concurrent identical GETs to be deduplicated,
     /// and POSTs with an Idempotency-Key that sometimes fail with 503.
     static func makeServer() throws -> LoopbackHTTPServer {
-        let server = try LoopbackHTTPServer()
+        let server = try LoopbackHTTPServer(requestLogLimit: 1_000)
         server.route("/api/users/*") { _ in .json(#"{"name":"demo"}"#) }
         server.route("/api/missing/*", .status(404))
         server.route("/api/flaky") { _ in

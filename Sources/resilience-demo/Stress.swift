@@ -159,7 +159,7 @@ enum Stress {
     // MARK: - queue
 
     static func queue(entries: Int) async throws -> Int32 {
-        let server = try LoopbackHTTPServer()
+        let server = try LoopbackHTTPServer(requestLogLimit: .max)  // every key is checked below
         defer { server.shutdown() }
         server.route("/events/*", .status(201))
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("resilience-stress-queue-\(UUID().uuidString)")

@@ -21,6 +21,7 @@ struct Mutation: QueueableRequest {
     var orderingKey: String? = nil
     var coalescingKey: String? = nil
     var maximumResponseBodySize: Int? = nil
+    var deadline: Duration? = nil
 
     init(_ path: String, priority: QueuePriority = .normal, body: String? = nil, base: URL = URL(string: "https://api.example.test")!) {
         url = base.appendingPathComponent(path)

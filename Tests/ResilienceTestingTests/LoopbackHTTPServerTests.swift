@@ -143,6 +143,24 @@ struct LoopbackHTTPServerTests {
         #expect(server.acceptedConnections == 1)
     }
 
+    @Test func theRequestLogKeepsOnlyTheNewestRequestsWhileTheCountsKeepCountingAll() async throws {
+        let server = try LoopbackHTTPServer(requestLogLimit: 3)
+        defer { server.shutdown() }
+        server.route("/n/*", .ok("ok"))
+        let session = makeSession()
+        defer { session.finishTasksAndInvalidate() }
+        for index in 0..<8 { _ = try await fetch(server.url("/n/\(index)"), session: session) }
+        #expect(server.requestLogLimit == 3)
+        #expect(server.requestLog.map(\.path) == ["/n/5", "/n/6", "/n/7"])
+        #expect(server.totalHits == 8)
+        #expect(server.hits("/n/*") == 8)
+    }
+
+    @Test func theDefaultRequestLogIsBoundedAndAZeroLimitKeepsOne() throws {
+        #expect(try LoopbackHTTPServer().requestLogLimit == LoopbackHTTPServer.defaultRequestLogLimit)
+        #expect(try LoopbackHTTPServer(requestLogLimit: 0).requestLogLimit == 1)
+    }
+
     @Test func retryAfterHeaderIsDelivered() async throws {
         let server = try LoopbackHTTPServer()
         defer { server.shutdown() }

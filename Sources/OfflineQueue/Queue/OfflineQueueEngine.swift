@@ -200,7 +200,7 @@ public actor OfflineQueueEngine {
             if let keyed {
                 offered = entry
                 store.announce(.offered(entry))
-                switch await firstAttempt(keyed, timeout: request.timeout) {
+                switch await firstAttempt(keyed, timeout: request.timeout, deadline: request.deadline) {
                 case .delivered(let status):
                     store.announce(.removed(entry, reason: .delivered(statusCode: status)))
                     return .sent(statusCode: status)
@@ -354,13 +354,15 @@ public actor OfflineQueueEngine {
         return true
     }
 
-    /// The first attempt of an enqueue, bounded by the request's `timeout` on the queue's clock,
-    /// whatever the sender does (a token refresh that never returns, a sender without timeouts):
-    /// past it the attempt is cancelled and counts as one timed-out attempt, so the entry is
-    /// stored with a backoff and the caller gets `.queued`.
-    private func firstAttempt(_ request: ReplayRequest, timeout: TimeInterval) async -> AttemptOutcome {
-        guard timeout.isFinite, timeout > 0 else { return await attempt(request, previousAttempts: 0) }
-        let limit = Duration.clamped(seconds: timeout, upperBound: .seconds(86_400 * 365))
+    /// The first attempt of an enqueue, bounded by the request's `timeout` (and its `deadline`,
+    /// when that is sooner) on the queue's clock, whatever the sender does (a token refresh that
+    /// never returns, a sender without timeouts): past it the attempt is cancelled and counts as
+    /// one timed-out attempt, so the entry is stored with a backoff and the caller gets `.queued`.
+    private func firstAttempt(_ request: ReplayRequest, timeout: TimeInterval, deadline: Duration?) async -> AttemptOutcome {
+        let ceiling = Duration.seconds(86_400 * 365)
+        var limit = timeout.isFinite && timeout > 0 ? Duration.clamped(seconds: timeout, upperBound: ceiling) : nil
+        if let deadline { limit = min(limit ?? ceiling, max(deadline, .zero)) }
+        guard let limit else { return await attempt(request, previousAttempts: 0) }
         // Unstructured tasks, not a task group: a group would wait for a sender that ignores
         // cancellation, which is exactly the sender this bound is for.
         let race = FirstAnswer<AttemptOutcome?>()

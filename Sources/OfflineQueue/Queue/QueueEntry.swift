@@ -48,6 +48,14 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     public let formatVersion: Int
     /// The request's own `maximumResponseBodySize`, kept for its replays (`nil`: the sender's limit).
     public internal(set) var maximumResponseBodySize: Int?
+    /// The request's own `deadline` in seconds, kept for its replays (`nil`: the sender's deadline);
+    /// stored as a number, the form the entry file's JSON holds.
+    let deadlineSeconds: Double?
+
+    /// The request's own `deadline`, which bounds the first attempt and each replay as a whole
+    /// (each replay is a send of its own: the deadline is counted from that send, not from the
+    /// enqueue — `ttl` bounds the entry's life). `nil`: the sender's deadline applies.
+    public var deadline: Duration? { deadlineSeconds.map { Duration.clamped(seconds: $0, upperBound: .seconds(86_400 * 365_000)) } }
 
     /// The priority as an enum (unknown values read as `.normal`).
     public var queuePriority: QueuePriority { QueuePriority(rawValue: priority) ?? .normal }
@@ -149,6 +157,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         self.lastError = lastError
         self.formatVersion = Self.currentFormatVersion
         self.maximumResponseBodySize = request.maximumResponseBodySize
+        self.deadlineSeconds = request.deadline?.seconds
     }
 
     /// Every stored field, as read back from a file.
@@ -156,7 +165,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         id: UUID, url: URL, method: String, headers: [String: String], body: Data?, timeout: TimeInterval,
         enqueuedAt: Date, ttl: TimeInterval, priority: Int, idempotencyKey: String, orderingKey: String?,
         coalescingKey: String?, sequence: UInt64, attempts: Int, nextAttemptAt: Date?, lastError: String?,
-        revision: Int, formatVersion: Int, maximumResponseBodySize: Int? = nil
+        revision: Int, formatVersion: Int, maximumResponseBodySize: Int? = nil, deadlineSeconds: Double? = nil
     ) {
         self.id = id
         self.url = url
@@ -177,6 +186,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         self.revision = revision
         self.formatVersion = formatVersion
         self.maximumResponseBodySize = maximumResponseBodySize
+        self.deadlineSeconds = deadlineSeconds
     }
 
     /// The largest `sequence`, `revision` or `attempts` a stored entry may carry: 2^53, the largest
@@ -235,19 +245,11 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
 struct ReplayRequest: NetworkRequest {
     let url: URL
     let method: HTTPMethod
-    let headers: [String: String]
+    var headers: [String: String]
     let body: Data?
     let timeout: TimeInterval
     let maximumResponseBodySize: Int?
-
-    init(url: URL, method: HTTPMethod, headers: [String: String], body: Data?, timeout: TimeInterval, maximumResponseBodySize: Int?) {
-        self.url = url
-        self.method = method
-        self.headers = headers
-        self.body = body
-        self.timeout = timeout
-        self.maximumResponseBodySize = maximumResponseBodySize
-    }
+    let deadline: Duration?
 
     init?(_ entry: QueueEntry) {
         guard let method = entry.httpMethod else { return nil }
@@ -259,5 +261,6 @@ struct ReplayRequest: NetworkRequest {
         body = entry.body
         timeout = entry.timeout
         maximumResponseBodySize = entry.maximumResponseBodySize
+        deadline = entry.deadline
     }
 }

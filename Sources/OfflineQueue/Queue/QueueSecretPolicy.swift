@@ -214,7 +214,7 @@ extension ReplayRequest {
     mutating func keepSecretHeaders<Base>(from request: StorableRequest<Base>) {
         var merged = headers
         for (name, value) in request.secretHeaders { merged[name] = value }
-        self = ReplayRequest(url: url, method: method, headers: merged, body: body, timeout: timeout, maximumResponseBodySize: maximumResponseBodySize)
+        headers = merged
     }
 
     /// For a replay: the headers `replayHeaders` returns for `entry` are added, each replacing a
@@ -232,6 +232,8 @@ extension ReplayRequest {
             for existing in merged.keys where existing.lowercased() == lowered { merged[existing] = nil }
             merged[name] = value
         }
-        return ReplayRequest(url: url, method: method, headers: merged, body: body, timeout: timeout, maximumResponseBodySize: maximumResponseBodySize)
+        var replay = self
+        replay.headers = merged
+        return replay
     }
 }

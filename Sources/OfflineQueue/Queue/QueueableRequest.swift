@@ -63,6 +63,9 @@ public struct QueuedRequest: QueueableRequest, Hashable {
     public var idempotencyKey: String
     public var orderingKey: String?
     public var coalescingKey: String?
+    /// The longest each send of this request may take as a whole (the first attempt, and each
+    /// replay counted from its own start); `nil`: the sender's own deadline.
+    public var deadline: Duration?
 
     public init(
         method: HTTPMethod,
@@ -74,7 +77,8 @@ public struct QueuedRequest: QueueableRequest, Hashable {
         priority: QueuePriority = .normal,
         idempotencyKey: String = UUID().uuidString,
         orderingKey: String? = nil,
-        coalescingKey: String? = nil
+        coalescingKey: String? = nil,
+        deadline: Duration? = nil
     ) {
         self.url = url
         self.method = method
@@ -86,5 +90,6 @@ public struct QueuedRequest: QueueableRequest, Hashable {
         self.idempotencyKey = idempotencyKey
         self.orderingKey = orderingKey
         self.coalescingKey = coalescingKey
+        self.deadline = deadline
     }
 }

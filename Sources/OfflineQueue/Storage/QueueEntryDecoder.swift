@@ -72,6 +72,7 @@ enum QueueEntryDecoder {
             var enqueuedAt: Value?, ttl: Value?, priority: Value?, idempotencyKey: Value?, orderingKey: Value?
             var coalescingKey: Value?, sequence: Value?, attempts: Value?, nextAttemptAt: Value?
             var lastError: Value?, revision: Value?, formatVersion: Value?, maximumResponseBodySize: Value?
+            var deadlineSeconds: Value?
 
             /// Stores `value` under `key`; `false` for a key an entry does not have.
             mutating func set(_ key: String, _ value: Value) -> Bool {
@@ -95,6 +96,7 @@ enum QueueEntryDecoder {
                 case "revision": revision = value
                 case "formatVersion": formatVersion = value
                 case "maximumResponseBodySize": maximumResponseBodySize = value
+                case "deadlineSeconds": deadlineSeconds = value
                 default: return false
                 }
                 return true
@@ -183,6 +185,13 @@ enum QueueEntryDecoder {
                 guard let limit = integer(value) else { return nil }
                 maximumResponseBodySize = limit
             }
+            var deadlineSeconds: Double?
+            switch fields.deadlineSeconds {
+            case nil, .null?: deadlineSeconds = nil
+            case let value?:
+                guard let seconds = double(value), !seconds.isNaN else { return nil }
+                deadlineSeconds = seconds
+            }
             var nextAttemptAt: Date?
             switch fields.nextAttemptAt {
             case nil, .null?: nextAttemptAt = nil
@@ -195,7 +204,7 @@ enum QueueEntryDecoder {
                 idempotencyKey: idempotencyKey, orderingKey: orderingKey, coalescingKey: coalescingKey,
                 sequence: UInt64(sequence), attempts: attempts, nextAttemptAt: nextAttemptAt,
                 lastError: lastError, revision: revision, formatVersion: formatVersion,
-                maximumResponseBodySize: maximumResponseBodySize
+                maximumResponseBodySize: maximumResponseBodySize, deadlineSeconds: deadlineSeconds
             )
         }
 

@@ -1,0 +1,126 @@
+import Foundation
+import Testing
+import Retry
+import RequestEngine
+import ResilienceTesting
+@testable import OfflineQueue
+import ResilienceTestSupport
+import ResilienceCore
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// A queued request's `deadline` is part of the request: it goes with the first attempt and with
+/// every replay (each a send of its own, counted from its start), it is kept in the entry file
+/// across a restart, and the engine cuts a send that outlives it. It used to be dropped silently.
+@Suite("OfflineQueueEngine: a queued request's deadline", .timeLimit(.minutes(1)))
+struct QueuedDeadlineTests {
+    /// Records the deadline of each request it is asked to send and answers from a script.
+    final class DeadlineRecordingSender: RequestSending, Sendable {
+        private let seen = Locked<[Duration?]>([])
+        private let statuses: Locked<[Int]>
+
+        init(statuses: [Int]) { self.statuses = Locked(statuses) }
+
+        var deadlines: [Duration?] { seen.withLock { $0 } }
+
+        func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+            seen.withLock { $0.append(request.deadline) }
+            let status = statuses.withLock { $0.isEmpty ? 200 : $0.removeFirst() }
+            return (Data(), HTTPURLResponse(url: request.url, statusCode: status, httpVersion: "HTTP/1.1", headerFields: [:])!)
+        }
+    }
+
+    @Test func theDeadlineGoesWithTheFirstAttemptAndEveryReplay() async throws {
+        let directory = TemporaryDirectory()
+        let clock = ManualClock()
+        let sender = DeadlineRecordingSender(statuses: [503, 503, 200])
+        let engine = OfflineQueueEngine(
+            requestEngine: sender,
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+            store: try DiskQueueStore(directory: directory.url),
+            configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10)),
+            clock: clock
+        )
+        var request = Mutation("/a")
+        request.deadline = .seconds(5)
+        let id = try #require(try await engine.enqueue(request).queuedID)  // 503: kept
+        #expect(engine.store.entry(id: id)?.deadline == .seconds(5))
+        clock.advance(by: .seconds(10))
+        #expect(await engine.flush().kept == [id])
+        clock.advance(by: .seconds(10))
+        #expect(await engine.flush().delivered == [id])
+        #expect(sender.deadlines == [.seconds(5), .seconds(5), .seconds(5)])
+    }
+
+    @Test func aRequestWithoutADeadlineSendsNone() async throws {
+        let directory = TemporaryDirectory()
+        let clock = ManualClock()
+        let sender = DeadlineRecordingSender(statuses: [503, 200])
+        let engine = OfflineQueueEngine(
+            requestEngine: sender,
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+            store: try DiskQueueStore(directory: directory.url),
+            configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10)),
+            clock: clock
+        )
+        let id = try #require(try await engine.enqueue(Mutation("/a")).queuedID)
+        #expect(engine.store.entry(id: id)?.deadline == nil)
+        clock.advance(by: .seconds(10))
+        #expect(await engine.flush().delivered == [id])
+        #expect(sender.deadlines == [nil, nil])
+    }
+
+    @Test func theEntryFileKeepsTheDeadlineAcrossARestart() async throws {
+        let h = try QueueHarness([], connected: false)
+        var request = Mutation("/a")
+        request.deadline = .milliseconds(2_500)
+        let id = try #require(try await h.engine.enqueue(request).queuedID)
+        h.store.releaseLock()
+        let reopened = try DiskQueueStore(directory: h.directory.url)
+        #expect(reopened.openReport.quarantined.isEmpty)
+        #expect(reopened.entry(id: id)?.deadline == .milliseconds(2_500))
+    }
+
+    @Test func anEntryFileWithoutTheFieldReadsAsNoDeadline() throws {
+        let entry = QueueEntry(
+            id: UUID(), url: URL(string: "https://api.example.test/a")!, method: "POST", headers: [:], body: nil,
+            timeout: 30, enqueuedAt: Date(timeIntervalSinceReferenceDate: 0), ttl: 60, priority: 0,
+            idempotencyKey: "k", orderingKey: nil, coalescingKey: nil, sequence: 1, attempts: 0,
+            nextAttemptAt: nil, lastError: nil, revision: 0, formatVersion: 1
+        )
+        let data = try QueueEntry.makeEncoder().encode(entry)
+        #expect(!String(decoding: data, as: UTF8.self).contains("deadline"))
+        #expect(QueueEntryDecoder.decode(data)?.deadline == nil)
+    }
+
+    @Test func theEngineCutsAHangingFirstAttemptAtTheDeadlineAndTheEntryIsKept() async throws {
+        let h = try QueueHarness([.hang])
+        var request = Mutation("/a")  // no attempt timeout: only the deadline bounds it
+        request.deadline = .seconds(5)
+        let enqueue = Task { try await h.engine.enqueue(request) }
+        await h.session.waitForCalls(1)
+        await h.clock.waitForSleepers(2)  // the engine's deadline watchdog and the queue's first-attempt bound
+        #expect(h.clock.nextDeadline == .init(offset: .seconds(5)))
+        h.clock.advance(by: .seconds(5))
+        let id = try #require(try await enqueue.value.queuedID)
+        #expect(h.store.entry(id: id)?.attempts == 1)
+        await h.session.waitUntilNoneSuspended()  // the hanging attempt was cancelled
+    }
+
+    @Test func theEngineCutsAHangingReplayAtTheDeadline() async throws {
+        let h = try QueueHarness([.respond(status: 503), .hang])
+        var request = Mutation("/a")
+        request.deadline = .seconds(5)
+        let id = try #require(try await h.engine.enqueue(request).queuedID)
+        h.clock.advance(by: .seconds(10))
+        let flush = Task { await h.engine.flush() }
+        await h.session.waitForCalls(2)
+        await h.clock.waitForSleepers(1)  // the engine's deadline watchdog
+        h.clock.advance(by: .seconds(5))
+        let report = await flush.value
+        #expect(report.kept == [id])
+        #expect(h.store.entry(id: id)?.lastError?.contains("deadline") == true)
+        await h.session.waitUntilNoneSuspended()
+    }
+}
