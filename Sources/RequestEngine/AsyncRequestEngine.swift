@@ -619,7 +619,8 @@ public final class AsyncRequestEngine: RequestSending {
             case .transport, .timedOut, .invalidResponse: return .failure
             case .httpError: return error.isRetryable ? .failure : .success
             case .noConnection, .cancelled, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying,
-                 .deadlineExceeded, .limited:
+                 .deadlineExceeded, .limited, .tooManyRedirects, .responseHeadersTooLarge:
+                // The last two: the host answered, with something this request cannot use.
                 return .ignored
             }
         }

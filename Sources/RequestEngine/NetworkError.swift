@@ -40,11 +40,21 @@ public enum NetworkError: Error, Sendable {
     /// (`Options.rateLimitPerHost`). The `LimiterRejection` says which limit and, for a rate
     /// limit, when a token is due.
     case limited(LimiterRejection)
+    /// The server redirected more often than the transport follows, or in a loop (URLSession's
+    /// `httpTooManyRedirects`; AsyncHTTPClient's redirect limit or cycle). Not retryable: the
+    /// same request would be sent round the same redirects.
+    case tooManyRedirects
+    /// The response's header block was larger than the transport accepts (libcurl under
+    /// URLSession on Linux: a line over 100 KiB or 300 KiB in all; SwiftNIO's parser under
+    /// AsyncHTTPClient: 80 KiB). Nothing of the response is returned. Not retryable: the same
+    /// request would get the same headers.
+    case responseHeadersTooLarge
 
     /// Whether trying again may succeed: 5xx except 501, 408, 429, `noConnection`, `timedOut` and
     /// transport failures other than TLS. Never `cancelled`, other 4xx, `invalidResponse`,
-    /// `invalidRequest`, `circuitOpen`, `responseTooLarge`, `underlying`, `deadlineExceeded` or
-    /// `limited` (both say the caller's own limits were reached: retrying would only add load).
+    /// `invalidRequest`, `circuitOpen`, `responseTooLarge`, `underlying`, `tooManyRedirects`,
+    /// `responseHeadersTooLarge`, `deadlineExceeded` or `limited` (both say the caller's own
+    /// limits were reached: retrying would only add load).
     public var isRetryable: Bool {
         switch self {
         case .httpError(let statusCode, _):
@@ -54,7 +64,7 @@ public enum NetworkError: Error, Sendable {
         case .transport(let failure):
             return failure != .secureConnectionFailed
         case .cancelled, .invalidResponse, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying,
-             .deadlineExceeded, .limited:
+             .deadlineExceeded, .limited, .tooManyRedirects, .responseHeadersTooLarge:
             return false
         }
     }
@@ -117,10 +127,19 @@ extension NetworkError {
             // libcurl (Linux) reports a connection closed before any reply byte as "Empty reply from
             // server" under badServerResponse; Apple platforms report networkConnectionLost.
             self = Self.isEmptyReply(urlError) ? .transport(.connectionLost) : .invalidResponse
+        case .httpTooManyRedirects:
+            self = .tooManyRedirects
         case .unknown:
             // libcurl (Linux) reports a body cut short by the connection closing (CURLE_PARTIAL_FILE)
             // under code -1 with its own message; Apple platforms report networkConnectionLost.
-            self = Self.isTruncatedBody(urlError) ? .transport(.connectionLost) : .underlying(urlError)
+            // Headers too large for libcurl come under code -1 too.
+            if Self.isTruncatedBody(urlError) {
+                self = .transport(.connectionLost)
+            } else if Self.isOversizedHeader(urlError) {
+                self = .responseHeadersTooLarge
+            } else {
+                self = .underlying(urlError)
+            }
         case .unsupportedURL, .cannotParseResponse, .zeroByteResource, .cannotDecodeRawData,
              .cannotDecodeContentData:
             // The engine validates URLs before sending, so unsupportedURL here means libcurl rejected
@@ -137,6 +156,20 @@ extension NetworkError {
     private static func isTruncatedBody(_ error: URLError) -> Bool {
         #if os(Linux) || os(Android) || os(Windows)
         return error.localizedDescription.range(of: "transfer closed with", options: [.caseInsensitive, .anchored]) != nil
+        #else
+        return false
+        #endif
+    }
+
+    /// libcurl's messages for a response header block it refuses: "Too large response headers:
+    /// N > 307200" (300 KiB in all), and "Out of memory" (CURLE_OUT_OF_MEMORY), which is what it
+    /// reports for a single header line over its 100 KiB buffer — a transfer reports no other
+    /// allocation failure this way that a process could survive to see.
+    private static func isOversizedHeader(_ error: URLError) -> Bool {
+        #if os(Linux) || os(Android) || os(Windows)
+        let message = error.localizedDescription
+        return message.range(of: "too large response headers", options: [.caseInsensitive, .anchored]) != nil
+            || message.caseInsensitiveCompare("Out of memory") == .orderedSame
         #else
         return false
         #endif
@@ -171,6 +204,8 @@ extension NetworkError: CustomStringConvertible {
             return "underlying error: \(type(of: error))"
         case .deadlineExceeded: return "total deadline exceeded"
         case .limited(let rejection): return "limited: \(rejection)"
+        case .tooManyRedirects: return "too many redirects"
+        case .responseHeadersTooLarge: return "response headers larger than the transport accepts"
         }
     }
 }

@@ -34,6 +34,8 @@ extension NetworkError {
         case .underlying: return "underlying"
         case .deadlineExceeded: return "deadlineExceeded"
         case .limited: return "limited"
+        case .tooManyRedirects: return "tooManyRedirects"
+        case .responseHeadersTooLarge: return "responseHeadersTooLarge"
         }
     }
 }

@@ -22,6 +22,7 @@ struct NetworkErrorTests {
         (.badServerResponse, "invalidResponse", false),
         (.unsupportedURL, "invalidResponse", false),
         (.cannotParseResponse, "invalidResponse", false),
+        (.httpTooManyRedirects, "tooManyRedirects", false),
         (.fileDoesNotExist, "underlying", false),
     ])
     func urlErrorsMapToTypedCases(code: URLError.Code, expected: String, retryable: Bool) {
@@ -40,6 +41,19 @@ struct NetworkErrorTests {
         let error = NetworkError(mapping: URLError(.unknown, userInfo: [NSLocalizedDescriptionKey: message]))
         #expect(error.caseName == "transport(connectionLost)")
         #expect(error.isRetryable)
+    }
+
+    /// What libcurl-based URLSession reports, verbatim, for a response header block it refuses:
+    /// 300 KiB in all, or one line over its 100 KiB buffer.
+    @Test(.enabled(if: runsOnCorelibsFoundation, "libcurl's messages, Linux only"), arguments: [
+        "Too large response headers: 307233 > 307200",
+        "Out of memory",
+    ])
+    func headersLibcurlRefusesAreResponseHeadersTooLarge(message: String) {
+        let error = NetworkError(mapping: URLError(.unknown, userInfo: [NSLocalizedDescriptionKey: message]))
+        #expect(error.caseName == "responseHeadersTooLarge")
+        #expect(!error.isRetryable)
+        #expect("\(error)" == "response headers larger than the transport accepts")
     }
 
     @Test func otherUnknownURLErrorsStayUnderlying() {

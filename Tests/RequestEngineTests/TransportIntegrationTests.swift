@@ -291,6 +291,36 @@ struct TransportIntegrationTests {
         #expect(error?.caseName == "transport(connectionLost)")
     }
 
+    // MARK: Redirect loops and oversized headers
+
+    @Test(arguments: SessionKind.allCases)
+    func aRedirectLoopIsTooManyRedirectsAndNotRetried(kind: SessionKind) async throws {
+        server.route("/loop", .status(302, headers: ["Location": "/loop"]))
+        let engine = AsyncRequestEngine(session: kind.make(), retryPolicy: FixedIntervalRetryPolicy(maxRetries: 2, interval: 0))
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/loop"))) }
+        #expect(error?.caseName == "tooManyRedirects")
+        #expect(error?.isRetryable == false)
+        let followed = server.hits("/loop")
+        #expect(followed > 1 && followed <= 51)  // one attempt, followed round the loop to the transport's limit
+    }
+
+    @Test(.enabled(if: runsOnCorelibsFoundation, "libcurl's header limits; Apple's URLSession has its own"), arguments: SessionKind.allCases)
+    func aHeaderLineLargerThanTheTransportAcceptsIsResponseHeadersTooLarge(kind: SessionKind) async throws {
+        server.route("/huge-header", .status(200, headers: ["X-Huge": String(repeating: "a", count: 200_000)], body: "x"))
+        let engine = AsyncRequestEngine(session: kind.make(), retryPolicy: FixedIntervalRetryPolicy(maxRetries: 2, interval: 0))
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/huge-header"))) }
+        #expect(error?.caseName == "responseHeadersTooLarge")
+        #expect(server.hits("/huge-header") == 1)  // not retried
+    }
+
+    @Test(.enabled(if: runsOnCorelibsFoundation, "libcurl's header limits; Apple's URLSession has its own"), arguments: SessionKind.allCases)
+    func aHeaderBlockLargerThanTheTransportAcceptsIsResponseHeadersTooLarge(kind: SessionKind) async throws {
+        let headers = Dictionary(uniqueKeysWithValues: (0..<7_000).map { ("X-Header-\($0)", String(repeating: "b", count: 40)) })
+        server.route("/many-headers", .status(200, headers: headers, body: "x"))
+        let error = await networkError { try await AsyncRequestEngine(session: kind.make()).send(TestRequest(url: server.url("/many-headers"))) }
+        #expect(error?.caseName == "responseHeadersTooLarge")
+    }
+
     @Test(arguments: SessionKind.allCases)
     func anUpperCaseSchemeReachesTheServer(kind: SessionKind) async throws {
         server.route("/upper", .ok("found"))

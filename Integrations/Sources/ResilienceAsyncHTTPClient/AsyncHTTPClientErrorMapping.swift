@@ -25,6 +25,8 @@ extension NetworkError {
     /// | any other `NIOSSLError`, `BoringSSLError`, `NIOSSLExtraError`, `tlsHandshakeTimeout` | `.transport(.secureConnectionFailed)` |
     /// | `readTimeout`, `writeTimeout`, `connectTimeout`, `deadlineExceeded`, `getConnectionFromPoolTimeout`, `ETIMEDOUT` | `.timedOut` |
     /// | `cancelled`, `CancellationError` | `.cancelled` |
+    /// | `redirectLimitReached`, `redirectCycleDetected` | `.tooManyRedirects` |
+    /// | `HTTPParserError.headerOverflow` (a header block over NIO's 80 KiB) | `.responseHeadersTooLarge` |
     /// | `HTTPParserError.invalidEOFState` (the connection closed inside a message) | `.transport(.connectionLost)` |
     /// | any other `HTTPParserError` (bytes that are not HTTP) | `.invalidResponse` |
     /// | `invalidURL`, `emptyHost`, `emptyScheme`, `unsupportedScheme`, invalid header names or values | `.invalidRequest` |
@@ -47,7 +49,11 @@ extension NetworkError {
         case let error as HTTPParserError:
             // The connection ended inside a message: a body shorter than its Content-Length or a
             // chunked body without its last chunk, which the URLSession path reports the same way.
-            self = error == .invalidEOFState ? .transport(.connectionLost) : .invalidResponse
+            switch error {
+            case .invalidEOFState: self = .transport(.connectionLost)
+            case .headerOverflow: self = .responseHeadersTooLarge
+            default: self = .invalidResponse
+            }
         case let error as NIOSSLError:
             if case .uncleanShutdown = error {
                 self = .transport(.connectionLost)
@@ -70,6 +76,8 @@ extension NetworkError {
             return .timedOut
         case .tlsHandshakeTimeout:
             return .transport(.secureConnectionFailed)
+        case .redirectLimitReached, .redirectCycleDetected:
+            return .tooManyRedirects
         case .remoteConnectionClosed, .bodyLengthMismatch, .uncleanShutdown:
             return .transport(.connectionLost)
         case .invalidURL, .emptyHost, .emptyScheme, .missingSocketPath:

@@ -132,6 +132,8 @@ package enum StatusLabel {
         case .responseTooLarge, .underlying: return "other"
         case .deadlineExceeded: return "deadline_exceeded"
         case .limited: return "limited"
+        case .tooManyRedirects: return "too_many_redirects"
+        case .responseHeadersTooLarge: return "headers_too_large"
         }
     }
 }

@@ -65,6 +65,8 @@ extension NetworkError {
         case .underlying(let error): return "underlying(\(error))"
         case .deadlineExceeded: return "deadlineExceeded"
         case .limited: return "limited"
+        case .tooManyRedirects: return "tooManyRedirects"
+        case .responseHeadersTooLarge: return "responseHeadersTooLarge"
         }
     }
 }

@@ -288,6 +288,27 @@ struct AsyncHTTPClientSessionTests {
         #expect(error.isRetryable)
     }
 
+    @Test func aRedirectLoopIsTooManyRedirectsAndNotRetried() async throws {
+        server.route("/loop", .status(302, headers: ["Location": "/loop"]))
+        let engine = AsyncRequestEngine(session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 2, interval: 0))
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/loop"))) }
+        #expect(error?.caseName == "tooManyRedirects")
+        #expect(server.hits("/loop") == 1)  // AHC sees the cycle at once, and the engine does not retry it
+    }
+
+    @Test func aRedirectChainLongerThanTheLimitIsTooManyRedirects() async throws {
+        for step in 0..<30 { server.route("/hop/\(step)", .status(302, headers: ["Location": "/hop/\(step + 1)"])) }
+        let error = await networkError { try await AsyncRequestEngine(session: self.session).send(TestRequest(url: server.url("/hop/0"))) }
+        #expect(error?.caseName == "tooManyRedirects")
+        #expect(server.hits("/hop/*") == 21)  // the first request and 20 redirects followed
+    }
+
+    @Test func aHeaderBlockLargerThanTheParserAcceptsIsResponseHeadersTooLarge() async throws {
+        server.route("/huge-header", .status(200, headers: ["X-Huge": String(repeating: "a", count: 200_000)], body: "x"))
+        let error = await networkError { try await AsyncRequestEngine(session: self.session).send(TestRequest(url: server.url("/huge-header"))) }
+        #expect(error?.caseName == "responseHeadersTooLarge")
+    }
+
     @Test func abruptClosesAreRetriedConnectionLosses() async throws {
         server.route("/drop", [.closeWithoutResponse, .reset, .ok("third time")])
         let engine = AsyncRequestEngine(session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 2, interval: 0))

@@ -11,7 +11,7 @@ struct OutcomeKey: Hashable, Sendable, Comparable {
     static let reasonLabels = [
         "no_connection", "timed_out", "cancelled", "cannot_connect", "connection_lost", "dns_failure",
         "tls_failure", "invalid_response", "circuit_open", "invalid_request", "other", "deadline_exceeded",
-        "limited",
+        "limited", "too_many_redirects", "headers_too_large",
     ]
 
     /// A success with `statusCode` (clamped to 0…999).
@@ -42,6 +42,8 @@ struct OutcomeKey: Hashable, Sendable, Comparable {
         case .responseTooLarge, .underlying: reason = 10
         case .deadlineExceeded: reason = 11
         case .limited: reason = 12
+        case .tooManyRedirects: reason = 13
+        case .responseHeadersTooLarge: reason = 14
         }
         rawValue = -1 - Int16(reason)
     }
