@@ -93,6 +93,7 @@ public final class AuthenticatedRequestEngine: RequestSending {
         // The request's deadline (or the sending engine's `totalDeadline`) bounds the whole call:
         // the wait for a token, the first send, the shared refresh after a 401 and the retry. It
         // is placed on the coordinator's clock once, here; each send gets what is left of it.
+        let request = PreparedRequest(request)  // read once; each send sets its token and deadline on it
         let deadline = (request.deadline ?? defaultDeadline).map { coordinator.time.now() + $0 }
         // With an admission limit, the place is held from the token read through the 401, the
         // shared refresh and the retry: the 401 must start the refresh at once, not after
@@ -123,16 +124,17 @@ public final class AuthenticatedRequestEngine: RequestSending {
         return try await body()
     }
 
-    /// The request to send with `token`, its deadline what is left of `deadline` (a point on the
-    /// coordinator's clock); `NetworkError.deadlineExceeded` when nothing is left.
-    private func authorized<R: NetworkRequest>(_ request: R, _ token: String, by deadline: Duration?) throws(NetworkError) -> AuthenticatedRequest<R> {
-        var remaining: Duration?
+    /// The request to send with `token` in its token header (the caller's request is never
+    /// changed, and a retry carries the new token), its deadline what is left of `deadline` (a
+    /// point on the coordinator's clock); `NetworkError.deadlineExceeded` when nothing is left.
+    private func authorized(_ request: PreparedRequest, _ token: String, by deadline: Duration?) throws(NetworkError) -> PreparedRequest {
+        var outgoing = request.settingHeader(tokenHeaderName, to: tokenPrefix + token)
         if let deadline {
             let left = deadline - coordinator.time.now()
             guard left > .zero else { throw .deadlineExceeded }
-            remaining = left
+            outgoing.deadline = left
         }
-        return AuthenticatedRequest(request, headerName: tokenHeaderName, value: tokenPrefix + token, deadline: remaining)
+        return outgoing
     }
 
     /// Runs a coordinator call, reporting its cancellation the way the engines do; with a

@@ -202,7 +202,7 @@ public final class OfflineFirstClient: Sendable {
     /// it and everything it started. A fetch failure does not end it either: the snapshot keeps
     /// what it showed, with `lastFetchError`. A slow consumer sees the latest snapshot.
     public func snapshots(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) -> AsyncThrowingStream<QuerySnapshot, any Error> {
-        let read = LiveRead(request: AnyRequest(request), mode: mode, staleTime: staleTime, client: self)
+        let read = LiveRead(request: PreparedRequest(request), mode: mode, staleTime: staleTime, client: self)
         return AsyncThrowingStream(bufferingPolicy: .bufferingNewest(1)) { continuation in
             let task = Task { await read.run(continuation) }
             continuation.onTermination = { _ in task.cancel() }
@@ -220,7 +220,7 @@ public final class OfflineFirstClient: Sendable {
     /// One live read's loop: its own view of the queue (a mirror fed by the change feed from the
     /// moment it starts), connectivity, and its fetches, all handled one event at a time.
     private struct LiveRead: Sendable {
-        let request: AnyRequest
+        let request: PreparedRequest
         let mode: NetworkMode
         let staleTime: StaleTime
         let client: OfflineFirstClient
@@ -408,34 +408,9 @@ public final class OfflineFirstClient: Sendable {
     }
 }
 
-/// A request kept as a value (its properties read once), so a live read can send it again.
-struct AnyRequest: NetworkRequest {
-    let url: URL
-    let method: HTTPMethod
-    var headers: [String: String]
-    let body: Data?
-    let timeout: TimeInterval
-    let maximumResponseBodySize: Int?
-    let deadline: Duration?
-
-    init(_ request: some NetworkRequest) {
-        url = request.url
-        method = request.method
-        headers = request.headers
-        body = request.body
-        timeout = request.timeout
-        maximumResponseBodySize = request.maximumResponseBodySize
-        deadline = request.deadline
-    }
-
-    /// This request with `Cache-Control: no-cache` added: answered by the origin itself.
-    func revalidating() -> AnyRequest {
-        var copy = self
-        if let name = headers.keys.first(where: { $0.caseInsensitiveCompare("Cache-Control") == .orderedSame }), let value = headers[name] {
-            copy.headers[name] = value + ", no-cache"
-        } else {
-            copy.headers["Cache-Control"] = "no-cache"
-        }
-        return copy
+extension PreparedRequest {
+    /// This request with `no-cache` added to its `Cache-Control`: answered by the origin itself.
+    func revalidating() -> PreparedRequest {
+        settingHeader("Cache-Control", to: header("Cache-Control").map { $0 + ", no-cache" } ?? "no-cache")
     }
 }

@@ -252,13 +252,9 @@ public final class CachedRequestEngine: RequestSending {
 
     /// A request's properties read once, and what the cache makes of them.
     struct Plan: Sendable {
-        let url: URL
-        let method: HTTPMethod
-        let headers: [String: String]
-        let body: Data?
-        let timeout: TimeInterval
-        let maximumResponseBodySize: Int?
-        let deadline: Duration?
+        /// The caller's request, read once; what goes to the network is this, with validators
+        /// added when revalidating.
+        let request: PreparedRequest
         /// The request's `Cache-Control` (or `Pragma: no-cache`).
         let directives: CacheControl
         /// Whether the cache may answer and store this request: a GET or HEAD without a body,
@@ -277,13 +273,9 @@ public final class CachedRequestEngine: RequestSending {
         var primaryKey: CacheDigest { keys[0] }
 
         init(_ request: some NetworkRequest, partition: CacheDigest?) {
-            url = request.url
-            method = request.method
-            headers = request.headers
-            body = request.body
-            timeout = request.timeout
-            maximumResponseBodySize = request.maximumResponseBodySize
-            deadline = request.deadline
+            let request = PreparedRequest(request)
+            self.request = request
+            let (url, method, headers, body) = (request.url, request.method, request.headers, request.body)
             directives = HTTPCachePolicy.requestDirectives(headers)
             let readable = (method == .get || method == .head) && body == nil
             let allowed = !HTTPCachePolicy.carriesCredential(headers) || partition != nil
@@ -300,36 +292,15 @@ public final class CachedRequestEngine: RequestSending {
         }
     }
 
-    /// The request sent to the network: the caller's, plus validators when revalidating.
-    private struct Outgoing: NetworkRequest {
-        let url: URL
-        let method: HTTPMethod
-        let headers: [String: String]
-        let body: Data?
-        let timeout: TimeInterval
-        let maximumResponseBodySize: Int?
-        let deadline: Duration?
-
-        init(_ plan: Plan, adding extra: [String: String] = [:]) {
-            url = plan.url
-            method = plan.method
-            headers = plan.headers.merging(extra) { _, added in added }
-            body = plan.body
-            timeout = plan.timeout
-            maximumResponseBodySize = plan.maximumResponseBodySize
-            deadline = plan.deadline
-        }
-    }
-
     /// A request the cache cannot hold: other methods pass through (and on success mark the
     /// stored reads of their URL stale, §4.4); an uncacheable read still follows `mode`'s pause,
     /// and with `only-if-cached` is answered `504`.
     private func uncached(_ plan: Plan, mode: NetworkMode) async throws -> CachedResponse {
-        let readable = plan.method == .get || plan.method == .head
+        let readable = plan.request.method == .get || plan.request.method == .head
         if readable, plan.directives.onlyIfCached { return try gatewayTimeout(plan) }
         if readable, mode != .always { try await waitUntilOnline() }
-        let (data, response) = try await requestEngine.response(for: Outgoing(plan))
-        if !plan.method.isSafe, (200...399).contains(response.statusCode) {
+        let (data, response) = try await requestEngine.response(for: plan.request)
+        if !plan.request.method.isSafe, (200...399).contains(response.statusCode) {
             invalidateReads(after: plan, response: Self.headers(of: response))
         }
         return CachedResponse(data: data, response: response, source: .network, isStale: false)
@@ -340,10 +311,10 @@ public final class CachedRequestEngine: RequestSending {
     /// `Location` and `Content-Location` when they share the request's origin. Marked, not
     /// deleted: a screen offline still shows them, and the next read online revalidates them.
     private func invalidateReads(after plan: Plan, response headers: [String: String]) {
-        var urls = [plan.url]
+        var urls = [plan.request.url]
         for name in ["Location", "Content-Location"] {
-            guard let value = HTTPCachePolicy.value(name, in: headers), let target = URL(string: value, relativeTo: plan.url)?.absoluteURL,
-                  Self.sameOrigin(target, plan.url)
+            guard let value = HTTPCachePolicy.value(name, in: headers), let target = URL(string: value, relativeTo: plan.request.url)?.absoluteURL,
+                  Self.sameOrigin(target, plan.request.url)
             else { continue }
             urls.append(target)
         }
@@ -360,7 +331,7 @@ public final class CachedRequestEngine: RequestSending {
 
     /// The stored response that answers `plan`: the most recent variant whose `Vary` fields match.
     private func lookup(_ plan: Plan, counting: Bool = true) -> StoredResponse? {
-        HTTPCachePolicy.select(from: cache.variants(for: plan.keys, counting: counting), requestHeaders: plan.headers)
+        HTTPCachePolicy.select(from: cache.variants(for: plan.keys, counting: counting), requestHeaders: plan.request.headers)
     }
 
     /// A stored response as the caller sees it: its head rebuilt for the request's own URL, with
@@ -374,16 +345,16 @@ public final class CachedRequestEngine: RequestSending {
         }
         headers["Age"] = String(Int(HTTPCachePolicy.currentAge(of: stored, now: now).seconds))
         headers.merge(extraHeaders) { _, extra in extra }
-        guard let response = HTTPURLResponse(url: plan.url, statusCode: stored.statusCode, httpVersion: "HTTP/1.1", headerFields: headers) else {
+        guard let response = HTTPURLResponse(url: plan.request.url, statusCode: stored.statusCode, httpVersion: "HTTP/1.1", headerFields: headers) else {
             throw NetworkError.invalidResponse
         }
-        return CachedResponse(data: plan.method == .head ? Data() : stored.body, response: response, source: .cache, isStale: isStale)
+        return CachedResponse(data: plan.request.method == .head ? Data() : stored.body, response: response, source: .cache, isStale: isStale)
     }
 
     /// The cache's answer to `only-if-cached` with nothing usable stored (RFC 9111 §5.2.1.7).
     private func gatewayTimeout(_ plan: Plan) throws -> CachedResponse {
         let headers = ["Date": HTTPDate.format(now), "Content-Length": "0"]
-        guard let response = HTTPURLResponse(url: plan.url, statusCode: 504, httpVersion: "HTTP/1.1", headerFields: headers) else {
+        guard let response = HTTPURLResponse(url: plan.request.url, statusCode: 504, httpVersion: "HTTP/1.1", headerFields: headers) else {
             throw NetworkError.invalidResponse
         }
         return CachedResponse(data: Data(), response: response, source: .cache, isStale: false)
@@ -459,7 +430,7 @@ public final class CachedRequestEngine: RequestSending {
         let data: Data
         let response: HTTPURLResponse
         do {
-            (data, response) = try await requestEngine.response(for: Outgoing(plan, adding: cached.map(HTTPCachePolicy.validators(for:)) ?? [:]))
+            (data, response) = try await requestEngine.response(for: plan.request.settingHeaders(cached.map(HTTPCachePolicy.validators(for:)) ?? [:]))
         } catch {
             return .failed(error)
         }
@@ -487,7 +458,7 @@ public final class CachedRequestEngine: RequestSending {
             // applied to it, and the caller asked for the resource, not for a 304.
             return await networkExchange(plan, cached: nil, epoch: epoch)
         }
-        if plan.method == .head, response.statusCode == 200 {
+        if plan.request.method == .head, response.statusCode == 200 {
             freshenStoredGET(plan, headHeaders: headers, requestTime: requestTime, responseTime: responseTime)
         }
         // A server error never replaces what is stored for the request (it is passed on, and the
@@ -497,12 +468,12 @@ public final class CachedRequestEngine: RequestSending {
         guard !plan.directives.noStore, HTTPCachePolicy.mayStore(status: response.statusCode, headers: headers, control: control),
               let varyNames = HTTPCachePolicy.varyNames(headers)
         else { return .passed(data, response) }
-        let varyDigest = HTTPCachePolicy.varyDigest(names: varyNames, requestHeaders: plan.headers)
+        let varyDigest = HTTPCachePolicy.varyDigest(names: varyNames, requestHeaders: plan.request.headers)
         var stored = StoredResponse(
             key: StoredResponse.variantKey(primary: plan.primaryKey, varyNames: varyNames, varyDigest: varyDigest),
             primaryKey: plan.primaryKey,
-            method: plan.method.rawValue,
-            url: HTTPCachePolicy.storedURL(plan.url),
+            method: plan.request.method.rawValue,
+            url: HTTPCachePolicy.storedURL(plan.request.url),
             partition: partitionDigest,
             storedAt: responseTime,
             initialAge: HTTPCachePolicy.correctedInitialAge(headers, requestTime: requestTime, responseTime: responseTime),
@@ -510,13 +481,13 @@ public final class CachedRequestEngine: RequestSending {
             headers: HTTPCachePolicy.withDate(HTTPCachePolicy.storableHeaders(headers), receivedAt: responseTime),
             varyNames: varyNames,
             varyDigest: varyDigest,
-            body: plan.method == .head ? Data() : data
+            body: plan.request.method == .head ? Data() : data
         )
         // Marked stale while this exchange ran: stored, but stale (it may predate the change).
         stored.isInvalidated = cache.staleEpoch(of: plan.primaryKey) != epoch
         // The new response replaces every stored variant this request would have selected.
         let superseded = cache.variants(for: [plan.primaryKey], counting: false)
-            .filter { $0.key != stored.key && HTTPCachePolicy.matches($0, requestHeaders: plan.headers) }
+            .filter { $0.key != stored.key && HTTPCachePolicy.matches($0, requestHeaders: plan.request.headers) }
             .map(\.key)
         cache.remove(superseded)
         cache.store(stored)
@@ -526,8 +497,8 @@ public final class CachedRequestEngine: RequestSending {
     /// RFC 9111 §4.3.5: each stored GET response this HEAD could have chosen is updated with the
     /// HEAD response's headers when they describe it, and marked stale when they do not.
     private func freshenStoredGET(_ plan: Plan, headHeaders: [String: String], requestTime: Date, responseTime: Date) {
-        let getKey = Plan.primaryKey(method: .get, url: plan.url, partition: partitionDigest)
-        for stored in cache.variants(for: [getKey], counting: false) where HTTPCachePolicy.matches(stored, requestHeaders: plan.headers) {
+        let getKey = Plan.primaryKey(method: .get, url: plan.request.url, partition: partitionDigest)
+        for stored in cache.variants(for: [getKey], counting: false) where HTTPCachePolicy.matches(stored, requestHeaders: plan.request.headers) {
             cache.update(stored.key) { current in
                 if HTTPCachePolicy.headResponse(headHeaders, describes: current) {
                     return HTTPCachePolicy.refreshed(current, with: headHeaders, requestTime: requestTime, responseTime: responseTime)

@@ -195,7 +195,7 @@ public actor OfflineQueueEngine {
         var offered: QueueEntry?
         if attemptFirst, await mayTrySending(request) {
             let entry = QueueEntry(id: id, request: request, idempotencyKey: key, enqueuedAt: now, sequence: QueueEntry.unplacedSequence)
-            var keyed = ReplayRequest(entry)
+            var keyed = entry.replayRequest
             keyed?.keepSecretHeaders(from: request)
             if let keyed {
                 offered = entry
@@ -358,7 +358,7 @@ public actor OfflineQueueEngine {
     /// when that is sooner) on the queue's clock, whatever the sender does (a token refresh that
     /// never returns, a sender without timeouts): past it the attempt is cancelled and counts as
     /// one timed-out attempt, so the entry is stored with a backoff and the caller gets `.queued`.
-    private func firstAttempt(_ request: ReplayRequest, timeout: TimeInterval, deadline: Duration?) async -> AttemptOutcome {
+    private func firstAttempt(_ request: PreparedRequest, timeout: TimeInterval, deadline: Duration?) async -> AttemptOutcome {
         let ceiling = Duration.seconds(86_400 * 365)
         var limit = timeout.isFinite && timeout > 0 ? Duration.clamped(seconds: timeout, upperBound: ceiling) : nil
         if let deadline { limit = min(limit ?? ceiling, max(deadline, .zero)) }
@@ -423,7 +423,7 @@ public actor OfflineQueueEngine {
     }
 
     /// One send and its classification (the outcome table of Docs/OfflineQueue.md).
-    private func attempt(_ request: ReplayRequest, previousAttempts: Int) async -> AttemptOutcome {
+    private func attempt(_ request: PreparedRequest, previousAttempts: Int) async -> AttemptOutcome {
         do {
             let (data, response) = try await sender.response(for: request)
             learnedOffline = false
@@ -576,7 +576,7 @@ public actor OfflineQueueEngine {
     }
 
     private func replay(_ entry: QueueEntry, report: inout FlushReport) async -> AttemptOutcome {
-        guard let request = ReplayRequest(entry) else {
+        guard let request = entry.replayRequest else {
             store.discard(id: entry.id, reason: .rejected(statusCode: nil))
             record(.failedPermanently(id: entry.id, statusCode: nil), in: &report)
             return .permanent(.invalidRequest(reason: "unknown method \(entry.method)"))

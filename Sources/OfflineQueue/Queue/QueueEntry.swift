@@ -241,26 +241,16 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     }
 }
 
-/// The request a queue entry replays: the stored fields plus its `Idempotency-Key`.
-struct ReplayRequest: NetworkRequest {
-    let url: URL
-    let method: HTTPMethod
-    var headers: [String: String]
-    let body: Data?
-    let timeout: TimeInterval
-    let maximumResponseBodySize: Int?
-    let deadline: Duration?
-
-    init?(_ entry: QueueEntry) {
-        guard let method = entry.httpMethod else { return nil }
-        url = entry.url
-        self.method = method
-        var headers = entry.headers
-        headers[HTTPHeader.idempotencyKey] = entry.idempotencyKey
-        self.headers = headers
-        body = entry.body
-        timeout = entry.timeout
-        maximumResponseBodySize = entry.maximumResponseBodySize
-        deadline = entry.deadline
+extension QueueEntry {
+    /// The request this entry replays: the stored fields plus its `Idempotency-Key`; `nil` when
+    /// the stored method is not one the library knows.
+    var replayRequest: PreparedRequest? {
+        guard let method = httpMethod else { return nil }
+        var headers = headers
+        headers[HTTPHeader.idempotencyKey] = idempotencyKey
+        return PreparedRequest(
+            url: url, method: method, headers: headers, body: body, timeout: timeout,
+            maximumResponseBodySize: maximumResponseBodySize, deadline: deadline
+        )
     }
 }

@@ -185,7 +185,7 @@ extension QueueSecretPolicy {
 
 /// A request as the queue stores it (`QueueSecretPolicy.storable(_:)`): the caller's request with
 /// the URL's fragment removed and its secret headers held apart, so that the entry never contains
-/// them while the first attempt still sends them (`ReplayRequest.keepSecretHeaders(from:)`).
+/// them while the first attempt still sends them (`PreparedRequest.keepSecretHeaders(from:)`).
 struct StorableRequest<Base: QueueableRequest>: QueueableRequest {
     let base: Base
     let url: URL
@@ -208,13 +208,11 @@ struct StorableRequest<Base: QueueableRequest>: QueueableRequest {
     var deadline: Duration? { base.deadline }
 }
 
-extension ReplayRequest {
+extension PreparedRequest {
     /// For the first attempt only: the caller's secret headers (Authorization, Cookie, API keys…)
     /// go out with the request even though they are never stored.
     mutating func keepSecretHeaders<Base>(from request: StorableRequest<Base>) {
-        var merged = headers
-        for (name, value) in request.secretHeaders { merged[name] = value }
-        headers = merged
+        for (name, value) in request.secretHeaders { headers[name] = value }
     }
 
     /// For a replay: the headers `replayHeaders` returns for `entry` are added, each replacing a
@@ -222,18 +220,9 @@ extension ReplayRequest {
     func addingReplayHeaders(
         for entry: QueueEntry,
         from replayHeaders: (@Sendable (QueueEntry) async -> [String: String])?
-    ) async -> ReplayRequest {
+    ) async -> PreparedRequest {
         guard let replayHeaders else { return self }
-        let added = await replayHeaders(entry)
-        guard !added.isEmpty else { return self }
-        var merged = headers
-        for (name, value) in added where name.lowercased() != HTTPHeader.idempotencyKey.lowercased() {
-            let lowered = name.lowercased()
-            for existing in merged.keys where existing.lowercased() == lowered { merged[existing] = nil }
-            merged[name] = value
-        }
-        var replay = self
-        replay.headers = merged
-        return replay
+        let added = await replayHeaders(entry).filter { $0.key.caseInsensitiveCompare(HTTPHeader.idempotencyKey) != .orderedSame }
+        return settingHeaders(added)
     }
 }
