@@ -1,0 +1,281 @@
+import ResilienceCore
+
+/// Which share of a limiter's places a request may take. Interactive requests (a user waits for
+/// them) keep a guaranteed share; background work (queue replays, drain cycles, prefetch, hedges)
+/// takes what is left, and is the first to wait when the limit shrinks.
+public enum RequestPriority: Int, Sendable, Hashable, Comparable, CaseIterable {
+    case background = 0
+    case interactive = 1
+
+    public static func < (lhs: RequestPriority, rhs: RequestPriority) -> Bool { lhs.rawValue < rhs.rawValue }
+}
+
+/// A concurrency limit that finds itself: at most `currentLimit` operations run at once, and the
+/// limit follows the latency and the drops of what runs (`AdaptiveLimitAlgorithm`), between
+/// `minLimit` and `maxLimit`. A bulkhead like `ConcurrencyLimiter`, for an upstream whose capacity
+/// nobody knows or that changes under you.
+///
+/// ```swift
+/// let limiter = try AdaptiveConcurrencyLimiter(algorithm: .gradient(), minLimit: 4, maxLimit: 500, maxWaiting: 1_000)
+/// let data = try await limiter.withPermit { try await fetch() }          // interactive
+/// try await limiter.withPermit(priority: .background) { try await sync() }
+/// ```
+///
+/// - **Places.** An interactive call runs at once while fewer than `currentLimit` run. A
+///   background call runs only while it leaves the interactive share free: `interactiveShare` of
+///   the limit (rounded up), less the interactive calls already running. So interactive work
+///   always finds a place within its share, and background work is what waits when the limit
+///   shrinks.
+/// - **The line.** Calls that find no place wait, at most `maxWaiting` of them in all (one more
+///   is refused at once with `LimiterRejection`, reason `.concurrencyLimit`). A freed place goes
+///   to the longest-waiting interactive call, else to the longest-waiting background call its
+///   share allows. A waiter cancelled leaves at once with `CancellationError`; a place handed to
+///   it in that instant goes on to the next.
+/// - **Samples.** Each operation's time from admission to its end, on the limiter's clock, and
+///   whether it was a drop: `withPermit` counts a thrown error as a drop (a cancellation as
+///   nothing); `acquire`/`release(_:outcome:)` let a caller say (the engine counts timeouts,
+///   429, 503 and connection failures). Lock-based, like `ConcurrencyLimiter`: no actor hop.
+public final class AdaptiveConcurrencyLimiter: Sendable {
+    /// Everything that sets up a limiter; `Configuration()` is the tuned default.
+    public struct Configuration: Sendable, Equatable {
+        public var algorithm: AdaptiveLimitAlgorithm
+        /// The limit never goes below this (at least 1).
+        public var minLimit: Int
+        /// The limit never goes above this.
+        public var maxLimit: Int
+        /// Calls allowed to wait for a place (at least 0).
+        public var maxWaiting: Int
+        /// The limit a limiter starts at, within `minLimit…maxLimit`.
+        public var initialLimit: Int
+        /// The share of the limit kept for interactive calls (0…1).
+        public var interactiveShare: Double
+
+        /// The defaults: the gradient algorithm between 4 and 1 000 places starting at 20, a line of
+        /// 1 000, a quarter of the places kept for interactive calls.
+        public init() {
+            algorithm = .gradient()
+            minLimit = 4
+            maxLimit = 1_000
+            maxWaiting = 1_000
+            initialLimit = 20
+            interactiveShare = 0.25
+        }
+
+        /// Each part set; throws `AdaptiveConcurrencyLimiter.ConfigurationError` for a limit below
+        /// 1, `minLimit > maxLimit`, a negative `maxWaiting` or a share outside 0…1.
+        public init(
+            algorithm: AdaptiveLimitAlgorithm,
+            minLimit: Int,
+            maxLimit: Int,
+            maxWaiting: Int,
+            initialLimit: Int? = nil,
+            interactiveShare: Double = 0.25
+        ) throws(ConfigurationError) {
+            guard minLimit >= 1, maxLimit >= 1 else { throw .nonPositiveLimit(minLimit: minLimit, maxLimit: maxLimit) }
+            guard minLimit <= maxLimit else { throw .minimumAboveMaximum(minLimit: minLimit, maxLimit: maxLimit) }
+            guard maxWaiting >= 0 else { throw .negativeWaitLine(maxWaiting) }
+            guard (0...1).contains(interactiveShare) else { throw .shareOutOfRange(interactiveShare) }
+            self.algorithm = algorithm
+            self.minLimit = minLimit
+            self.maxLimit = maxLimit
+            self.maxWaiting = maxWaiting
+            self.initialLimit = min(maxLimit, max(minLimit, initialLimit ?? max(minLimit, min(20, maxLimit))))
+            self.interactiveShare = interactiveShare
+        }
+    }
+
+    /// A configuration that cannot work, said at construction.
+    public enum ConfigurationError: Error, Sendable, Equatable, CustomStringConvertible {
+        case nonPositiveLimit(minLimit: Int, maxLimit: Int)
+        case minimumAboveMaximum(minLimit: Int, maxLimit: Int)
+        case negativeWaitLine(Int)
+        case shareOutOfRange(Double)
+
+        public var description: String {
+            switch self {
+            case .nonPositiveLimit(let low, let high): "limits must be at least 1 (minLimit \(low), maxLimit \(high))"
+            case .minimumAboveMaximum(let low, let high): "minLimit \(low) is above maxLimit \(high)"
+            case .negativeWaitLine(let count): "maxWaiting must not be negative (\(count))"
+            case .shareOutOfRange(let share): "interactiveShare must be within 0...1 (\(share))"
+            }
+        }
+    }
+
+    /// How an operation that held a place ended, for the limit.
+    public enum Outcome: Sendable, Equatable {
+        /// It finished: its latency is a sample.
+        case success
+        /// The upstream could not take it (a timeout, 429, 503, a failed connection): the limit shrinks.
+        case dropped
+        /// Says nothing about the upstream (cancelled, refused before it was sent).
+        case ignored
+    }
+
+    /// A place held: give it back with `release(_:outcome:)`, exactly once.
+    public struct Permit: Sendable {
+        let priority: RequestPriority
+        let admittedAt: Duration
+    }
+
+    public let configuration: Configuration
+
+    private struct State: Sendable {
+        var estimator: AdaptiveLimitEstimator
+        var running: [Int] = [0, 0]  // by priority
+        var interactiveWaiters = WaiterList<Bool, Void>()
+        var backgroundWaiters = WaiterList<Bool, Void>()
+
+        var inFlight: Int { running[0] + running[1] }
+        var waiting: Int { interactiveWaiters.count + backgroundWaiters.count }
+    }
+
+    private let state: Locked<State>
+    private let time: TimeSource
+
+    /// - Parameters:
+    ///   - configuration: the algorithm, the limits, the line and the shares.
+    ///   - clock: what latency is measured on (`ManualClock` in tests).
+    public init(configuration: Configuration = Configuration(), clock: some Clock<Duration> = ContinuousClock()) {
+        self.configuration = configuration
+        self.time = TimeSource(clock)
+        self.state = Locked(State(estimator: AdaptiveLimitEstimator(
+            algorithm: configuration.algorithm,
+            minLimit: configuration.minLimit,
+            maxLimit: configuration.maxLimit,
+            initialLimit: configuration.initialLimit
+        )))
+    }
+
+    /// `AdaptiveConcurrencyLimiter(configuration: try Configuration(algorithm:minLimit:maxLimit:maxWaiting:))`.
+    public convenience init(
+        algorithm: AdaptiveLimitAlgorithm,
+        minLimit: Int,
+        maxLimit: Int,
+        maxWaiting: Int,
+        clock: some Clock<Duration> = ContinuousClock()
+    ) throws(ConfigurationError) {
+        self.init(
+            configuration: try Configuration(algorithm: algorithm, minLimit: minLimit, maxLimit: maxLimit, maxWaiting: maxWaiting),
+            clock: clock
+        )
+    }
+
+    /// The number of operations allowed to run at once now.
+    public var currentLimit: Int { state.withLock { $0.estimator.limit } }
+
+    /// Operations holding a place now (including one just handed to a waiter not yet resumed).
+    public var inFlight: Int { state.withLock { $0.inFlight } }
+
+    /// Calls waiting for a place now.
+    public var waiting: Int { state.withLock { $0.waiting } }
+
+    /// Runs `operation` once a place is free for `priority`, and gives the place back when it
+    /// ends: a thrown error counts as a drop (a `CancellationError`, or a throw while the task is
+    /// cancelled, as nothing), a return as a success.
+    ///
+    /// Throws `LimiterRejection` (the line is full) or `CancellationError` (cancelled before it got
+    /// a place) without running `operation`; otherwise returns or rethrows what `operation` does.
+    public func withPermit<T>(
+        priority: RequestPriority = .interactive,
+        isolation: isolated (any Actor)? = #isolation,
+        _ operation: () async throws -> T
+    ) async throws -> T {
+        let permit = try await acquire(priority: priority)
+        do {
+            let value = try await operation()
+            release(permit, outcome: .success)
+            return value
+        } catch {
+            release(permit, outcome: error is CancellationError || Task.isCancelled ? .ignored : .dropped)
+            throw error
+        }
+    }
+
+    /// Takes a place for `priority`, waiting in line for one if needed.
+    ///
+    /// - Throws: `LimiterRejection` when the line is full, `CancellationError` when cancelled
+    ///   (already, or while waiting).
+    public func acquire(priority: RequestPriority = .interactive) async throws -> Permit {
+        if Task.isCancelled { throw CancellationError() }
+        let share = configuration.interactiveShare
+        let maxWaiting = configuration.maxWaiting
+        let admission = state.withLock { state -> Admission in
+            let lineEmpty = priority == .interactive ? state.interactiveWaiters.isEmpty : state.waiting == 0
+            if lineEmpty, Self.hasPlace(for: priority, in: state, share: share) {
+                state.running[priority.rawValue] += 1
+                return .admitted
+            }
+            guard state.waiting < maxWaiting else { return .rejected(limit: state.estimator.limit) }
+            return priority == .interactive
+                ? .wait(state.interactiveWaiters.issue(()))
+                : .wait(state.backgroundWaiters.issue(()))
+        }
+        switch admission {
+        case .admitted:
+            return Permit(priority: priority, admittedAt: time.now())
+        case .rejected(let limit):
+            throw LimiterRejection(reason: .concurrencyLimit(maxConcurrent: limit, maxWaiting: maxWaiting))
+        case .wait(let ticket):
+            let line: WritableKeyPath<State, WaiterList<Bool, Void>> & Sendable =
+                priority == .interactive ? \State.interactiveWaiters : \State.backgroundWaiters
+            let admitted = await state.wait(for: ticket, on: line, cancelled: false)
+            guard admitted else { throw CancellationError() }
+            let permit = Permit(priority: priority, admittedAt: time.now())
+            if Task.isCancelled {
+                // Handed a place in the same instant as the cancellation: pass it on, run nothing.
+                release(permit, outcome: .ignored)
+                throw CancellationError()
+            }
+            return permit
+        }
+    }
+
+    /// Gives a place back and records how its operation went; the limit may change, and freed
+    /// places go to the callers waiting.
+    public func release(_ permit: Permit, outcome: Outcome) {
+        let ended = outcome == .ignored ? Duration.zero : time.now()
+        let share = configuration.interactiveShare
+        let ready = state.withLock { state -> [WaiterList<Bool, Void>.Waiter] in
+            let inFlight = state.inFlight
+            state.running[permit.priority.rawValue] -= 1
+            if outcome != .ignored {
+                state.estimator.record(began: permit.admittedAt, ended: ended, inFlight: inFlight, dropped: outcome == .dropped)
+            }
+            return Self.admitWaiters(&state, share: share)
+        }
+        for waiter in ready { waiter.resume(returning: true) }
+    }
+
+    private enum Admission {
+        case admitted
+        case rejected(limit: Int)
+        case wait(WaiterList<Bool, Void>.Ticket)
+    }
+
+    /// Whether a call of `priority` may take a place now: interactive while under the limit;
+    /// background only while the interactive share stays free.
+    private static func hasPlace(for priority: RequestPriority, in state: State, share: Double) -> Bool {
+        let limit = state.estimator.limit
+        guard state.inFlight < limit else { return false }
+        guard priority == .background else { return true }
+        let reserved = Int((Double(limit) * share).rounded(.up))
+        let stillReserved = max(0, reserved - state.running[RequestPriority.interactive.rawValue])
+        return state.inFlight + stillReserved < limit
+    }
+
+    /// Hands free places to waiters, interactive first, each as its share allows.
+    private static func admitWaiters(_ state: inout State, share: Double) -> [WaiterList<Bool, Void>.Waiter] {
+        var ready: [WaiterList<Bool, Void>.Waiter] = []
+        for priority in [RequestPriority.interactive, .background] {
+            while hasPlace(for: priority, in: state, share: share) {
+                let handoff = priority == .interactive
+                    ? state.interactiveWaiters.resumeFirst(with: true)
+                    : state.backgroundWaiters.resumeFirst(with: true)
+                guard let handoff else { break }
+                state.running[priority.rawValue] += 1
+                if case .resume(let waiter) = handoff { ready.append(waiter) }
+            }
+        }
+        return ready
+    }
+}

@@ -1,0 +1,276 @@
+import ResilienceCore
+import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+@testable import Retry
+
+/// The algorithms as values: samples in, a limit out, no clock.
+@Suite("AdaptiveLimitEstimator: AIMD and gradient")
+struct AdaptiveLimitEstimatorTests {
+    /// `count` samples of `latency` each, ending one after the other from `at`, with `inFlight` in flight.
+    static func feed(_ estimator: inout AdaptiveLimitEstimator, count: Int, latency: Duration, inFlight: Int, from start: inout Duration) {
+        for _ in 0..<count {
+            estimator.record(began: start, ended: start + latency, inFlight: inFlight, dropped: false)
+            start += .milliseconds(1)
+        }
+    }
+
+    @Test func aimdGrowsByOnePerSuccessWhileTheLimitIsInUse() {
+        var aimd = AdaptiveLimitEstimator(algorithm: .aimd(), minLimit: 2, maxLimit: 30, initialLimit: 10)
+        var now = Duration.zero
+        Self.feed(&aimd, count: 5, latency: .milliseconds(20), inFlight: 10, from: &now)
+        #expect(aimd.limit == 15)
+        Self.feed(&aimd, count: 5, latency: .milliseconds(20), inFlight: 3, from: &now)  // fewer than half in use
+        #expect(aimd.limit == 15)
+        Self.feed(&aimd, count: 100, latency: .milliseconds(20), inFlight: 30, from: &now)
+        #expect(aimd.limit == 30)  // the ceiling
+    }
+
+    @Test func aimdBacksOffOncePerRoundTripAndNeverBelowTheFloor() {
+        var aimd = AdaptiveLimitEstimator(algorithm: .aimd(backoff: 0.5), minLimit: 3, maxLimit: 100, initialLimit: 40)
+        aimd.record(began: .seconds(1), ended: .seconds(2), inFlight: 40, dropped: true)
+        #expect(aimd.limit == 20)
+        // Dropped calls that began before that decrease are the same burst: no second decrease.
+        aimd.record(began: .milliseconds(1_500), ended: .milliseconds(2_100), inFlight: 20, dropped: true)
+        #expect(aimd.limit == 20)
+        // One that began after it is a new signal.
+        aimd.record(began: .milliseconds(2_001), ended: .seconds(3), inFlight: 20, dropped: true)
+        #expect(aimd.limit == 10)
+        for second in 4..<20 { aimd.record(began: .seconds(second), ended: .seconds(second) + .milliseconds(1), inFlight: 5, dropped: true) }
+        #expect(aimd.limit == 3)  // the floor
+    }
+
+    @Test func zeroOrBackwardsLatencyIsIgnoredButADropStillCounts() {
+        var aimd = AdaptiveLimitEstimator(algorithm: .aimd(), minLimit: 1, maxLimit: 100, initialLimit: 10)
+        aimd.record(began: .seconds(5), ended: .seconds(5), inFlight: 10, dropped: false)
+        aimd.record(began: .seconds(5), ended: .seconds(4), inFlight: 10, dropped: false)
+        #expect(aimd.limit == 10)
+        aimd.record(began: .seconds(5), ended: .seconds(4), inFlight: 10, dropped: true)
+        #expect(aimd.limit == 9)
+
+        var gradient = AdaptiveLimitEstimator(algorithm: .gradient(windowSamples: 2), minLimit: 1, maxLimit: 100, initialLimit: 10)
+        for _ in 0..<10 { gradient.record(began: .seconds(5), ended: .seconds(4), inFlight: 10, dropped: false) }
+        #expect(gradient.baseline == nil)  // no window was ever filled
+        #expect(gradient.limit == 10)
+    }
+
+    @Test func gradientGrowsWhileLatencyHolds() {
+        var gradient = AdaptiveLimitEstimator(algorithm: .gradient(), minLimit: 4, maxLimit: 200, initialLimit: 20)
+        var now = Duration.zero
+        var limits: [Int] = []
+        for _ in 0..<30 {
+            Self.feed(&gradient, count: 10, latency: .milliseconds(100), inFlight: gradient.limit, from: &now)
+            limits.append(gradient.limit)
+        }
+        #expect(limits == limits.sorted())  // never shrinks while latency holds
+        #expect(limits.last! > 40)  // the queue allowance, four places a window, a fifth taken each time
+    }
+
+    @Test func gradientShrinksAsLatencyRisesAndGrowsAgainWhenItRecovers() {
+        var gradient = AdaptiveLimitEstimator(algorithm: .gradient(), minLimit: 4, maxLimit: 500, initialLimit: 100)
+        var now = Duration.zero
+        for _ in 0..<50 { Self.feed(&gradient, count: 10, latency: .milliseconds(100), inFlight: gradient.limit, from: &now) }
+        let settled = gradient.limit
+        for _ in 0..<10 { Self.feed(&gradient, count: 10, latency: .milliseconds(400), inFlight: gradient.limit, from: &now) }
+        let slowed = gradient.limit
+        #expect(slowed < settled / 2)  // four times as slow: a fifth of each window's halving taken, ten times
+        for _ in 0..<200 { Self.feed(&gradient, count: 10, latency: .milliseconds(100), inFlight: gradient.limit, from: &now) }
+        #expect(gradient.limit > slowed * 2)  // latency back: it grows again
+    }
+
+    @Test func gradientNeverLeavesItsFloorAndCeiling() {
+        var gradient = AdaptiveLimitEstimator(algorithm: .gradient(), minLimit: 10, maxLimit: 24, initialLimit: 20)
+        var now = Duration.zero
+        for _ in 0..<200 { Self.feed(&gradient, count: 10, latency: .milliseconds(10), inFlight: 24, from: &now) }
+        #expect(gradient.limit == 24)
+        // Latency growing by a third each window stays well above the baseline, which follows slowly.
+        var latency = 10.0
+        for _ in 0..<60 {
+            latency *= 1.3
+            Self.feed(&gradient, count: 10, latency: .milliseconds(Int64(latency)), inFlight: 24, from: &now)
+        }
+        #expect(gradient.limit == 10)
+    }
+
+    @Test func gradientDoesNotGrowWhileTheLimitIsNotInUse() {
+        var gradient = AdaptiveLimitEstimator(algorithm: .gradient(), minLimit: 4, maxLimit: 200, initialLimit: 20)
+        var now = Duration.zero
+        for _ in 0..<20 { Self.feed(&gradient, count: 10, latency: .milliseconds(100), inFlight: 5, from: &now) }
+        #expect(gradient.limit == 20)
+    }
+}
+
+/// The limiter on a ManualClock: places, the line, the partitions, cancellation.
+@Suite("AdaptiveConcurrencyLimiter", .timeLimit(.minutes(1)))
+struct AdaptiveConcurrencyLimiterTests {
+    static func limiter(min: Int = 1, max: Int = 100, initial: Int, waiting: Int = 100, share: Double = 0.25, algorithm: AdaptiveLimitAlgorithm = .aimd(), clock: ManualClock = ManualClock()) throws -> AdaptiveConcurrencyLimiter {
+        AdaptiveConcurrencyLimiter(
+            configuration: try .init(algorithm: algorithm, minLimit: min, maxLimit: max, maxWaiting: waiting, initialLimit: initial, interactiveShare: share),
+            clock: clock
+        )
+    }
+
+    @Test func aConfigurationThatCannotWorkIsAnErrorAtConstruction() {
+        #expect(throws: AdaptiveConcurrencyLimiter.ConfigurationError.minimumAboveMaximum(minLimit: 10, maxLimit: 5)) {
+            try AdaptiveConcurrencyLimiter(algorithm: .gradient(), minLimit: 10, maxLimit: 5, maxWaiting: 10)
+        }
+        #expect(throws: AdaptiveConcurrencyLimiter.ConfigurationError.nonPositiveLimit(minLimit: 0, maxLimit: 5)) {
+            try AdaptiveConcurrencyLimiter(algorithm: .aimd(), minLimit: 0, maxLimit: 5, maxWaiting: 10)
+        }
+        #expect(throws: AdaptiveConcurrencyLimiter.ConfigurationError.negativeWaitLine(-1)) {
+            try AdaptiveConcurrencyLimiter(algorithm: .aimd(), minLimit: 1, maxLimit: 5, maxWaiting: -1)
+        }
+        #expect(throws: AdaptiveConcurrencyLimiter.ConfigurationError.shareOutOfRange(1.5)) {
+            try AdaptiveConcurrencyLimiter.Configuration(algorithm: .aimd(), minLimit: 1, maxLimit: 5, maxWaiting: 1, interactiveShare: 1.5)
+        }
+        let defaults = AdaptiveConcurrencyLimiter(configuration: .init())
+        #expect(defaults.currentLimit == 20)
+        #expect(defaults.configuration.minLimit == 4 && defaults.configuration.maxLimit == 1_000)
+    }
+
+    @Test func callsBeyondTheLimitWaitInOrderAndAFullLineIsRefused() async throws {
+        let limiter = try Self.limiter(initial: 2, waiting: 2, share: 0)
+        let gates = (0..<4).map { _ in Gate() }
+        let log = Log<Int>()
+        let tasks = (0..<4).map { index in
+            Task {
+                try await limiter.withPermit {
+                    log.append(index)
+                    await gates[index].wait()
+                }
+            }
+        }
+        await yieldUntil { limiter.inFlight == 2 && limiter.waiting == 2 }
+        await #expect(throws: LimiterRejection.self) { try await limiter.withPermit {} }
+        let first = log.values
+        for index in first { gates[index].open() }
+        await yieldUntil { log.values.count == 4 }
+        for gate in gates { gate.open() }
+        for task in tasks { try await task.value }
+        #expect(Set(log.values.prefix(2)) == Set(first))
+        #expect(limiter.inFlight == 0 && limiter.waiting == 0)
+    }
+
+    @Test func latencyIsMeasuredOnTheLimitersClockAndDropsShrinkTheLimit() async throws {
+        let clock = ManualClock()
+        let limiter = try Self.limiter(initial: 4, algorithm: .aimd(backoff: 0.5), clock: clock)
+        let held = (0..<4).map { _ in Task { try await limiter.acquire() } }
+        var permits: [AdaptiveConcurrencyLimiter.Permit] = []
+        for task in held { permits.append(try await task.value) }
+        clock.advance(by: .milliseconds(50))
+        limiter.release(permits[0], outcome: .success)  // 4 in flight: in use, +1
+        #expect(limiter.currentLimit == 5)
+        limiter.release(permits[1], outcome: .dropped)
+        #expect(limiter.currentLimit == 2)
+        limiter.release(permits[2], outcome: .dropped)  // began before that decrease: the same burst
+        #expect(limiter.currentLimit == 2)
+        limiter.release(permits[3], outcome: .ignored)
+        #expect(limiter.currentLimit == 2)
+        #expect(limiter.inFlight == 0)
+    }
+
+    @Test func backgroundWorkLeavesTheInteractiveShareFree() async throws {
+        let limiter = try Self.limiter(initial: 8, share: 0.25)  // two places kept for interactive calls
+        let gate = Gate()
+        let background = (0..<10).map { _ in Task { try await limiter.withPermit(priority: .background) { await gate.wait() } } }
+        await yieldUntil { limiter.inFlight == 6 && limiter.waiting == 4 }
+        // Interactive calls find their share free at once, background calls still waiting.
+        let interactive = Gate()
+        let ran = Log<Int>()
+        let calls = (0..<2).map { index in Task { try await limiter.withPermit { ran.append(index); await interactive.wait() } } }
+        await yieldUntil { ran.values.count == 2 }
+        #expect(limiter.inFlight == 8 && limiter.waiting == 4)
+        interactive.open()
+        for call in calls { try await call.value }
+        gate.open()
+        for task in background { try await task.value }
+        #expect(limiter.inFlight == 0)
+    }
+
+    @Test func aFreedPlaceGoesToTheInteractiveWaiterFirst() async throws {
+        let limiter = try Self.limiter(initial: 2, share: 0)
+        let hold = Gate()
+        let holders = (0..<2).map { _ in Task { try await limiter.acquire() } }
+        var permits: [AdaptiveConcurrencyLimiter.Permit] = []
+        for task in holders { permits.append(try await task.value) }
+        let order = Log<String>()
+        let background = Task { try await limiter.withPermit(priority: .background) { order.append("background") } }
+        await yieldUntil { limiter.waiting == 1 }
+        let interactive = Task { try await limiter.withPermit { order.append("interactive"); await hold.wait() } }
+        await yieldUntil { limiter.waiting == 2 }
+        limiter.release(permits[0], outcome: .ignored)
+        await yieldUntil { order.values.count == 1 }
+        #expect(order.values == ["interactive"])  // it came later, and went first
+        limiter.release(permits[1], outcome: .ignored)
+        try await background.value
+        hold.open()
+        try await interactive.value
+        #expect(order.values == ["interactive", "background"])
+    }
+
+    @Test func whenTheLimitShrinksBackgroundWaitsWhileInteractiveStillRuns() async throws {
+        let limiter = try Self.limiter(initial: 8, share: 0.25, algorithm: .aimd(backoff: 0.5))
+        let first = try await limiter.acquire(priority: .background)
+        limiter.release(first, outcome: .dropped)  // 8 → 4: one place kept for interactive calls, three for background
+        #expect(limiter.currentLimit == 4)
+        let gate = Gate()
+        let background = (0..<5).map { _ in Task { try await limiter.withPermit(priority: .background) { await gate.wait() } } }
+        await yieldUntil { limiter.inFlight == 3 && limiter.waiting == 2 }
+        let interactive = try await limiter.withPermit { limiter.inFlight }
+        #expect(interactive == 4)
+        #expect(limiter.waiting == 2)
+        gate.open()
+        for task in background { try await task.value }
+    }
+
+    @Test func aCancelledWaiterLeavesAtOnceAndNoPlaceIsLost() async throws {
+        let limiter = try Self.limiter(initial: 1, share: 0)
+        let permit = try await limiter.acquire()
+        let waiter = Task { try await limiter.withPermit { 1 } }
+        await yieldUntil { limiter.waiting == 1 }
+        waiter.cancel()
+        await #expect(throws: CancellationError.self) { try await waiter.value }
+        #expect(limiter.waiting == 0)
+        limiter.release(permit, outcome: .ignored)
+        #expect(try await limiter.withPermit { limiter.inFlight } == 1)
+        #expect(limiter.inFlight == 0)
+    }
+
+    @Test func aCallAlreadyCancelledNeverRuns() async throws {
+        let limiter = try Self.limiter(initial: 1)
+        let task = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return try await limiter.withPermit { true }
+        }
+        await #expect(throws: CancellationError.self) { try await task.value }
+        #expect(limiter.inFlight == 0)
+    }
+}
+
+@Suite("RetryThrottle: gRPC's token count per server")
+struct RetryThrottleTests {
+    @Test func failuresTakeATokenSuccessesGiveTheRatioAndRetriesStopAtHalf() throws {
+        let throttle = RetryThrottle(try RetryThrottling(maxTokens: 10, tokenRatio: 0.1))
+        #expect(throttle.tokenCount == 10 && throttle.allowsRetry)
+        for _ in 0..<4 { throttle.recordFailure() }
+        #expect(throttle.tokenCount == 6 && throttle.allowsRetry)
+        throttle.recordFailure()
+        #expect(throttle.tokenCount == 5 && !throttle.allowsRetry)  // at half: no retries
+        for _ in 0..<10 { throttle.recordSuccess() }
+        #expect(throttle.tokenCount == 6)  // ten tenths make exactly one
+        #expect(throttle.allowsRetry)
+        for _ in 0..<100 { throttle.recordFailure() }
+        #expect(throttle.tokenCount == 0)
+        for _ in 0..<1_000 { throttle.recordSuccess() }
+        #expect(throttle.tokenCount == 10)  // never above the ceiling
+    }
+
+    @Test func settingsThatCannotWorkAreErrors() throws {
+        #expect(throws: RetryThrottling.ConfigurationError.maxTokensOutOfRange(0)) { try RetryThrottling(maxTokens: 0, tokenRatio: 0.1) }
+        #expect(throws: RetryThrottling.ConfigurationError.maxTokensOutOfRange(1_001)) { try RetryThrottling(maxTokens: 1_001, tokenRatio: 0.1) }
+        #expect(throws: RetryThrottling.ConfigurationError.tokenRatioOutOfRange(0.0001)) { try RetryThrottling(maxTokens: 10, tokenRatio: 0.0001) }
+        #expect(throws: RetryThrottling.ConfigurationError.tokenRatioOutOfRange(-1)) { try RetryThrottling(maxTokens: 10, tokenRatio: -1) }
+        #expect(throws: RetryThrottling.ConfigurationError.self) { try RetryThrottling(maxTokens: .nan, tokenRatio: 0.1) }
+        #expect(try RetryThrottling(maxTokens: 10, tokenRatio: 0.1234).tokenRatio == 0.123)  // three decimals, as gRPC keeps
+    }
+}
