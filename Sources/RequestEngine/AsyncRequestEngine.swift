@@ -80,6 +80,13 @@ public final class AsyncRequestEngine: RequestSending {
         /// at once with `NetworkError.limited` carrying when a token is due (not retried).
         /// Default `nil`: no rate limit.
         public var rateLimitPerHost: HostRateLimit?
+        /// Retry throttling per host, in gRPC's form (`RetryThrottling`): each attempt that fails
+        /// in a way the engine would retry takes a token from its host's count, each other answer
+        /// gives `tokenRatio` back, and while the count is at or below half, no retry and no hedge
+        /// goes to that host — the request ends with its last failure, and a sink conforming to
+        /// `RetryThrottlingEventSink` hears of it. Beside `retryBudget`, which bounds retries
+        /// across all hosts. Default `nil`: no throttling.
+        public var retryThrottling: RetryThrottling?
 
         /// The default `maximumResponseBodySize`: 16 MiB.
         public static let defaultMaximumResponseBodySize = 16 * 1024 * 1024
@@ -94,7 +101,8 @@ public final class AsyncRequestEngine: RequestSending {
             hedging: HedgingPolicy? = nil,
             maxConcurrentPerHost: Int? = nil,
             maxWaitingPerHost: Int = 1_000,
-            rateLimitPerHost: HostRateLimit? = nil
+            rateLimitPerHost: HostRateLimit? = nil,
+            retryThrottling: RetryThrottling? = nil
         ) {
             self.maximumRetryAfter = max(.zero, maximumRetryAfter)
             self.maximumRetryDelay = max(.zero, maximumRetryDelay)
@@ -106,6 +114,7 @@ public final class AsyncRequestEngine: RequestSending {
             self.maxConcurrentPerHost = maxConcurrentPerHost.map { max(1, $0) }
             self.maxWaitingPerHost = max(0, maxWaitingPerHost)
             self.rateLimitPerHost = rateLimitPerHost
+            self.retryThrottling = retryThrottling
         }
     }
 
@@ -136,8 +145,12 @@ public final class AsyncRequestEngine: RequestSending {
     private let hostLimiters: HostLimiters<ConcurrencyLimiter>?
     /// The per-host token buckets, when `options.rateLimitPerHost` is set.
     private let hostRates: HostLimiters<RateLimiter>?
+    /// The per-host retry throttles, when `options.retryThrottling` is set.
+    private let hostThrottles: HostLimiters<RetryThrottle>?
     /// The event sink, when it also hears of hedges.
     private let hedgeSink: (any HedgingEventSink)?
+    /// The event sink, when it also hears of throttled retries.
+    private let throttleSink: (any RetryThrottlingEventSink)?
     /// Whether a strategy works per host (breakers from a registry, host limits): the request's
     /// authority is then read off its URL once, as it is validated.
     private let perHost: Bool
@@ -173,8 +186,11 @@ public final class AsyncRequestEngine: RequestSending {
         self.hostLimiters = options.maxConcurrentPerHost.map {
             HostLimiters(maxConcurrent: $0, maxWaiting: options.maxWaitingPerHost)
         }
+        self.hostThrottles = options.retryThrottling.map { HostLimiters(throttling: $0) }
         self.hedgeSink = eventSink as? any HedgingEventSink
+        self.throttleSink = eventSink as? any RetryThrottlingEventSink
         self.perHost = circuitBreakers != nil || options.maxConcurrentPerHost != nil || options.rateLimitPerHost != nil
+            || options.retryThrottling != nil
         let time = TimeSource(clock)
         self.hostRates = options.rateLimitPerHost.map { HostLimiters($0, time: time) }
         self.deduplicated = HTTPMethodSet(options.deduplicatedMethods)
@@ -318,7 +334,8 @@ public final class AsyncRequestEngine: RequestSending {
             hedging: options.hedging.flatMap { policy in
                 policy.maxAttempts > 1 && (Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
                     ? policy : nil
-            }
+            },
+            throttle: hostThrottles.flatMap { throttles in authority.map { throttles.limiter(forAuthority: $0) } }
         )
     }
 
@@ -380,12 +397,16 @@ public final class AsyncRequestEngine: RequestSending {
                 result = outcome
                 if let permit { breaker?.record(Self.breakerOutcome(of: result), for: permit) }
             }
+            if let throttle = call.execution.throttle { Self.record(result, in: throttle) }
 
-            switch next(after: result, attempt: attempt, mayRetry: call.execution.mayRetry, deadline: call.execution.deadline) {
+            switch next(after: result, attempt: attempt, mayRetry: call.execution.mayRetry, deadline: call.execution.deadline, throttle: call.execution.throttle) {
             case .succeed(let response):
                 if observed { await emitSucceeded(call, status: response.1.statusCode, attempt: attempt) }
                 return finish(call, .success(response))
             case .fail(let error, let response):
+                return await end(call, error, attempt: attempt, response: response)
+            case .throttled(let error, let response):
+                if let throttleSink { await emitRetryThrottled(call, attempt: attempt, sink: throttleSink) }
                 return await end(call, error, attempt: attempt, response: response)
             case .retry(let delay):
                 if observed { await emitRetryScheduled(call, attempt: attempt, delay: delay) }
@@ -480,11 +501,12 @@ public final class AsyncRequestEngine: RequestSending {
                 await sink.recordHedge(HedgeEvent(traceID: traceID, attempt: attempt, copy: copy, after: after))
             }
         }
+        let throttle = execution.throttle
         let race = HedgeRace(
             policy: policy,
             time: time,
             send: { await self.sendOnce(call, attempt: attempt) },
-            mayHedge: { budget?.tryWithdraw() ?? true },
+            mayHedge: { (throttle?.allowsRetry ?? true) && (budget?.tryWithdraw() ?? true) },
             onHedge: onHedge
         )
         return await race.run()
@@ -544,6 +566,8 @@ public final class AsyncRequestEngine: RequestSending {
         case succeed((Data, HTTPURLResponse))
         /// Stop: fail with the error; a final non-2xx response is handed back with it.
         case fail(NetworkError, (Data, HTTPURLResponse)?)
+        /// Stop as `fail` does: a retry was due, and the host's retry throttle refused it.
+        case throttled(NetworkError, (Data, HTTPURLResponse)?)
         case retry(after: Duration)
     }
 
@@ -555,7 +579,8 @@ public final class AsyncRequestEngine: RequestSending {
         after result: Result<(Data, HTTPURLResponse), NetworkError>,
         attempt: Int,
         mayRetry: Bool,
-        deadline: Duration?
+        deadline: Duration?,
+        throttle: RetryThrottle?
     ) -> Step {
         let error: NetworkError
         var retryAfter: Duration?
@@ -577,6 +602,7 @@ public final class AsyncRequestEngine: RequestSending {
         if let retryAfter { delay = min(retryAfter, options.maximumRetryAfter) }
         // A retry that would start at or past the deadline is not scheduled.
         if let deadline, time.now() + delay >= deadline { return .fail(error, finalResponse) }
+        if let throttle, !throttle.allowsRetry { return .throttled(error, finalResponse) }
         if let retryBudget, !retryBudget.tryWithdraw() { return .fail(error, finalResponse) }
         return .retry(after: delay)
     }
@@ -672,6 +698,24 @@ public final class AsyncRequestEngine: RequestSending {
     }
 
     @inline(never)
+    private func emitRetryThrottled(_ call: SharedCall, attempt: Int, sink: any RetryThrottlingEventSink) async {
+        await sink.recordRetryThrottled(RetryThrottledEvent(traceID: call.execution.traceID, url: call.execution.url, attempt: attempt))
+    }
+
+    /// What an attempt's result says of its host's health, for its retry throttle: a failure the
+    /// engine would retry (a retryable status or transport failure, a timeout) takes a token; any
+    /// other answer gives one back; a cancellation or the deadline says nothing.
+    private static func record(_ result: Result<(Data, HTTPURLResponse), NetworkError>, in throttle: RetryThrottle) {
+        switch result {
+        case .success(let (_, response)):
+            if ResponseClassification.isRetryable(status: response.statusCode) { throttle.recordFailure() } else { throttle.recordSuccess() }
+        case .failure(.cancelled), .failure(.deadlineExceeded), .failure(.limited), .failure(.circuitOpen), .failure(.invalidRequest):
+            break
+        case .failure(let error):
+            if error.isRetryable { throttle.recordFailure() } else { throttle.recordSuccess() }
+        }
+    }
+
     private func emitRetryScheduled(_ call: SharedCall, attempt: Int, delay: Duration) async {
         await eventSink?.record(.retryScheduled(traceID: call.execution.traceID, attempt: attempt, delay: delay.seconds))
     }

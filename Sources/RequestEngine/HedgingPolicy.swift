@@ -61,3 +61,26 @@ public struct HedgeEvent: Sendable, Hashable {
 public protocol HedgingEventSink: RequestEventSink {
     func recordHedge(_ event: HedgeEvent) async
 }
+
+/// A retry the host's retry throttle refused (`AsyncRequestEngine.Options.retryThrottling`): the
+/// request ended with the failure of `attempt` instead of retrying it.
+public struct RetryThrottledEvent: Sendable, Hashable {
+    /// The logical request's trace id (as in its `RequestEvent`s).
+    public let traceID: UUID
+    /// The request's URL (never headers or a body).
+    public let url: URL
+    /// The zero-based attempt whose failure was not retried.
+    public let attempt: Int
+
+    public init(traceID: UUID, url: URL, attempt: Int) {
+        self.traceID = traceID
+        self.url = url
+        self.attempt = attempt
+    }
+}
+
+/// An event sink that also hears of throttled retries, so they can be counted. The engine reports
+/// a throttled request's end as usual too (`failed`).
+public protocol RetryThrottlingEventSink: RequestEventSink {
+    func recordRetryThrottled(_ event: RetryThrottledEvent) async
+}

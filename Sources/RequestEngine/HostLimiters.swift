@@ -57,6 +57,13 @@ extension HostLimiters where Limiter == RateLimiter {
     }
 }
 
+extension HostLimiters where Limiter == RetryThrottle {
+    /// One `RetryThrottle` per host; one with a full count is idle (dropping it forgets nothing).
+    convenience init(throttling: RetryThrottling) {
+        self.init(make: { RetryThrottle(throttling) }, isIdle: { $0.tokenCount >= $0.throttling.maxTokens })
+    }
+}
+
 /// A token bucket per host for `AsyncRequestEngine.Options.rateLimitPerHost` (see `RateLimiter`:
 /// `permitsPerSecond` on average, `burst` at once after a quiet spell, a call without a token
 /// waiting up to `maxWait` for one, else refused).

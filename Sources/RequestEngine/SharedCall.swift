@@ -176,6 +176,8 @@ struct Execution: Sendable {
     var authority: String? = nil
     /// The hedging policy, when the engine hedges and this request may be sent twice.
     var hedging: HedgingPolicy? = nil
+    /// The retry throttle of this request's host, when the engine throttles retries.
+    var throttle: RetryThrottle? = nil
 
     /// Nothing to hedge or limit: an attempt calls the session straight.
     var isDirect: Bool { hedging == nil && authority == nil }
