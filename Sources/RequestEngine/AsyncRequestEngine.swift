@@ -87,6 +87,13 @@ public final class AsyncRequestEngine: RequestSending {
         /// `RetryThrottlingEventSink` hears of it. Beside `retryBudget`, which bounds retries
         /// across all hosts. Default `nil`: no throttling.
         public var retryThrottling: RetryThrottling?
+        /// An adaptive concurrency limit per host (host and port): an `AdaptiveConcurrencyLimiter`
+        /// each, made with this configuration, whose limit follows the host's latency and drops (a
+        /// timeout, 429, 503, a failed connection, a reply that is not HTTP). Each copy of an
+        /// attempt takes a place for its request's `requestPriority`; a full wait line is
+        /// `NetworkError.limited`, not retried. Applies inside `maxConcurrentPerHost` when both are
+        /// set. Default `nil`: off.
+        public var adaptiveConcurrencyPerHost: AdaptiveConcurrencyLimiter.Configuration?
 
         /// The default `maximumResponseBodySize`: 16 MiB.
         public static let defaultMaximumResponseBodySize = 16 * 1024 * 1024
@@ -102,7 +109,8 @@ public final class AsyncRequestEngine: RequestSending {
             maxConcurrentPerHost: Int? = nil,
             maxWaitingPerHost: Int = 1_000,
             rateLimitPerHost: HostRateLimit? = nil,
-            retryThrottling: RetryThrottling? = nil
+            retryThrottling: RetryThrottling? = nil,
+            adaptiveConcurrencyPerHost: AdaptiveConcurrencyLimiter.Configuration? = nil
         ) {
             self.maximumRetryAfter = max(.zero, maximumRetryAfter)
             self.maximumRetryDelay = max(.zero, maximumRetryDelay)
@@ -115,6 +123,7 @@ public final class AsyncRequestEngine: RequestSending {
             self.maxWaitingPerHost = max(0, maxWaitingPerHost)
             self.rateLimitPerHost = rateLimitPerHost
             self.retryThrottling = retryThrottling
+            self.adaptiveConcurrencyPerHost = adaptiveConcurrencyPerHost
         }
     }
 
@@ -145,6 +154,8 @@ public final class AsyncRequestEngine: RequestSending {
     private let hostLimiters: HostLimiters<ConcurrencyLimiter>?
     /// The per-host token buckets, when `options.rateLimitPerHost` is set.
     private let hostRates: HostLimiters<RateLimiter>?
+    /// The per-host adaptive limiters, when `options.adaptiveConcurrencyPerHost` is set.
+    private let hostAdaptiveLimiters: HostLimiters<AdaptiveConcurrencyLimiter>?
     /// The per-host retry throttles, when `options.retryThrottling` is set.
     private let hostThrottles: HostLimiters<RetryThrottle>?
     /// The event sink, when it also hears of hedges.
@@ -190,8 +201,9 @@ public final class AsyncRequestEngine: RequestSending {
         self.hedgeSink = eventSink as? any HedgingEventSink
         self.throttleSink = eventSink as? any RetryThrottlingEventSink
         self.perHost = circuitBreakers != nil || options.maxConcurrentPerHost != nil || options.rateLimitPerHost != nil
-            || options.retryThrottling != nil
+            || options.retryThrottling != nil || options.adaptiveConcurrencyPerHost != nil
         let time = TimeSource(clock)
+        self.hostAdaptiveLimiters = options.adaptiveConcurrencyPerHost.map { HostLimiters($0, clock: clock) }
         self.hostRates = options.rateLimitPerHost.map { HostLimiters($0, time: time) }
         self.deduplicated = HTTPMethodSet(options.deduplicatedMethods)
         self.observed = eventSink != nil
@@ -223,6 +235,14 @@ public final class AsyncRequestEngine: RequestSending {
         return try await entry.call.wait(entry.waiter).get()
     }
 
+    /// The adaptive concurrency limiter of `url`'s host (host and port), with its `currentLimit`,
+    /// `inFlight` and `waiting`: `nil` when `Options.adaptiveConcurrencyPerHost` is off or no
+    /// request has gone to that host yet.
+    public func adaptiveConcurrencyLimiter(for url: URL) -> AdaptiveConcurrencyLimiter? {
+        guard let hostAdaptiveLimiters, let authority = CircuitBreakerRegistry.authority(of: url) else { return nil }
+        return hostAdaptiveLimiters.existing(forAuthority: authority)
+    }
+
     /// The number of distinct shared calls in flight now (deduplicated methods only); approximate
     /// while sends run concurrently.
     public var inFlightCount: Int { inFlight.count }
@@ -244,6 +264,7 @@ public final class AsyncRequestEngine: RequestSending {
         let timeout = request.timeout
         let bodyLimit = request.maximumResponseBodySize
         let ownDeadline = request.deadline
+        let limiterPriority = hostAdaptiveLimiters == nil ? RequestPriority.interactive : request.requestPriority
         let deadline = ownDeadline ?? options.totalDeadline
         // Read before any lock: the clock is the caller's (a test clock takes a lock of its own).
         let traceID = makeTraceID()
@@ -253,7 +274,7 @@ public final class AsyncRequestEngine: RequestSending {
         // Capped like timeouts, so no clock is asked to sleep past its range.
         let endsAt = deadline.map { started + min($0, .seconds(Int64.max / 2)) }
         guard deduplicated.contains(method) else {
-            let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, key: nil)
+            let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, key: nil)
             let call = SharedCall(execution: execution)
             call.start { Task { await self.run(call) } }
             return (call, call.firstTicket, nil)
@@ -266,7 +287,7 @@ public final class AsyncRequestEngine: RequestSending {
             deadline: ownDeadline
         )
         let (call, waiter, joined) = inFlight.joinOrStart(key) {
-            SharedCall(execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, key: key))
+            SharedCall(execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, key: key))
         }
         guard joined else {
             call.start { Task { await self.run(call) } }
@@ -299,6 +320,7 @@ public final class AsyncRequestEngine: RequestSending {
         _ started: Duration,
         _ priority: TaskPriority,
         _ deadline: Duration?,
+        _ priorityForLimits: RequestPriority,
         key: SingleFlightTable.Key?
     ) -> Execution {
         let urlRequest: URLRequest
@@ -330,12 +352,13 @@ public final class AsyncRequestEngine: RequestSending {
             key: key,
             deadline: deadline,
             breaker: circuitBreakers.flatMap { registry in authority.map { registry.breaker(forHost: $0) } } ?? circuitBreaker,
-            authority: hostLimiters != nil || hostRates != nil ? authority : nil,
+            authority: hostLimiters != nil || hostRates != nil || hostAdaptiveLimiters != nil ? authority : nil,
             hedging: options.hedging.flatMap { policy in
                 policy.maxAttempts > 1 && (Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
                     ? policy : nil
             },
-            throttle: hostThrottles.flatMap { throttles in authority.map { throttles.limiter(forAuthority: $0) } }
+            throttle: hostThrottles.flatMap { throttles in authority.map { throttles.limiter(forAuthority: $0) } },
+            limiterPriority: priorityForLimits
         )
     }
 
@@ -521,26 +544,54 @@ public final class AsyncRequestEngine: RequestSending {
         }
         let rate = hostRates?.limiter(forAuthority: authority)
         let limiter = hostLimiters?.limiter(forAuthority: authority)
+        let adaptive = hostAdaptiveLimiters?.limiter(forAuthority: authority)
         let session = session
-        let onTheWire = { @Sendable () async -> Result<(Data, HTTPURLResponse), NetworkError> in
+        let onTheWire = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
+            guard let adaptive else {
+                call.markSent(attempt: attempt)
+                return await Self.call(call, on: session)
+            }
+            let permit = try await adaptive.acquire(priority: call.execution.limiterPriority)
             call.markSent(attempt: attempt)
-            return await Self.call(call, on: session)
+            let result = await Self.call(call, on: session)
+            adaptive.release(permit, outcome: Self.limiterOutcome(of: result, timedOut: call.timedOut(attempt: attempt)))
+            return result
         }
         do {
             switch (rate, limiter) {
             case (nil, nil):
-                return await onTheWire()
+                return try await onTheWire()
             case (nil, let limiter?):
-                return try await limiter.withPermit { await onTheWire() }
+                return try await limiter.withPermit { try await onTheWire() }
             case (let rate?, nil):
-                return try await rate.withPermit { await onTheWire() }
+                return try await rate.withPermit { try await onTheWire() }
             case (let rate?, let limiter?):
-                return try await rate.withPermit { try await limiter.withPermit { await onTheWire() } }
+                return try await rate.withPermit { try await limiter.withPermit { try await onTheWire() } }
             }
         } catch let rejection as LimiterRejection {
             return .failure(.limited(rejection))
         } catch {
             return .failure(.cancelled)  // cancelled while waiting for a place
+        }
+    }
+
+    /// What a copy's result tells its host's adaptive limit: the host could not take it (a
+    /// timeout — its limit passed, or the transport's —, 429, 503, a failed connection, a reply
+    /// that is not HTTP), it answered (any other status), or nothing (a cancellation, a body
+    /// over the limit, a refusal before sending).
+    static func limiterOutcome(
+        of result: Result<(Data, HTTPURLResponse), NetworkError>,
+        timedOut: Bool
+    ) -> AdaptiveConcurrencyLimiter.Outcome {
+        switch result {
+        case .success(let (_, response)):
+            return response.statusCode == 429 || response.statusCode == 503 ? .dropped : .success
+        case .failure(.cancelled):
+            return timedOut ? .dropped : .ignored
+        case .failure(.timedOut), .failure(.transport), .failure(.invalidResponse):
+            return .dropped
+        case .failure:
+            return .ignored
         }
     }
 

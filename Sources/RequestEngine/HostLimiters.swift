@@ -35,6 +35,11 @@ final class HostLimiters<Limiter: AnyObject & Sendable>: Sendable {
         }
     }
 
+    /// The limiter kept for an authority, without making one.
+    func existing(forAuthority authority: String) -> Limiter? {
+        table.withLock { $0[authority] }
+    }
+
     /// Limiters kept now (for tests).
     var count: Int { table.withLock { $0.count } }
 }
@@ -61,6 +66,17 @@ extension HostLimiters where Limiter == RetryThrottle {
     /// One `RetryThrottle` per host; one with a full count is idle (dropping it forgets nothing).
     convenience init(throttling: RetryThrottling) {
         self.init(make: { RetryThrottle(throttling) }, isIdle: { $0.tokenCount >= $0.throttling.maxTokens })
+    }
+}
+
+extension HostLimiters where Limiter == AdaptiveConcurrencyLimiter {
+    /// One `AdaptiveConcurrencyLimiter` per host; one with nothing running and nobody waiting is
+    /// idle (dropped when the table is full, it forgets the limit it learnt).
+    convenience init(_ configuration: AdaptiveConcurrencyLimiter.Configuration, clock: some Clock<Duration>) {
+        self.init(
+            make: { AdaptiveConcurrencyLimiter(configuration: configuration, clock: clock) },
+            isIdle: { $0.inFlight == 0 && $0.waiting == 0 }
+        )
     }
 }
 

@@ -35,6 +35,11 @@ public protocol NetworkRequest: Sendable {
     /// `AsyncRequestEngine.Options.totalDeadline` applies (none unless configured). A value here
     /// replaces the engine's; zero or negative fails at once with `deadlineExceeded`.
     var deadline: Duration? { get }
+    /// The share of a host's adaptive concurrency limit this request may take
+    /// (`AsyncRequestEngine.Options.adaptiveConcurrencyPerHost`): `.interactive` (the default: a
+    /// user waits for it) keeps a guaranteed share; `.background` takes what is left and waits
+    /// first when the limit shrinks. The offline queue sends its replays as `.background`.
+    var requestPriority: RequestPriority { get }
 }
 
 extension NetworkRequest {
@@ -43,6 +48,7 @@ extension NetworkRequest {
     public var timeout: TimeInterval { 30 }
     public var maximumResponseBodySize: Int? { nil }
     public var deadline: Duration? { nil }
+    public var requestPriority: RequestPriority { .interactive }
 }
 
 /// Header names the library reads or writes.

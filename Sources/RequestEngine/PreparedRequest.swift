@@ -20,6 +20,7 @@ public struct PreparedRequest: NetworkRequest, Equatable {
     public var timeout: TimeInterval
     public var maximumResponseBodySize: Int?
     public var deadline: Duration?
+    public var requestPriority: RequestPriority
 
     /// Reads each of `request`'s properties once (a `PreparedRequest` is copied as it is).
     public init(_ request: some NetworkRequest) {
@@ -29,7 +30,8 @@ public struct PreparedRequest: NetworkRequest, Equatable {
         }
         self.init(
             url: request.url, method: request.method, headers: request.headers, body: request.body,
-            timeout: request.timeout, maximumResponseBodySize: request.maximumResponseBodySize, deadline: request.deadline
+            timeout: request.timeout, maximumResponseBodySize: request.maximumResponseBodySize, deadline: request.deadline,
+            requestPriority: request.requestPriority
         )
     }
 
@@ -41,7 +43,8 @@ public struct PreparedRequest: NetworkRequest, Equatable {
         body: Data? = nil,
         timeout: TimeInterval = 30,
         maximumResponseBodySize: Int? = nil,
-        deadline: Duration? = nil
+        deadline: Duration? = nil,
+        requestPriority: RequestPriority = .interactive
     ) {
         self.url = url
         self.method = method
@@ -50,6 +53,7 @@ public struct PreparedRequest: NetworkRequest, Equatable {
         self.timeout = timeout
         self.maximumResponseBodySize = maximumResponseBodySize
         self.deadline = deadline
+        self.requestPriority = requestPriority
     }
 
     /// This request with header `name` set to `value` (removed when `nil`): a header of the same

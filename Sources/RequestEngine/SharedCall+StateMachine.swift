@@ -44,6 +44,8 @@ struct SharedCallStateMachine: Sendable {
         var waiting: Int
         /// The attempt in flight that neither its task nor the watchdog has claimed yet.
         var open: OpenAttempt?
+        /// The last attempt the watchdog claimed: its copies' cancellation was its timeout.
+        var timedOutAttempt: Int?
     }
 
     struct OpenAttempt: Sendable {
@@ -126,7 +128,9 @@ struct SharedCallStateMachine: Sendable {
     mutating func complete(_ outcome: Outcome) -> [Waiters.Waiter]? {
         if case .completed = phase { return nil }
         phase = .completed(outcome)
-        running = Running(task: nil, waiting: 0, open: nil)  // the task's handle is not kept past the end
+        // The task's handle is not kept past the end; which attempt timed out is (a copy still
+        // winding down asks, to tell its host's limiter why it was cancelled).
+        running = Running(task: nil, waiting: 0, open: nil, timedOutAttempt: running.timedOutAttempt)
         return waiters.takeAll()
     }
 
@@ -183,6 +187,11 @@ struct SharedCallStateMachine: Sendable {
         } ?? false
     }
 
+    /// Whether the watchdog claimed `attempt` (its limit passed before its response came).
+    func timedOut(attempt: Int) -> Bool {
+        running.timedOutAttempt == attempt
+    }
+
     /// The deadline of `attempt` passed. Unless its response came first (or the call has
     /// completed): the superseded task (to cancel) and what the successor carries on from —
     /// the attempt's permit, and whether every waiter had already left. The successor's task is
@@ -191,6 +200,7 @@ struct SharedCallStateMachine: Sendable {
         withRunning { running, abandoned -> (Task<Void, Never>?, TimedOutAttempt)? in
             guard let open = running.open, open.attempt == attempt else { return nil }
             running.open = nil
+            running.timedOutAttempt = attempt
             let superseded = running.task
             running.task = nil
             running.handedOver = true

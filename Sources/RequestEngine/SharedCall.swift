@@ -95,6 +95,11 @@ final class SharedCall: Sendable {
         state.withLock { $0.markSent(attempt: attempt) }
     }
 
+    /// Whether `attempt`'s limit passed before its response came (the watchdog claimed it).
+    func timedOut(attempt: Int) -> Bool {
+        state.withLock { $0.timedOut(attempt: attempt) }
+    }
+
     /// The attempt's task claims its response; false when the timeout claimed it first (this
     /// task has been superseded and must stop).
     func claim(attempt: Int) -> Bool {
@@ -178,6 +183,8 @@ struct Execution: Sendable {
     var hedging: HedgingPolicy? = nil
     /// The retry throttle of this request's host, when the engine throttles retries.
     var throttle: RetryThrottle? = nil
+    /// The request's share of its host's adaptive limit.
+    var limiterPriority: RequestPriority = .interactive
 
     /// Nothing to hedge or limit: an attempt calls the session straight.
     var isDirect: Bool { hedging == nil && authority == nil }

@@ -97,8 +97,8 @@ struct AdaptiveLimitEstimator: Sendable {
     var limit: Int { Int(estimate.rounded(.down)) }
 
     /// One finished operation. `inFlight` counts it (the places taken when it ended, itself
-    /// included). A latency of zero or less (a clock that went backwards) is not used; a drop
-    /// still counts.
+    /// included). A latency of zero or less (a clock that went backwards) is not used by the
+    /// gradient; a drop, and for AIMD a success, still counts.
     mutating func record(began: Duration, ended: Duration, inFlight: Int, dropped: Bool) {
         if dropped {
             // One decrease per round trip: an operation that began before the last decrease was
@@ -109,13 +109,14 @@ struct AdaptiveLimitEstimator: Sendable {
             resetWindow()
             return
         }
-        let latency = (ended - began).seconds
-        guard latency > 0, latency.isFinite else { return }
         let inUse = Double(inFlight) * 2 >= estimate
         switch algorithm.kind {
         case .aimd:
+            // A success is a success, whatever the clock says of its latency.
             if inUse { estimate = min(maxLimit, estimate + 1) }
         case .gradient(let tolerance, let smoothing, let queueAllowance, let longWindow, let windowSamples):
+            let latency = (ended - began).seconds
+            guard latency > 0, latency.isFinite else { return }
             windowSum += latency
             windowCount += 1
             windowPeakInFlight = max(windowPeakInFlight, inFlight)

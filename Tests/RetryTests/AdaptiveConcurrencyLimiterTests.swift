@@ -40,13 +40,13 @@ struct AdaptiveLimitEstimatorTests {
         #expect(aimd.limit == 3)  // the floor
     }
 
-    @Test func zeroOrBackwardsLatencyIsIgnoredButADropStillCounts() {
+    @Test func zeroOrBackwardsLatencyIsIgnoredButADropOrAnAIMDSuccessStillCounts() {
         var aimd = AdaptiveLimitEstimator(algorithm: .aimd(), minLimit: 1, maxLimit: 100, initialLimit: 10)
         aimd.record(began: .seconds(5), ended: .seconds(5), inFlight: 10, dropped: false)
         aimd.record(began: .seconds(5), ended: .seconds(4), inFlight: 10, dropped: false)
-        #expect(aimd.limit == 10)
+        #expect(aimd.limit == 12)  // AIMD counts successes, not latency
         aimd.record(began: .seconds(5), ended: .seconds(4), inFlight: 10, dropped: true)
-        #expect(aimd.limit == 9)
+        #expect(aimd.limit == 10)  // 12 × 0.9 = 10.8
 
         var gradient = AdaptiveLimitEstimator(algorithm: .gradient(windowSamples: 2), minLimit: 1, maxLimit: 100, initialLimit: 10)
         for _ in 0..<10 { gradient.record(began: .seconds(5), ended: .seconds(4), inFlight: 10, dropped: false) }

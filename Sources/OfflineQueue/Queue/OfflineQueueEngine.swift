@@ -197,6 +197,7 @@ public actor OfflineQueueEngine {
             let entry = QueueEntry(id: id, request: request, idempotencyKey: key, enqueuedAt: now, sequence: QueueEntry.unplacedSequence)
             var keyed = entry.replayRequest
             keyed?.keepSecretHeaders(from: request)
+            keyed?.requestPriority = request.requestPriority  // the caller's own: someone waits for it
             if let keyed {
                 offered = entry
                 store.announce(.offered(entry))

@@ -242,15 +242,17 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
 }
 
 extension QueueEntry {
-    /// The request this entry replays: the stored fields plus its `Idempotency-Key`; `nil` when
-    /// the stored method is not one the library knows.
+    /// The request this entry replays: the stored fields plus its `Idempotency-Key`, in the
+    /// background share of a host's adaptive limit (an online enqueue's first attempt is made
+    /// interactive by the queue: someone waits for it); `nil` when the stored method is not one
+    /// the library knows.
     var replayRequest: PreparedRequest? {
         guard let method = httpMethod else { return nil }
         var headers = headers
         headers[HTTPHeader.idempotencyKey] = idempotencyKey
         return PreparedRequest(
             url: url, method: method, headers: headers, body: body, timeout: timeout,
-            maximumResponseBodySize: maximumResponseBodySize, deadline: deadline
+            maximumResponseBodySize: maximumResponseBodySize, deadline: deadline, requestPriority: .background
         )
     }
 }

@@ -206,6 +206,7 @@ struct StorableRequest<Base: QueueableRequest>: QueueableRequest {
     var coalescingKey: String? { base.coalescingKey }
     var maximumResponseBodySize: Int? { base.maximumResponseBodySize }
     var deadline: Duration? { base.deadline }
+    var requestPriority: RequestPriority { base.requestPriority }
 }
 
 extension PreparedRequest {

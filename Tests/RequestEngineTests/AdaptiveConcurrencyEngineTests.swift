@@ -1,0 +1,115 @@
+import Foundation
+import Testing
+@testable import RequestEngine
+import ResilienceCore
+import ResilienceTestSupport
+import ResilienceTesting
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// `Options.adaptiveConcurrencyPerHost` on a scripted session and a ManualClock: places per host,
+/// what shrinks the limit and what does not.
+@Suite("AsyncRequestEngine: adaptive concurrency per host", .timeLimit(.minutes(1)))
+struct AdaptiveConcurrencyEngineTests {
+    static let url = URL(string: "https://api.example.test/resource")!
+
+    static func engine(_ session: ScriptedNetworkSession, initial: Int, backoff: Double = 0.5, clock: ManualClock = ManualClock()) throws -> AsyncRequestEngine {
+        AsyncRequestEngine(
+            session: session,
+            options: .init(adaptiveConcurrencyPerHost: try .init(
+                algorithm: .aimd(backoff: backoff), minLimit: 1, maxLimit: 50, maxWaiting: 10, initialLimit: initial, interactiveShare: 0
+            )),
+            clock: clock
+        )
+    }
+
+    @Test func attemptsBeyondTheHostsLimitWaitForAPlace() async throws {
+        let session = ScriptedNetworkSession([.held(.ok("a")), .held(.ok("b")), .ok("c")])
+        let engine = try Self.engine(session, initial: 2)
+        #expect(engine.adaptiveConcurrencyLimiter(for: Self.url) == nil)  // none before the first request
+        let requests = (0..<3).map { index in Task { try await engine.send(TestRequest(method: .post, body: Data([UInt8(index)]))) } }
+        await session.waitForCalls(2)
+        let limiter = try #require(engine.adaptiveConcurrencyLimiter(for: Self.url))
+        await yieldUntil { limiter.waiting == 1 }
+        #expect(limiter.inFlight == 2 && session.callCount == 2)
+        session.releaseHeld()
+        for request in requests { _ = try await request.value }
+        #expect(session.callCount == 3)
+        #expect(limiter.inFlight == 0)
+    }
+
+    @Test func a503ShrinksTheHostsLimitAndSuccessesInUseGrowIt() async throws {
+        let session = ScriptedNetworkSession([.status(503), .ok(), .ok()])
+        let engine = try Self.engine(session, initial: 4)
+        _ = try await engine.response(for: TestRequest())
+        let limiter = try #require(engine.adaptiveConcurrencyLimiter(for: Self.url))
+        #expect(limiter.currentLimit == 2)
+        _ = try await engine.send(TestRequest())  // one in flight of two: in use, +1
+        #expect(limiter.currentLimit == 3)
+        _ = try await engine.send(TestRequest())  // one of three: not in use
+        #expect(limiter.currentLimit == 3)
+    }
+
+    @Test func anAttemptThatTimesOutIsADrop() async throws {
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.hang])
+        let engine = try Self.engine(session, initial: 8, clock: clock)
+        let request = Task { await networkError { try await engine.send(TestRequest(timeout: 1)) } }
+        await session.waitForCalls(1)
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(1))
+        #expect(await request.value?.caseName == "timedOut")
+        await session.waitUntilNoneSuspended()
+        let limiter = try #require(engine.adaptiveConcurrencyLimiter(for: Self.url))
+        await yieldUntil { limiter.inFlight == 0 }
+        #expect(limiter.currentLimit == 4)
+    }
+
+    @Test func aCallerThatCancelsIsNotADrop() async throws {
+        let session = ScriptedNetworkSession([.hang])
+        let engine = try Self.engine(session, initial: 8)
+        let request = Task { await networkError { try await engine.send(TestRequest()) } }
+        await session.waitForCalls(1)
+        request.cancel()
+        #expect(await request.value?.caseName == "cancelled")
+        await session.waitUntilNoneSuspended()
+        let limiter = try #require(engine.adaptiveConcurrencyLimiter(for: Self.url))
+        await yieldUntil { limiter.inFlight == 0 }
+        #expect(limiter.currentLimit == 8)
+    }
+
+    @Test func eachHostHasItsOwnLimit() async throws {
+        let session = ScriptedNetworkSession([.status(503), .ok()])
+        let engine = try Self.engine(session, initial: 4)
+        _ = try await engine.response(for: TestRequest())
+        let other = URL(string: "https://other.example.test/x")!
+        _ = try await engine.send(TestRequest(url: other))
+        #expect(engine.adaptiveConcurrencyLimiter(for: Self.url)?.currentLimit == 2)
+        #expect(engine.adaptiveConcurrencyLimiter(for: other)?.currentLimit == 4)
+    }
+
+    @Test func theLimiterOutcomeOfEachResult() {
+        let response = { (status: Int) in
+            Result<(Data, HTTPURLResponse), NetworkError>.success((Data(), HTTPURLResponse(url: Self.url, statusCode: status, httpVersion: nil, headerFields: nil)!))
+        }
+        #expect(AsyncRequestEngine.limiterOutcome(of: response(200), timedOut: false) == .success)
+        #expect(AsyncRequestEngine.limiterOutcome(of: response(404), timedOut: false) == .success)
+        #expect(AsyncRequestEngine.limiterOutcome(of: response(429), timedOut: false) == .dropped)
+        #expect(AsyncRequestEngine.limiterOutcome(of: response(503), timedOut: false) == .dropped)
+        #expect(AsyncRequestEngine.limiterOutcome(of: .failure(.transport(.connectionLost)), timedOut: false) == .dropped)
+        #expect(AsyncRequestEngine.limiterOutcome(of: .failure(.timedOut), timedOut: false) == .dropped)
+        #expect(AsyncRequestEngine.limiterOutcome(of: .failure(.cancelled), timedOut: true) == .dropped)
+        #expect(AsyncRequestEngine.limiterOutcome(of: .failure(.cancelled), timedOut: false) == .ignored)
+        #expect(AsyncRequestEngine.limiterOutcome(of: .failure(.responseTooLarge(limit: 1, statusCode: 200)), timedOut: false) == .ignored)
+    }
+}
+
+/// Yields until `condition` holds (other tasks run meanwhile; no wall-clock waiting); gives up
+/// when the time limit cancels the test, whose own expectations then fail.
+private func yieldUntil(_ condition: () -> Bool) async {
+    while !condition() {
+        if Task.isCancelled { return }
+        await Task.yield()
+    }
+}
