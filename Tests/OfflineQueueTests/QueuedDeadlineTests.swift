@@ -53,6 +53,36 @@ struct QueuedDeadlineTests {
         #expect(sender.deadlines == [.seconds(5), .seconds(5), .seconds(5)])
     }
 
+    /// Records the share of a host's adaptive limit each request asks for.
+    final class PriorityRecordingSender: RequestSending, Sendable {
+        private let seen = Locked<[RequestPriority]>([])
+        var priorities: [RequestPriority] { seen.withLock { $0 } }
+        func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+            let status = seen.withLock { seen in
+                seen.append(request.requestPriority)
+                return seen.count == 1 ? 503 : 200
+            }
+            return (Data(), HTTPURLResponse(url: request.url, statusCode: status, httpVersion: "HTTP/1.1", headerFields: [:])!)
+        }
+    }
+
+    @Test func theFirstAttemptTakesTheCallersShareAndReplaysTheBackgroundOne() async throws {
+        let directory = TemporaryDirectory()
+        let clock = ManualClock()
+        let sender = PriorityRecordingSender()
+        let engine = OfflineQueueEngine(
+            requestEngine: sender,
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+            store: try DiskQueueStore(directory: directory.url),
+            configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10)),
+            clock: clock
+        )
+        let id = try #require(try await engine.enqueue(Mutation("/a")).queuedID)
+        clock.advance(by: .seconds(10))
+        #expect(await engine.flush().delivered == [id])
+        #expect(sender.priorities == [.interactive, .background])
+    }
+
     @Test func aRequestWithoutADeadlineSendsNone() async throws {
         let directory = TemporaryDirectory()
         let clock = ManualClock()
