@@ -243,6 +243,13 @@ public final class AsyncRequestEngine: RequestSending {
         return hostAdaptiveLimiters.existing(forAuthority: authority)
     }
 
+    /// Every host's adaptive concurrency limiter, by authority (host and port, as
+    /// `CircuitBreakerRegistry.authority(of:)` writes it): empty when
+    /// `Options.adaptiveConcurrencyPerHost` is off. What a metrics exporter reads.
+    public var adaptiveConcurrencyLimiters: [String: AdaptiveConcurrencyLimiter] {
+        hostAdaptiveLimiters?.all ?? [:]
+    }
+
     /// The number of distinct shared calls in flight now (deduplicated methods only); approximate
     /// while sends run concurrently.
     public var inFlightCount: Int { inFlight.count }

@@ -40,6 +40,9 @@ final class HostLimiters<Limiter: AnyObject & Sendable>: Sendable {
         table.withLock { $0[authority] }
     }
 
+    /// Every limiter kept now, by authority.
+    var all: [String: Limiter] { table.withLock { $0 } }
+
     /// Limiters kept now (for tests).
     var count: Int { table.withLock { $0.count } }
 }

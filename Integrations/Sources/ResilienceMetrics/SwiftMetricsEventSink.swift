@@ -26,7 +26,7 @@ import Synchronization
 ///
 /// Metric objects are made once per label set and kept, so recording is a dictionary look-up and
 /// the backend's increment.
-public struct SwiftMetricsEventSink: RequestEventSink {
+public struct SwiftMetricsEventSink: RetryThrottlingEventSink {
     /// How requests are grouped, and how much the sink remembers.
     public struct Configuration: Sendable {
         /// Turns a URL into the `endpoint` label. Default `.collapsingIdentifiers`, as the collector.
@@ -50,6 +50,10 @@ public struct SwiftMetricsEventSink: RequestEventSink {
         public static let deduplicated = "http_client_deduplicated_requests_total"
         public static let requests = "http_client_requests_total"
         public static let duration = "http_client_request_duration_seconds"
+        public static let retriesThrottled = "http_client_retries_throttled_total"
+        public static let hostConcurrencyLimit = "http_client_host_concurrency_limit"
+        public static let hostInFlight = "http_client_host_in_flight"
+        public static let hostWaiting = "http_client_host_waiting"
     }
 
     private let metrics: MetricHandles
@@ -97,6 +101,22 @@ public struct SwiftMetricsEventSink: RequestEventSink {
         }
     }
 
+    /// Counts a retry a host's retry throttle refused, under `host` (host and port only).
+    public func recordRetryThrottled(_ event: RetryThrottledEvent) async {
+        metrics.hostCounter(Name.retriesThrottled, host: CircuitBreakerRegistry.authority(of: event.url) ?? "__unknown__").increment()
+    }
+
+    /// Records `engine`'s adaptive limits per host as gauges (`host` label): the limit, the
+    /// attempts in flight, those waiting. swift-metrics has no pull: call this when you want the
+    /// gauges fresh (before a scrape, or every few seconds).
+    public func recordAdaptiveLimits(of engine: AsyncRequestEngine) {
+        for (host, limiter) in engine.adaptiveConcurrencyLimiters {
+            metrics.hostGauge(Name.hostConcurrencyLimit, host: host).record(limiter.currentLimit)
+            metrics.hostGauge(Name.hostInFlight, host: host).record(limiter.inFlight)
+            metrics.hostGauge(Name.hostWaiting, host: host).record(limiter.waiting)
+        }
+    }
+
     /// Seconds as whole nanoseconds, clamped to 0…Int64.max (NaN counts as 0).
     static func nanoseconds(_ seconds: TimeInterval) -> Int64 {
         guard seconds.isFinite else { return seconds.isNaN || seconds < 0 ? 0 : .max }
@@ -118,6 +138,10 @@ final class MetricHandles: Sendable {
     private let factory: (any MetricsFactory)?
     private let counters = Mutex<[Key: Counter]>([:])
     private let timers = Mutex<[EndpointLabels: CoreMetrics.Timer]>([:])
+    /// Per-host metrics by name and host; at most `maximumHosts` hosts, later ones share `__other__`.
+    private let hostCounters = Mutex<[String: [String: Counter]]>([:])
+    private let hostGauges = Mutex<[String: [String: Gauge]]>([:])
+    static let maximumHosts = 1_024
 
     init(factory: (any MetricsFactory)?) {
         self.factory = factory
@@ -140,6 +164,36 @@ final class MetricHandles: Sendable {
             timers[labels] = timer
             return timer
         }
+    }
+
+    func hostCounter(_ name: String, host: String) -> Counter {
+        hostCounters.withLock { byName in
+            Self.handle(name, host: host, in: &byName) { label, dimensions in
+                factory.map { Counter(label: label, dimensions: dimensions, factory: $0) } ?? Counter(label: label, dimensions: dimensions)
+            }
+        }
+    }
+
+    func hostGauge(_ name: String, host: String) -> Gauge {
+        hostGauges.withLock { byName in
+            Self.handle(name, host: host, in: &byName) { label, dimensions in
+                factory.map { Gauge(label: label, dimensions: dimensions, factory: $0) } ?? Gauge(label: label, dimensions: dimensions)
+            }
+        }
+    }
+
+    /// The handle for `name` and `host` (or the shared `__other__` one past `maximumHosts`), made once.
+    private static func handle<Handle>(
+        _ name: String, host: String, in byName: inout [String: [String: Handle]],
+        make: (String, [(String, String)]) -> Handle
+    ) -> Handle {
+        var handles = byName[name, default: [:]]
+        let key = handles[host] != nil || handles.count < maximumHosts ? host : "__other__"
+        if let existing = handles[key] { return existing }
+        let made = make(name, [("host", key)])
+        handles[key] = made
+        byName[name] = handles
+        return made
     }
 
     private func counter(_ key: Key) -> Counter {

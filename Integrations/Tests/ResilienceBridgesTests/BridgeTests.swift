@@ -88,6 +88,40 @@ struct BridgeTests {
         #expect(expected["http_client_requests_total{endpoint=\"/users/{id}\",method=\"GET\",outcome=\"success\",status=\"200\"}"] == 4)
     }
 
+    /// Per-host metrics: throttled retries (counter) and adaptive limits (gauges), the same in the
+    /// bridge as in the collector's text, over real AHC to the loopback server.
+    @Test func theMetricsBridgeRecordsThrottledRetriesAndAdaptiveLimitsPerHostAsTheCollectorDoes() async throws {
+        let metrics = TestMetrics()
+        let collector = RequestMetricsCollector()
+        let bridge = SwiftMetricsEventSink(factory: metrics)
+        let engine = AsyncRequestEngine(
+            session: session,
+            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 5, interval: 0),
+            eventSink: FanOutEventSink(collector, bridge),
+            options: .init(
+                retryThrottling: try RetryThrottling(maxTokens: 4, tokenRatio: 1),
+                adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(backoff: 0.5), minLimit: 1, maxLimit: 100, maxWaiting: 10, initialLimit: 16)
+            )
+        )
+        collector.exportAdaptiveLimits(of: engine)
+        server.route("/down", .status(503))
+        _ = await networkError { try await engine.send(TestRequest(url: server.url("/down"))) }
+        #expect(server.hits("/down") == 2)  // 4 → 3 → 2 tokens: one retry, then throttled
+        bridge.recordAdaptiveLimits(of: engine)
+        let host = "127.0.0.1:\(server.port)"
+        let expected = Self.series(collector.prometheusText())
+        let throttledKey = "http_client_retries_throttled_total{host=\"\(host)\"}"
+        #expect(expected[throttledKey] == 1)
+        let counter = try metrics.expectCounter("http_client_retries_throttled_total", [("host", host)])
+        #expect(Double(counter.totalValue) == expected[throttledKey])
+        for name in ["http_client_host_concurrency_limit", "http_client_host_in_flight", "http_client_host_waiting"] {
+            let gauge = try metrics.expectRecorder(name, [("host", host)])
+            let key = "\(name){host=\"\(host)\"}"
+            #expect(gauge.lastValue == expected[key], "\(key)")
+        }
+        #expect(expected["http_client_host_concurrency_limit{host=\"\(host)\"}"] == 4)  // 16, halved by each 503
+    }
+
     @Test func theMetricsBridgeCapsEndpointsAsTheCollectorDoes() async throws {
         let metrics = TestMetrics()
         let sink = SwiftMetricsEventSink(factory: metrics, configuration: .init(maximumEndpoints: 1))

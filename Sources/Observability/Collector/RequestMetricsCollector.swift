@@ -1,5 +1,6 @@
 import Foundation
 import RequestEngine
+import ResilienceCore
 
 /// Counts `AsyncRequestEngine`'s events into totals, per-endpoint statistics, duration
 /// percentiles and Prometheus text, at a cost of about 50 ns of its own per event (figures in
@@ -35,7 +36,7 @@ import RequestEngine
 /// endpoint has been seen, allocates nothing. Snapshots add the shards up; they are exact for
 /// every event recorded before the snapshot began, and may or may not include events recorded
 /// while it runs.
-public final class RequestMetricsCollector: RequestEventSink {
+public final class RequestMetricsCollector: RetryThrottlingEventSink {
     /// The template of the row that endpoints past `Configuration.maximumEndpoints` share.
     public static let overflowEndpoint = "__other__"
     /// The template of the row for terminal events whose `started` was not seen or was evicted.
@@ -50,6 +51,16 @@ public final class RequestMetricsCollector: RequestEventSink {
     private let shardMask: Int
     private let hashSeed: UInt64
     private let customTemplate: (@Sendable (String) -> String)?
+    /// Per host: retries its throttle refused; and the engines whose adaptive limits are exported.
+    private let hosts = Locked<HostState>(HostState())
+
+    private struct HostState: Sendable {
+        var throttledRetries: [String: UInt64] = [:]
+        var engines: [AsyncRequestEngine] = []
+    }
+
+    /// The most hosts counted for throttled retries; later hosts share the `__other__` row.
+    static let maximumHosts = 1_024
 
     /// A collector with the given configuration (by default: `{id}` templating, 100 endpoints,
     /// 4096 requests in flight tracked, one shard per processor up to 16).
@@ -85,6 +96,30 @@ public final class RequestMetricsCollector: RequestEventSink {
         ingest(event)
     }
 
+    /// Counts a retry a host's retry throttle refused, under the host (host and port; never a
+    /// path, query or credential).
+    public func recordRetryThrottled(_ event: RetryThrottledEvent) {
+        let host = CircuitBreakerRegistry.authority(of: event.url) ?? Self.unknownEndpoint
+        hosts.withLock { state in
+            let key = state.throttledRetries[host] != nil || state.throttledRetries.count < Self.maximumHosts ? host : Self.overflowEndpoint
+            state.throttledRetries[key, default: 0] += 1
+        }
+    }
+
+    /// Exports `engine`'s adaptive limits per host in `prometheusText()`: the current limit, the
+    /// attempts in flight and those waiting (`Options.adaptiveConcurrencyPerHost`). The collector
+    /// keeps the engine.
+    public func exportAdaptiveLimits(of engine: AsyncRequestEngine) {
+        hosts.withLock { state in
+            if !state.engines.contains(where: { $0 === engine }) { state.engines.append(engine) }
+        }
+    }
+
+    /// Retries refused by each host's retry throttle so far, by host.
+    public var throttledRetriesByHost: [String: UInt64] {
+        hosts.withLock { $0.throttledRetries }
+    }
+
     // MARK: - Reading
 
     /// A copy of everything counted so far: the compatibility spelling (`async`, as on
@@ -107,7 +142,14 @@ public final class RequestMetricsCollector: RequestEventSink {
     /// `PrometheusTextFormat` for the metric families and labels.
     public func prometheusText() -> String {
         let (keys, rows) = aggregate()
-        return PrometheusTextFormat.render(keys: keys, rows: rows)
+        let (throttled, engines) = hosts.withLock { ($0.throttledRetries, $0.engines) }
+        var limits: [PrometheusTextFormat.HostLimit] = []
+        for engine in engines {
+            for (host, limiter) in engine.adaptiveConcurrencyLimiters {
+                limits.append(.init(host: host, limit: limiter.currentLimit, inFlight: limiter.inFlight, waiting: limiter.waiting))
+            }
+        }
+        return PrometheusTextFormat.render(keys: keys, rows: rows) + PrometheusTextFormat.renderHosts(limits: limits, throttledRetries: throttled)
     }
 
     /// Zeroes every counter and histogram. Endpoint rows, the cardinality cap's count and the

@@ -9,7 +9,11 @@
 ///   OpenTelemetry's advised buckets 0, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1,
 ///   2.5, 5, 7.5, 10 s and `+Inf`, plus `_sum` and `_count`; labels `method`, `endpoint`;
 /// - `http_client_requests_started_total`, `http_client_retries_total`,
-///   `http_client_deduplicated_requests_total` (counters): labels `method`, `endpoint`.
+///   `http_client_deduplicated_requests_total` (counters): labels `method`, `endpoint`;
+/// - per host (label `host`: host and port): `http_client_host_concurrency_limit`,
+///   `http_client_host_in_flight`, `http_client_host_waiting` (gauges, for engines exported with
+///   `RequestMetricsCollector.exportAdaptiveLimits(of:)`) and `http_client_retries_throttled_total`
+///   (counter), each only once there is something to show.
 ///
 /// Label values are escaped as the format requires (backslash, double quote, line feed). Series
 /// are sorted by endpoint, method and status, so two scrapes list them in the same order.
@@ -81,6 +85,40 @@ public enum PrometheusTextFormat {
                "Callers that joined an identical request already in flight instead of sending their own, by method and endpoint template.")
         for (labels, row) in active {
             text += "http_client_deduplicated_requests_total{\(labels)} \(row.deduplicated)\n"
+        }
+        return text
+    }
+
+    /// One host's adaptive limit at the moment of a scrape.
+    struct HostLimit: Sendable {
+        let host: String
+        let limit: Int
+        let inFlight: Int
+        let waiting: Int
+    }
+
+    /// The per-host families: adaptive limits (gauges) of the engines exported with
+    /// `RequestMetricsCollector.exportAdaptiveLimits(of:)`, and retries refused by each host's
+    /// retry throttle (a counter). Nothing when there is nothing to say.
+    static func renderHosts(limits: [HostLimit], throttledRetries: [String: UInt64]) -> String {
+        var text = ""
+        if !limits.isEmpty {
+            let sorted = limits.sorted { $0.host < $1.host }
+            for (name, help, value) in [
+                ("http_client_host_concurrency_limit", "The adaptive concurrency limit of each host: attempts allowed in flight at once.", \HostLimit.limit),
+                ("http_client_host_in_flight", "Attempts holding a place in each host's adaptive limit.", \HostLimit.inFlight),
+                ("http_client_host_waiting", "Attempts waiting for a place in each host's adaptive limit.", \HostLimit.waiting),
+            ] {
+                family(&text, name, "gauge", help)
+                for entry in sorted { text += "\(name){host=\"\(escapeLabelValue(entry.host))\"} \(entry[keyPath: value])\n" }
+            }
+        }
+        if !throttledRetries.isEmpty {
+            family(&text, "http_client_retries_throttled_total", "counter",
+                   "Retries not sent because the host's retry throttle (gRPC's token count) was at or below half.")
+            for (host, count) in throttledRetries.sorted(by: { $0.key < $1.key }) {
+                text += "http_client_retries_throttled_total{host=\"\(escapeLabelValue(host))\"} \(count)\n"
+            }
         }
         return text
     }

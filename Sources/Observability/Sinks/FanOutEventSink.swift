@@ -8,7 +8,7 @@ import RequestEngine
 /// let sink = FanOutEventSink(metrics, LoggingEventSink())
 /// let engine = AsyncRequestEngine(eventSink: sink)
 /// ```
-public struct FanOutEventSink: RequestEventSink {
+public struct FanOutEventSink: RetryThrottlingEventSink, HedgingEventSink {
     /// The sinks, in the order they record each event.
     public let sinks: [any RequestEventSink]
 
@@ -26,6 +26,20 @@ public struct FanOutEventSink: RequestEventSink {
     public func record(_ event: RequestEvent) async {
         for sink in sinks {
             await sink.record(event)
+        }
+    }
+
+    /// Passes a throttled retry to every sink that hears of them, in order.
+    public func recordRetryThrottled(_ event: RetryThrottledEvent) async {
+        for case let sink as any RetryThrottlingEventSink in sinks {
+            await sink.recordRetryThrottled(event)
+        }
+    }
+
+    /// Passes a hedge to every sink that hears of them, in order.
+    public func recordHedge(_ event: HedgeEvent) async {
+        for case let sink as any HedgingEventSink in sinks {
+            await sink.recordHedge(event)
         }
     }
 }
