@@ -535,7 +535,7 @@ public final class AsyncRequestEngine: RequestSending {
         let race = HedgeRace(
             policy: policy,
             time: time,
-            send: { await self.sendOnce(call, attempt: attempt) },
+            send: { copy in await self.sendOnce(call, attempt: attempt, hedge: copy > 0) },
             mayHedge: { (throttle?.allowsRetry ?? true) && (budget?.tryWithdraw() ?? true) },
             onHedge: onHedge
         )
@@ -545,7 +545,7 @@ public final class AsyncRequestEngine: RequestSending {
     /// One copy of an attempt: through the host's rate limit and concurrency limit when there
     /// are any (a token first: tokens measure starts), then the session. The host's limiters are
     /// looked up for each copy, so a limiter dropped from the table while idle is never used again.
-    private func sendOnce(_ call: SharedCall, attempt: Int) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+    private func sendOnce(_ call: SharedCall, attempt: Int, hedge: Bool = false) async -> Result<(Data, HTTPURLResponse), NetworkError> {
         guard let authority = call.execution.authority else {
             return await Self.call(call, on: session)
         }
@@ -558,7 +558,8 @@ public final class AsyncRequestEngine: RequestSending {
                 call.markSent(attempt: attempt)
                 return await Self.call(call, on: session)
             }
-            let permit = try await adaptive.acquire(priority: call.execution.limiterPriority)
+            // A hedge is extra load, sent only in case: it takes the background share.
+            let permit = try await adaptive.acquire(priority: hedge ? .background : call.execution.limiterPriority)
             call.markSent(attempt: attempt)
             let result = await Self.call(call, on: session)
             adaptive.release(permit, outcome: Self.limiterOutcome(of: result, timedOut: call.timedOut(attempt: attempt)))

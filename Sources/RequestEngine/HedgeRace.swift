@@ -34,8 +34,8 @@ final class HedgeRace: Sendable {
     private let policy: HedgingPolicy
     private let time: TimeSource
     private let started: Duration
-    /// Sends one copy.
-    private let send: @Sendable () async -> Answer
+    /// Sends copy number N (0: the first; further copies are hedges).
+    private let send: @Sendable (Int) async -> Answer
     /// Whether a further copy may be sent (the retry budget's token).
     private let mayHedge: @Sendable () -> Bool
     /// Told of each further copy (its number and seconds since the first), before it is sent.
@@ -44,7 +44,7 @@ final class HedgeRace: Sendable {
     init(
         policy: HedgingPolicy,
         time: TimeSource,
-        send: @escaping @Sendable () async -> Answer,
+        send: @escaping @Sendable (Int) async -> Answer,
         mayHedge: @escaping @Sendable () -> Bool,
         onHedge: (@Sendable (Int, TimeInterval) async -> Void)?
     ) {
@@ -82,7 +82,7 @@ final class HedgeRace: Sendable {
         let elapsed = copy == 0 ? 0 : (time.now() - started).seconds
         state.tasks.append(Task { [self] in
             if copy > 0, let onHedge { await onHedge(copy, elapsed) }
-            answer(await send())
+            answer(await send(copy))
         })
         if state.launched < policy.maxAttempts { armTimer(&state) }
     }

@@ -89,6 +89,32 @@ struct AdaptiveConcurrencyEngineTests {
         #expect(engine.adaptiveConcurrencyLimiter(for: other)?.currentLimit == 4)
     }
 
+    @Test func aHedgeTakesTheBackgroundShare() async throws {
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.held(.ok("first")), .ok("hedge")])
+        let engine = AsyncRequestEngine(
+            session: session,
+            options: .init(
+                hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: 2),
+                // Every place kept for interactive calls: a background copy can never run.
+                adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(), minLimit: 1, maxLimit: 50, maxWaiting: 10, initialLimit: 4, interactiveShare: 1)
+            ),
+            clock: clock
+        )
+        let request = Task { try await engine.send(TestRequest()) }
+        await session.waitForCalls(1)
+        await clock.waitForSleepers(1)  // the hedge timer
+        clock.advance(by: .milliseconds(100))
+        let limiter = try #require(engine.adaptiveConcurrencyLimiter(for: Self.url))
+        await yieldUntil { limiter.waiting == 1 }  // the hedge, waiting in the background share
+        #expect(session.callCount == 1 && limiter.inFlight == 1)
+        session.releaseHeld()
+        let (data, _) = try await request.value
+        #expect(String(decoding: data, as: UTF8.self) == "first")
+        await yieldUntil { limiter.waiting == 0 && limiter.inFlight == 0 }
+        #expect(session.callCount == 1)
+    }
+
     @Test func theLimiterOutcomeOfEachResult() {
         let response = { (status: Int) in
             Result<(Data, HTTPURLResponse), NetworkError>.success((Data(), HTTPURLResponse(url: Self.url, statusCode: status, httpVersion: nil, headerFields: nil)!))
