@@ -562,7 +562,9 @@ public final class AsyncRequestEngine: RequestSending {
             let permit = try await adaptive.acquire(priority: hedge ? .background : call.execution.limiterPriority)
             call.markSent(attempt: attempt)
             let result = await Self.call(call, on: session)
-            adaptive.release(permit, outcome: Self.limiterOutcome(of: result, timedOut: call.timedOut(attempt: attempt)))
+            // Whether the attempt timed out is asked (a lock) only of a cancelled copy.
+            let timedOut = if case .failure(.cancelled) = result { call.timedOut(attempt: attempt) } else { false }
+            adaptive.release(permit, outcome: Self.limiterOutcome(of: result, timedOut: timedOut))
             return result
         }
         do {
