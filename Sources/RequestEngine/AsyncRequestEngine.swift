@@ -553,31 +553,36 @@ public final class AsyncRequestEngine: RequestSending {
         let limiter = hostLimiters?.limiter(forAuthority: authority)
         let adaptive = hostAdaptiveLimiters?.limiter(forAuthority: authority)
         let session = session
-        let onTheWire = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
-            guard let adaptive else {
-                call.markSent(attempt: attempt)
-                return await Self.call(call, on: session)
-            }
+        let onTheWire = { @Sendable () async -> Result<(Data, HTTPURLResponse), NetworkError> in
+            call.markSent(attempt: attempt)
+            return await Self.call(call, on: session)
+        }
+        // The fixed limit, then the wire.
+        let placed = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
+            guard let limiter else { return await onTheWire() }
+            return try await limiter.withPermit { await onTheWire() }
+        }
+        // The adaptive place is taken before the fixed one: a copy waiting in the adaptive line
+        // (a background copy, say) holds no fixed place an interactive copy could use.
+        let limited = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
+            guard let adaptive else { return try await placed() }
             // A hedge is extra load, sent only in case: it takes the background share.
             let permit = try await adaptive.acquire(priority: hedge ? .background : call.execution.limiterPriority)
-            call.markSent(attempt: attempt)
-            let result = await Self.call(call, on: session)
+            let result: Result<(Data, HTTPURLResponse), NetworkError>
+            do {
+                result = try await placed()
+            } catch {
+                adaptive.release(permit, outcome: .ignored)  // refused or cancelled by the fixed limit
+                throw error
+            }
             // Whether the attempt timed out is asked (a lock) only of a cancelled copy.
             let timedOut = if case .failure(.cancelled) = result { call.timedOut(attempt: attempt) } else { false }
             adaptive.release(permit, outcome: Self.limiterOutcome(of: result, timedOut: timedOut))
             return result
         }
         do {
-            switch (rate, limiter) {
-            case (nil, nil):
-                return try await onTheWire()
-            case (nil, let limiter?):
-                return try await limiter.withPermit { try await onTheWire() }
-            case (let rate?, nil):
-                return try await rate.withPermit { try await onTheWire() }
-            case (let rate?, let limiter?):
-                return try await rate.withPermit { try await limiter.withPermit { try await onTheWire() } }
-            }
+            guard let rate else { return try await limited() }
+            return try await rate.withPermit { try await limited() }
         } catch let rejection as LimiterRejection {
             return .failure(.limited(rejection))
         } catch {
@@ -765,12 +770,14 @@ public final class AsyncRequestEngine: RequestSending {
 
     /// What an attempt's result says of its host's health, for its retry throttle: a failure the
     /// engine would retry (a retryable status or transport failure, a timeout) takes a token; any
-    /// other answer gives one back; a cancellation or the deadline says nothing.
+    /// other answer gives one back; a cancellation, the deadline, a refusal or being offline says
+    /// nothing.
     private static func record(_ result: Result<(Data, HTTPURLResponse), NetworkError>, in throttle: RetryThrottle) {
         switch result {
         case .success(let (_, response)):
             if ResponseClassification.isRetryable(status: response.statusCode) { throttle.recordFailure() } else { throttle.recordSuccess() }
-        case .failure(.cancelled), .failure(.deadlineExceeded), .failure(.limited), .failure(.circuitOpen), .failure(.invalidRequest):
+        case .failure(.cancelled), .failure(.deadlineExceeded), .failure(.limited), .failure(.circuitOpen), .failure(.invalidRequest),
+             .failure(.noConnection):  // the device is offline: nothing learnt of the host
             break
         case .failure(let error):
             if error.isRetryable { throttle.recordFailure() } else { throttle.recordSuccess() }

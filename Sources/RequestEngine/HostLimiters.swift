@@ -68,7 +68,7 @@ extension HostLimiters where Limiter == RateLimiter {
 extension HostLimiters where Limiter == RetryThrottle {
     /// One `RetryThrottle` per host; one with a full count is idle (dropping it forgets nothing).
     convenience init(throttling: RetryThrottling) {
-        self.init(make: { RetryThrottle(throttling) }, isIdle: { $0.tokenCount >= $0.throttling.maxTokens })
+        self.init(make: { RetryThrottle(throttling) }, isIdle: { $0.isFull })
     }
 }
 

@@ -187,7 +187,8 @@ struct SharedCallStateMachine: Sendable {
         } ?? false
     }
 
-    /// Whether the watchdog claimed `attempt` (its limit passed before its response came).
+    /// Whether the watchdog claimed `attempt` because its own timeout passed before its response
+    /// came (not the request's total deadline).
     func timedOut(attempt: Int) -> Bool {
         running.timedOutAttempt == attempt
     }
@@ -200,7 +201,8 @@ struct SharedCallStateMachine: Sendable {
         withRunning { running, abandoned -> (Task<Void, Never>?, TimedOutAttempt)? in
             guard let open = running.open, open.attempt == attempt else { return nil }
             running.open = nil
-            running.timedOutAttempt = attempt
+            // The caller's deadline cutting an attempt says nothing of the host's capacity.
+            if !open.endsAtDeadline { running.timedOutAttempt = attempt }
             let superseded = running.task
             running.task = nil
             running.handedOver = true

@@ -60,7 +60,8 @@ public final class LoopbackHTTPServer: Sendable {
     private let state: LoopbackServerState
     private let wake: LoopbackWakePipe
 
-    /// How many requests `requestLog` keeps unless told otherwise: 10 000 (about 6 MB).
+    /// How many requests `requestLog` shows unless told otherwise: 10 000. Up to twice as many
+    /// are held between trims (about 6 to 12 MB at 0.6 KB a request).
     public static let defaultRequestLogLimit = 10_000
 
     /// How many of the newest requests `requestLog` keeps (`Int.max`: all of them).

@@ -23,9 +23,10 @@ public enum RequestPriority: Int, Sendable, Hashable, Comparable, CaseIterable {
 ///
 /// - **Places.** An interactive call runs at once while fewer than `currentLimit` run. A
 ///   background call runs only while it leaves the interactive share free: `interactiveShare` of
-///   the limit (rounded up), less the interactive calls already running. So interactive work
-///   always finds a place within its share, and background work is what waits when the limit
-///   shrinks.
+///   the limit (rounded up), less the interactive calls already running — except that one
+///   background call may always run when none does and a place is free, so background work never
+///   starves. So interactive work finds a place within its share (waiting at most for that one
+///   background call), and background work is what waits when the limit shrinks.
 /// - **The line.** Calls that find no place wait, at most `maxWaiting` of them in all (one more
 ///   is refused at once with `LimiterRejection`, reason `.concurrencyLimit`). A freed place goes
 ///   to the longest-waiting interactive call, else to the longest-waiting background call its
@@ -135,7 +136,18 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
     /// - Parameters:
     ///   - configuration: the algorithm, the limits, the line and the shares.
     ///   - clock: what latency is measured on (`ManualClock` in tests).
+    ///
+    /// A configuration whose parts were set one by one is made sound here rather than trusted:
+    /// limits below 1 become 1, a `maxLimit` below `minLimit` becomes `minLimit`, a negative line
+    /// becomes 0, a share outside 0…1 (or NaN) is clamped (NaN: the default quarter), and the
+    /// initial limit is put within the limits. `configuration` holds what is used.
     public init(configuration: Configuration = Configuration(), clock: some Clock<Duration> = ContinuousClock()) {
+        var configuration = configuration
+        configuration.minLimit = max(1, configuration.minLimit)
+        configuration.maxLimit = max(configuration.minLimit, configuration.maxLimit)
+        configuration.maxWaiting = max(0, configuration.maxWaiting)
+        configuration.initialLimit = min(configuration.maxLimit, max(configuration.minLimit, configuration.initialLimit))
+        configuration.interactiveShare = configuration.interactiveShare.isNaN ? 0.25 : min(1, max(0, configuration.interactiveShare))
         self.configuration = configuration
         self.time = TimeSource(clock)
         self.state = Locked(State(estimator: AdaptiveLimitEstimator(
@@ -253,11 +265,14 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
     }
 
     /// Whether a call of `priority` may take a place now: interactive while under the limit;
-    /// background only while the interactive share stays free.
+    /// background while the interactive share stays free — and always one background call when
+    /// none runs and a place is free, so background work never starves (at a limit of 1, or a
+    /// share of 1, it runs one at a time; an interactive call then waits for at most that one).
     private static func hasPlace(for priority: RequestPriority, in state: State, share: Double) -> Bool {
         let limit = state.estimator.limit
         guard state.inFlight < limit else { return false }
         guard priority == .background else { return true }
+        if state.running[RequestPriority.background.rawValue] == 0 { return true }
         let reserved = Int((Double(limit) * share).rounded(.up))
         let stillReserved = max(0, reserved - state.running[RequestPriority.interactive.rawValue])
         return state.inFlight + stillReserved < limit

@@ -58,6 +58,9 @@ public final class RetryThrottle: Sendable {
     /// The count now.
     public var tokenCount: Double { Double(tokens.withLock { $0 }) / 1_000 }
 
+    /// Whether the count is at `maxTokens` (nothing to remember).
+    public var isFull: Bool { tokens.withLock { $0 >= ceiling } }
+
     /// Whether a retry or a hedge may be sent now: the count is above half of `maxTokens`.
     public var allowsRetry: Bool { tokens.withLock { $0 * 2 > ceiling } }
 

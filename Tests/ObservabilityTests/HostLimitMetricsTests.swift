@@ -43,6 +43,33 @@ struct HostLimitMetricsTests {
         #expect(!text.contains("secret"))
     }
 
+    @Test func twoEnginesOnOneHostShowTheirSumsAndAGoneEngineIsForgotten() async throws {
+        let metrics = RequestMetricsCollector()
+        let first = try Self.engine(ScriptedNetworkSession([.ok()]), sink: metrics)
+        var second: AsyncRequestEngine? = try Self.engine(ScriptedNetworkSession([.ok()]), sink: metrics)
+        metrics.exportAdaptiveLimits(of: first)
+        metrics.exportAdaptiveLimits(of: second!)
+        _ = try await first.send(TestRequest("/a"))
+        _ = try await second!.send(TestRequest("/a"))
+        let text = metrics.prometheusText()
+        #expect(text.components(separatedBy: "http_client_host_concurrency_limit{").count == 2)  // one series
+        #expect(text.contains("http_client_host_concurrency_limit{host=\"api.example.test\"} 32\n"))
+        weak let gone = second
+        second = nil
+        #expect(gone == nil)  // the collector did not keep it
+        #expect(metrics.prometheusText().contains("http_client_host_concurrency_limit{host=\"api.example.test\"} 16\n"))
+    }
+
+    @Test func resetForgetsThrottledRetries() async throws {
+        let metrics = RequestMetricsCollector()
+        let engine = try Self.engine(ScriptedNetworkSession(Array(repeating: .status(503), count: 4)), sink: metrics)
+        _ = try await engine.response(for: TestRequest("/a"))
+        #expect(metrics.throttledRetriesByHost == ["api.example.test": 1])
+        await metrics.reset()
+        #expect(metrics.throttledRetriesByHost.isEmpty)
+        #expect(!metrics.prometheusText().contains("http_client_retries_throttled_total"))
+    }
+
     @Test func aFanOutSinkPassesThrottledRetriesOn() async throws {
         let metrics = RequestMetricsCollector()
         let session = ScriptedNetworkSession(Array(repeating: .status(503), count: 10))

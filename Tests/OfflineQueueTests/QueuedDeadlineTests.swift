@@ -83,6 +83,24 @@ struct QueuedDeadlineTests {
         #expect(sender.priorities == [.interactive, .background])
     }
 
+    @Test func aDeadlineWithNothingLeftIsRefusedAtEnqueueAndNothingIsStored() async throws {
+        let h = try QueueHarness([])
+        for deadline in [Duration.zero, .seconds(-1)] {
+            var request = Mutation("/a")
+            request.deadline = deadline
+            let error = await thrownError { try await h.engine.enqueue(request) }
+            #expect((error as? NetworkError)?.caseName == "invalidRequest")
+        }
+        #expect(h.directory.fileNames.isEmpty)
+        #expect(h.session.callCount == 0)
+    }
+
+    @Test func anEntryFileWithANonPositiveDeadlineIsNotTrusted() throws {
+        let text = #"{"id":"6F9619FF-8B86-D011-B42D-00C04FC964FF","url":"https:\/\/api.example.test\/a","method":"POST","headers":{},"timeout":30,"enqueuedAt":0,"ttl":60,"priority":0,"idempotencyKey":"k","sequence":1,"attempts":0,"revision":0,"formatVersion":1,"deadlineSeconds":-2}"#
+        #expect(QueueEntryDecoder.decode(Data(text.utf8)) == nil)
+        #expect(QueueEntryDecoder.decode(Data(text.replacingOccurrences(of: "-2", with: "2.5").utf8))?.deadline == .milliseconds(2_500))
+    }
+
     @Test func aRequestWithoutADeadlineSendsNone() async throws {
         let directory = TemporaryDirectory()
         let clock = ManualClock()

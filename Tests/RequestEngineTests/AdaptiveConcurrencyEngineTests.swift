@@ -96,8 +96,8 @@ struct AdaptiveConcurrencyEngineTests {
             session: session,
             options: .init(
                 hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: 2),
-                // Every place kept for interactive calls: a background copy can never run.
-                adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(), minLimit: 1, maxLimit: 50, maxWaiting: 10, initialLimit: 4, interactiveShare: 1)
+                // One place, and it kept for interactive calls: the first copy takes it, a background copy waits.
+                adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(), minLimit: 1, maxLimit: 50, maxWaiting: 10, initialLimit: 1, interactiveShare: 1)
             ),
             clock: clock
         )

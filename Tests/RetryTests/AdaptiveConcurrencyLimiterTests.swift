@@ -223,6 +223,27 @@ struct AdaptiveConcurrencyLimiterTests {
         for task in background { try await task.value }
     }
 
+    @Test func backgroundWorkAloneNeverStarvesWhateverTheShare() async throws {
+        for (initial, share) in [(1, 0.25), (4, 1.0)] {
+            let limiter = try Self.limiter(initial: initial, share: share)
+            let ran = try await limiter.withPermit(priority: .background) { limiter.inFlight }
+            #expect(ran == 1)
+        }
+    }
+
+    @Test func aConfigurationSetPartByPartIsMadeSoundNotTrusted() async throws {
+        var configuration = AdaptiveConcurrencyLimiter.Configuration()
+        configuration.minLimit = 0
+        configuration.maxLimit = -5
+        configuration.maxWaiting = -1
+        configuration.interactiveShare = .nan
+        let limiter = AdaptiveConcurrencyLimiter(configuration: configuration)
+        #expect(limiter.configuration.minLimit == 1 && limiter.configuration.maxLimit == 1)
+        #expect(limiter.configuration.maxWaiting == 0 && limiter.configuration.interactiveShare == 0.25)
+        #expect(limiter.currentLimit == 1)
+        #expect(try await limiter.withPermit(priority: .background) { 1 } == 1)
+    }
+
     @Test func aCancelledWaiterLeavesAtOnceAndNoPlaceIsLost() async throws {
         let limiter = try Self.limiter(initial: 1, share: 0)
         let permit = try await limiter.acquire()

@@ -106,14 +106,15 @@ public struct SwiftMetricsEventSink: RetryThrottlingEventSink {
         metrics.hostCounter(Name.retriesThrottled, host: CircuitBreakerRegistry.authority(of: event.url) ?? "__unknown__").increment()
     }
 
-    /// Records `engine`'s adaptive limits per host as gauges (`host` label): the limit, the
-    /// attempts in flight, those waiting. swift-metrics has no pull: call this when you want the
-    /// gauges fresh (before a scrape, or every few seconds).
-    public func recordAdaptiveLimits(of engine: AsyncRequestEngine) {
-        for (host, limiter) in engine.adaptiveConcurrencyLimiters {
-            metrics.hostGauge(Name.hostConcurrencyLimit, host: host).record(limiter.currentLimit)
-            metrics.hostGauge(Name.hostInFlight, host: host).record(limiter.inFlight)
-            metrics.hostGauge(Name.hostWaiting, host: host).record(limiter.waiting)
+    /// Records the adaptive limits of `engines` per host as gauges (`host` label): the limit, the
+    /// attempts in flight, those waiting — summed over the engines that share a host, as the
+    /// collector's text does. swift-metrics has no pull: call this with every engine whenever you
+    /// want the gauges fresh (before a scrape, or every few seconds).
+    public func recordAdaptiveLimits(of engines: AsyncRequestEngine...) {
+        for row in HostAdaptiveLimit.summed(engines) {
+            metrics.hostGauge(Name.hostConcurrencyLimit, host: row.host).record(row.limit)
+            metrics.hostGauge(Name.hostInFlight, host: row.host).record(row.inFlight)
+            metrics.hostGauge(Name.hostWaiting, host: row.host).record(row.waiting)
         }
     }
 

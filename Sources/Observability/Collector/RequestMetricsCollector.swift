@@ -56,7 +56,12 @@ public final class RequestMetricsCollector: RetryThrottlingEventSink {
 
     private struct HostState: Sendable {
         var throttledRetries: [String: UInt64] = [:]
-        var engines: [AsyncRequestEngine] = []
+        /// Held weakly: an engine whose sink is this collector must not be kept alive by it.
+        var engines: [WeakEngine] = []
+    }
+
+    private struct WeakEngine: Sendable {
+        weak var engine: AsyncRequestEngine?
     }
 
     /// The most hosts counted for throttled retries; later hosts share the `__other__` row.
@@ -107,11 +112,13 @@ public final class RequestMetricsCollector: RetryThrottlingEventSink {
     }
 
     /// Exports `engine`'s adaptive limits per host in `prometheusText()`: the current limit, the
-    /// attempts in flight and those waiting (`Options.adaptiveConcurrencyPerHost`). The collector
-    /// keeps the engine.
+    /// attempts in flight and those waiting (`Options.adaptiveConcurrencyPerHost`). Several
+    /// engines may be exported; a host they share shows their sums. The collector does not keep
+    /// an engine alive (it forgets one that is gone).
     public func exportAdaptiveLimits(of engine: AsyncRequestEngine) {
         hosts.withLock { state in
-            if !state.engines.contains(where: { $0 === engine }) { state.engines.append(engine) }
+            state.engines.removeAll { $0.engine == nil }
+            if !state.engines.contains(where: { $0.engine === engine }) { state.engines.append(WeakEngine(engine: engine)) }
         }
     }
 
@@ -142,14 +149,9 @@ public final class RequestMetricsCollector: RetryThrottlingEventSink {
     /// `PrometheusTextFormat` for the metric families and labels.
     public func prometheusText() -> String {
         let (keys, rows) = aggregate()
-        let (throttled, engines) = hosts.withLock { ($0.throttledRetries, $0.engines) }
-        var limits: [PrometheusTextFormat.HostLimit] = []
-        for engine in engines {
-            for (host, limiter) in engine.adaptiveConcurrencyLimiters {
-                limits.append(.init(host: host, limit: limiter.currentLimit, inFlight: limiter.inFlight, waiting: limiter.waiting))
-            }
-        }
-        return PrometheusTextFormat.render(keys: keys, rows: rows) + PrometheusTextFormat.renderHosts(limits: limits, throttledRetries: throttled)
+        let (throttled, engines) = hosts.withLock { ($0.throttledRetries, $0.engines.compactMap(\.engine)) }
+        return PrometheusTextFormat.render(keys: keys, rows: rows)
+            + PrometheusTextFormat.renderHosts(limits: HostAdaptiveLimit.summed(engines), throttledRetries: throttled)
     }
 
     /// Zeroes every counter and histogram. Endpoint rows, the cardinality cap's count and the
@@ -163,6 +165,7 @@ public final class RequestMetricsCollector: RetryThrottlingEventSink {
             }
         }
         traces.resetEvictions()
+        hosts.withLock { $0.throttledRetries = [:] }
     }
 
     // MARK: - Recording

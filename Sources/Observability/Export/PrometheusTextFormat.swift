@@ -1,3 +1,5 @@
+import RequestEngine
+
 /// The Prometheus text exposition format (version 0.0.4) that
 /// `RequestMetricsCollector.prometheusText()` produces.
 ///
@@ -89,25 +91,17 @@ public enum PrometheusTextFormat {
         return text
     }
 
-    /// One host's adaptive limit at the moment of a scrape.
-    struct HostLimit: Sendable {
-        let host: String
-        let limit: Int
-        let inFlight: Int
-        let waiting: Int
-    }
-
     /// The per-host families: adaptive limits (gauges) of the engines exported with
     /// `RequestMetricsCollector.exportAdaptiveLimits(of:)`, and retries refused by each host's
     /// retry throttle (a counter). Nothing when there is nothing to say.
-    static func renderHosts(limits: [HostLimit], throttledRetries: [String: UInt64]) -> String {
+    static func renderHosts(limits: [HostAdaptiveLimit], throttledRetries: [String: UInt64]) -> String {
         var text = ""
         if !limits.isEmpty {
-            let sorted = limits.sorted { $0.host < $1.host }
+            let sorted = limits.sorted { $0.host < $1.host }  // one row per host
             for (name, help, value) in [
-                ("http_client_host_concurrency_limit", "The adaptive concurrency limit of each host: attempts allowed in flight at once.", \HostLimit.limit),
-                ("http_client_host_in_flight", "Attempts holding a place in each host's adaptive limit.", \HostLimit.inFlight),
-                ("http_client_host_waiting", "Attempts waiting for a place in each host's adaptive limit.", \HostLimit.waiting),
+                ("http_client_host_concurrency_limit", "The adaptive concurrency limit of each host: attempts allowed in flight at once.", \HostAdaptiveLimit.limit),
+                ("http_client_host_in_flight", "Attempts holding a place in each host's adaptive limit.", \HostAdaptiveLimit.inFlight),
+                ("http_client_host_waiting", "Attempts waiting for a place in each host's adaptive limit.", \HostAdaptiveLimit.waiting),
             ] {
                 family(&text, name, "gauge", help)
                 for entry in sorted { text += "\(name){host=\"\(escapeLabelValue(entry.host))\"} \(entry[keyPath: value])\n" }
@@ -136,5 +130,38 @@ public enum PrometheusTextFormat {
         digits = String(repeating: "0", count: 9 - digits.count) + digits
         while digits.hasSuffix("0") { digits.removeLast() }
         return "\(whole).\(digits)"
+    }
+}
+
+/// One host's adaptive concurrency limit at a moment, summed over the engines that share the host
+/// (`AsyncRequestEngine.Options.adaptiveConcurrencyPerHost`): what the collector's text and the
+/// swift-metrics sink export.
+public struct HostAdaptiveLimit: Sendable, Equatable {
+    /// Host and port, as `CircuitBreakerRegistry.authority(of:)` writes them.
+    public var host: String
+    public var limit: Int
+    public var inFlight: Int
+    public var waiting: Int
+
+    public init(host: String, limit: Int, inFlight: Int, waiting: Int) {
+        self.host = host
+        self.limit = limit
+        self.inFlight = inFlight
+        self.waiting = waiting
+    }
+
+    /// Every host's adaptive limit over `engines`, one row per host, sorted by host.
+    public static func summed(_ engines: [AsyncRequestEngine]) -> [HostAdaptiveLimit] {
+        var rows: [String: HostAdaptiveLimit] = [:]
+        for engine in engines {
+            for (host, limiter) in engine.adaptiveConcurrencyLimiters {
+                var row = rows[host] ?? HostAdaptiveLimit(host: host, limit: 0, inFlight: 0, waiting: 0)
+                row.limit += limiter.currentLimit
+                row.inFlight += limiter.inFlight
+                row.waiting += limiter.waiting
+                rows[host] = row
+            }
+        }
+        return rows.values.sorted { $0.host < $1.host }
     }
 }

@@ -170,6 +170,10 @@ public actor OfflineQueueEngine {
     @discardableResult
     public func enqueue(_ request: some QueueableRequest, attemptFirst: Bool) async throws -> EnqueueResult {
         _ = try request.makeURLRequest()  // invalid requests are thrown, never stored
+        // A deadline with nothing left would fail every send of the entry: refused, not stored.
+        if let deadline = request.deadline, deadline <= .zero {
+            throw NetworkError.invalidRequest(reason: "a queued request's deadline must be positive")
+        }
         // Refuses URLs with credentials; strips the fragment, and secret headers from what is stored.
         let request = try configuration.secretPolicy.storable(request)
         let key = request.idempotencyKey  // read once: first attempt and every replay share it

@@ -189,7 +189,8 @@ enum QueueEntryDecoder {
             switch fields.deadlineSeconds {
             case nil, .null?: deadlineSeconds = nil
             case let value?:
-                guard let seconds = double(value), !seconds.isNaN else { return nil }
+                // We write only positive deadlines (a queued request with none left is refused).
+                guard let seconds = double(value), seconds > 0 else { return nil }
                 deadlineSeconds = seconds
             }
             var nextAttemptAt: Date?
