@@ -31,10 +31,9 @@ struct QueuedDeadlineTests {
         }
     }
 
-    @Test func theDeadlineGoesWithTheFirstAttemptAndEveryReplay() async throws {
+    /// A queue online over `sender`, retrying every 10 s on `clock`, in a folder of its own.
+    static func queue(over sender: some RequestSending, clock: ManualClock) throws -> (OfflineQueueEngine, TemporaryDirectory) {
         let directory = TemporaryDirectory()
-        let clock = ManualClock()
-        let sender = DeadlineRecordingSender(statuses: [503, 503, 200])
         let engine = OfflineQueueEngine(
             requestEngine: sender,
             reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
@@ -42,6 +41,14 @@ struct QueuedDeadlineTests {
             configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10)),
             clock: clock
         )
+        return (engine, directory)
+    }
+
+    @Test func theDeadlineGoesWithTheFirstAttemptAndEveryReplay() async throws {
+        let clock = ManualClock()
+        let sender = DeadlineRecordingSender(statuses: [503, 503, 200])
+        let (engine, directory) = try Self.queue(over: sender, clock: clock)
+        defer { withExtendedLifetime(directory) {} }
         var request = Mutation("/a")
         request.deadline = .seconds(5)
         let id = try #require(try await engine.enqueue(request).queuedID)  // 503: kept
@@ -67,16 +74,10 @@ struct QueuedDeadlineTests {
     }
 
     @Test func theFirstAttemptTakesTheCallersShareAndReplaysTheBackgroundOne() async throws {
-        let directory = TemporaryDirectory()
         let clock = ManualClock()
         let sender = PriorityRecordingSender()
-        let engine = OfflineQueueEngine(
-            requestEngine: sender,
-            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
-            store: try DiskQueueStore(directory: directory.url),
-            configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10)),
-            clock: clock
-        )
+        let (engine, directory) = try Self.queue(over: sender, clock: clock)
+        defer { withExtendedLifetime(directory) {} }
         let id = try #require(try await engine.enqueue(Mutation("/a")).queuedID)
         clock.advance(by: .seconds(10))
         #expect(await engine.flush().delivered == [id])
@@ -102,16 +103,10 @@ struct QueuedDeadlineTests {
     }
 
     @Test func aRequestWithoutADeadlineSendsNone() async throws {
-        let directory = TemporaryDirectory()
         let clock = ManualClock()
         let sender = DeadlineRecordingSender(statuses: [503, 200])
-        let engine = OfflineQueueEngine(
-            requestEngine: sender,
-            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
-            store: try DiskQueueStore(directory: directory.url),
-            configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10)),
-            clock: clock
-        )
+        let (engine, directory) = try Self.queue(over: sender, clock: clock)
+        defer { withExtendedLifetime(directory) {} }
         let id = try #require(try await engine.enqueue(Mutation("/a")).queuedID)
         #expect(engine.store.entry(id: id)?.deadline == nil)
         clock.advance(by: .seconds(10))
