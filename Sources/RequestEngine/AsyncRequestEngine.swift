@@ -38,9 +38,10 @@ import FoundationNetworking
 ///   they fail with `NetworkError.limited`.
 /// - **Events** go to `eventSink` with one traceID per logical request; no sink, no cost.
 ///
-/// The strategies apply outermost first: total deadline, retry (with its budget), circuit
-/// breaker, attempt timeout, hedging, per-host rate limit, per-host concurrency limit, transport (Docs/RequestEngine.md,
-/// "In what order the strategies apply").
+/// The strategies apply outermost first: total deadline, retry (with the host's retry throttle
+/// and the budget), circuit breaker, attempt timeout, hedging, per-host rate limit, per-host
+/// adaptive limit, per-host concurrency limit, transport (Docs/RequestEngine.md, "In what order
+/// the strategies apply").
 public final class AsyncRequestEngine: RequestSending {
     /// Tuning knobs with safe defaults.
     public struct Options: Sendable {
@@ -91,8 +92,8 @@ public final class AsyncRequestEngine: RequestSending {
         /// each, made with this configuration, whose limit follows the host's latency and drops (a
         /// timeout, 429, 503, a failed connection, a reply that is not HTTP). Each copy of an
         /// attempt takes a place for its request's `requestPriority`; a full wait line is
-        /// `NetworkError.limited`, not retried. Applies inside `maxConcurrentPerHost` when both are
-        /// set. Default `nil`: off.
+        /// `NetworkError.limited`, not retried. With `maxConcurrentPerHost` too, a copy takes its
+        /// adaptive place first, then a fixed one. Default `nil`: off.
         public var adaptiveConcurrencyPerHost: AdaptiveConcurrencyLimiter.Configuration?
 
         /// The default `maximumResponseBodySize`: 16 MiB.
