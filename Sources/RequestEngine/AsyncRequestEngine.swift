@@ -554,34 +554,47 @@ public final class AsyncRequestEngine: RequestSending {
         let limiter = hostLimiters?.limiter(forAuthority: authority)
         let adaptive = hostAdaptiveLimiters?.limiter(forAuthority: authority)
         let session = session
-        let onTheWire = { @Sendable () async -> Result<(Data, HTTPURLResponse), NetworkError> in
-            call.markSent(attempt: attempt)
-            return await Self.call(call, on: session)
-        }
-        // The fixed limit, then the wire.
-        let placed = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
-            guard let limiter else { return await onTheWire() }
-            return try await limiter.withPermit { await onTheWire() }
-        }
-        // The adaptive place is taken before the fixed one: a copy waiting in the adaptive line
-        // (a background copy, say) holds no fixed place an interactive copy could use.
-        let limited = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
-            guard let adaptive else { return try await placed() }
-            // A hedge is extra load, sent only in case: it takes the background share.
-            let permit = try await adaptive.acquire(priority: hedge ? .background : call.execution.limiterPriority)
-            let result: Result<(Data, HTTPURLResponse), NetworkError>
-            do {
-                result = try await placed()
-            } catch {
-                adaptive.release(permit, outcome: .ignored)  // refused or cancelled by the fixed limit
-                throw error
-            }
-            // Whether the attempt timed out is asked (a lock) only of a cancelled copy.
-            let timedOut = if case .failure(.cancelled) = result { call.timedOut(attempt: attempt) } else { false }
-            adaptive.release(permit, outcome: Self.limiterOutcome(of: result, timedOut: timedOut))
-            return result
-        }
+        // Each copy takes a rate token, then its adaptive place, then its fixed place: a copy
+        // waiting in the adaptive line (a background one, say) holds no fixed place an
+        // interactive copy could use.
         do {
+            if rate == nil, limiter == nil, let adaptive {
+                // The adaptive limit alone (its usual use): no closures on the path.
+                let permit = try await adaptivePlace(adaptive, call, hedge: hedge)
+                call.markSent(attempt: attempt)
+                let result = await Self.call(call, on: session)
+                Self.release(permit, of: adaptive, after: result, call, attempt: attempt)
+                return result
+            }
+            let onTheWire = { @Sendable () async -> Result<(Data, HTTPURLResponse), NetworkError> in
+                call.markSent(attempt: attempt)
+                return await Self.call(call, on: session)
+            }
+            if adaptive == nil {  // the fixed limits only: as few closures as they need
+                switch (rate, limiter) {
+                case (nil, nil): return await onTheWire()
+                case (nil, let limiter?): return try await limiter.withPermit { await onTheWire() }
+                case (let rate?, nil): return try await rate.withPermit { await onTheWire() }
+                case (let rate?, let limiter?): return try await rate.withPermit { try await limiter.withPermit { await onTheWire() } }
+                }
+            }
+            let placed = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
+                guard let limiter else { return await onTheWire() }
+                return try await limiter.withPermit { await onTheWire() }
+            }
+            let limited = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
+                guard let adaptive else { return try await placed() }
+                let permit = try await self.adaptivePlace(adaptive, call, hedge: hedge)
+                let result: Result<(Data, HTTPURLResponse), NetworkError>
+                do {
+                    result = try await placed()
+                } catch {
+                    adaptive.release(permit, outcome: .ignored)  // refused or cancelled by the fixed limit
+                    throw error
+                }
+                Self.release(permit, of: adaptive, after: result, call, attempt: attempt)
+                return result
+            }
             guard let rate else { return try await limited() }
             return try await rate.withPermit { try await limited() }
         } catch let rejection as LimiterRejection {
@@ -589,6 +602,28 @@ public final class AsyncRequestEngine: RequestSending {
         } catch {
             return .failure(.cancelled)  // cancelled while waiting for a place
         }
+    }
+
+    /// A place in the host's adaptive limit for a copy: a hedge takes the background share (it is
+    /// extra load, sent only in case), any other copy its request's. A free place is taken
+    /// without a suspension point; only a full limiter is waited on.
+    private func adaptivePlace(_ adaptive: AdaptiveConcurrencyLimiter, _ call: SharedCall, hedge: Bool) async throws -> AdaptiveConcurrencyLimiter.Permit {
+        let priority = hedge ? RequestPriority.background : call.execution.limiterPriority
+        if let free = adaptive.tryAcquire(priority: priority) { return free }
+        return try await adaptive.acquire(priority: priority)
+    }
+
+    /// Gives a copy's adaptive place back with what its result says of the host. Whether the
+    /// attempt timed out is asked (a lock) only of a cancelled copy.
+    private static func release(
+        _ permit: AdaptiveConcurrencyLimiter.Permit,
+        of adaptive: AdaptiveConcurrencyLimiter,
+        after result: Result<(Data, HTTPURLResponse), NetworkError>,
+        _ call: SharedCall,
+        attempt: Int
+    ) {
+        let timedOut = if case .failure(.cancelled) = result { call.timedOut(attempt: attempt) } else { false }
+        adaptive.release(permit, outcome: limiterOutcome(of: result, timedOut: timedOut))
     }
 
     /// What a copy's result tells its host's adaptive limit: the host could not take it (a

@@ -203,6 +203,20 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         }
     }
 
+    /// Takes a place for `priority` if one is free now and nobody it must not pass is waiting;
+    /// `nil` otherwise (then `acquire(priority:)` waits for one). Synchronous: the common case
+    /// of a limiter with room costs no suspension point.
+    public func tryAcquire(priority: RequestPriority = .interactive) -> Permit? {
+        let share = configuration.interactiveShare
+        let admitted = state.withLock { state -> Bool in
+            let lineEmpty = priority == .interactive ? state.interactiveWaiters.isEmpty : state.waiting == 0
+            guard lineEmpty, Self.hasPlace(for: priority, in: state, share: share) else { return false }
+            state.running[priority.rawValue] += 1
+            return true
+        }
+        return admitted ? Permit(priority: priority, admittedAt: time.now()) : nil
+    }
+
     /// Takes a place for `priority`, waiting in line for one if needed.
     ///
     /// - Throws: `LimiterRejection` when the line is full, `CancellationError` when cancelled

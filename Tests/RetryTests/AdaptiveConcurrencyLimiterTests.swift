@@ -223,6 +223,20 @@ struct AdaptiveConcurrencyLimiterTests {
         for task in background { try await task.value }
     }
 
+    @Test func tryAcquireTakesAFreePlaceAtOnceAndNeverPassesTheLine() async throws {
+        let limiter = try Self.limiter(initial: 1, share: 0)
+        let held = try #require(limiter.tryAcquire())
+        #expect(limiter.tryAcquire() == nil)  // full
+        let waiter = Task { try await limiter.withPermit { 1 } }
+        await yieldUntil { limiter.waiting == 1 }
+        limiter.release(held, outcome: .ignored)  // the place goes to the waiter, not to a newcomer
+        #expect(limiter.tryAcquire() == nil)  // handed to the waiter inside release, under the lock
+        #expect(try await waiter.value == 1)
+        let again = try #require(limiter.tryAcquire(priority: .background))
+        limiter.release(again, outcome: .success)
+        #expect(limiter.inFlight == 0)
+    }
+
     @Test func backgroundWorkAloneNeverStarvesWhateverTheShare() async throws {
         for (initial, share) in [(1, 0.25), (4, 1.0)] {
             let limiter = try Self.limiter(initial: initial, share: share)
