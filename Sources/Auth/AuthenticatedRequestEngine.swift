@@ -57,6 +57,9 @@ public final class AuthenticatedRequestEngine: RequestSending {
     /// Attempts allowed in flight at once (see "Admission"); `nil` means no limit.
     public let maxConcurrentRequests: Int?
     private let gate: AdmissionGate?
+    /// The sending engine's own total deadline, which applies when a request has none (read once
+    /// here, not cast for on every request).
+    private let defaultDeadline: Duration?
 
     /// - Parameters:
     ///   - requestEngine: sends each attempt; `AsyncRequestEngine()` (on `URLSession.shared`, no
@@ -79,6 +82,7 @@ public final class AuthenticatedRequestEngine: RequestSending {
         self.tokenPrefix = tokenPrefix
         self.maxConcurrentRequests = maxConcurrentRequests.map { max(1, $0) }
         self.gate = maxConcurrentRequests.map { AdmissionGate(limit: max(1, $0)) }
+        self.defaultDeadline = (requestEngine as? AsyncRequestEngine)?.options.totalDeadline
     }
 
     /// Sends `request` with the token — one shared refresh and a single retry after a 401 — and
@@ -109,8 +113,6 @@ public final class AuthenticatedRequestEngine: RequestSending {
         }
     }
 
-    /// The sending engine's own total deadline, which applies when a request has none.
-    private var defaultDeadline: Duration? { (requestEngine as? AsyncRequestEngine)?.options.totalDeadline }
 
     /// Runs `body` holding a place in the admission gate, if there is one.
     private func admitted<T>(_ body: () async throws -> T) async throws -> T {

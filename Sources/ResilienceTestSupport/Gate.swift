@@ -42,3 +42,12 @@ package final class Log<Element: Sendable>: Sendable {
         entries.withLock { $0.count }
     }
 }
+
+/// Yields until `condition` holds (other tasks run meanwhile; no wall-clock waiting). Gives up
+/// when the test's time limit cancels it: the test's own expectations then fail.
+package func yieldUntil(_ condition: () -> Bool) async {
+    while !condition() {
+        if Task.isCancelled { return }
+        await Task.yield()
+    }
+}

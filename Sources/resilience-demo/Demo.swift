@@ -26,6 +26,15 @@ struct DemoRequest: NetworkRequest {
 }
 
 enum Demo {
+    /// This program's own executable, to start a second process of it.
+    static var ownExecutable: String {
+        #if os(Linux)
+        "/proc/self/exe"
+        #else
+        Bundle.main.executablePath ?? CommandLine.arguments[0]
+        #endif
+    }
+
     static let scenarios: [Scenario] = [
         Scenario(name: "flaky server: retries with jitter", run: flakyServer),
         Scenario(name: "Retry-After on 429 is honoured", run: retryAfter),

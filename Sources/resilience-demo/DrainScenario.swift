@@ -69,11 +69,7 @@ extension Demo {
     /// Runs `resilience-demo drain` as a child process, waits until its first cycle ran, sends
     /// SIGTERM and expects a clean exit 0 with its closing line.
     static func stopChildOnSIGTERM() async -> Outcome {
-        #if os(Linux)
-        let executable = "/proc/self/exe"
-        #else
-        let executable = Bundle.main.executablePath ?? CommandLine.arguments[0]
-        #endif
+        let executable = Demo.ownExecutable
         do {
             let child = try SpawnedProcess.spawn(executable, ["drain", "--interval", "0.2", "--budget", "1", "--entries", "3"])
             var lines: [String] = []

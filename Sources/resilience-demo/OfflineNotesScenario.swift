@@ -105,11 +105,7 @@ extension Demo {
 
     /// Runs `resilience-demo notes-relaunch FOLDER URL`: a second process of the app.
     static func relaunchOffline(folder: String, url: String) async -> (passed: Bool, lines: [String]) {
-        #if os(Linux)
-        let executable = "/proc/self/exe"
-        #else
-        let executable = Bundle.main.executablePath ?? CommandLine.arguments[0]
-        #endif
+        let executable = Demo.ownExecutable
         do {
             let (termination, output) = try SpawnedProcess.run(executable, ["notes-relaunch", folder, url])
             let lines = String(decoding: output, as: UTF8.self).split(separator: "\n").map(String.init)

@@ -15,17 +15,18 @@ import FoundationNetworking
 /// across a restart, and the engine cuts a send that outlives it. It used to be dropped silently.
 @Suite("OfflineQueueEngine: a queued request's deadline", .timeLimit(.minutes(1)))
 struct QueuedDeadlineTests {
-    /// Records the deadline of each request it is asked to send and answers from a script.
-    final class DeadlineRecordingSender: RequestSending, Sendable {
-        private let seen = Locked<[Duration?]>([])
+    /// Records each request it is asked to send (as the sender saw it) and answers from a
+    /// script of statuses (200 once it runs out).
+    final class RecordingSender: RequestSending, Sendable {
+        private let seen = Locked<[PreparedRequest]>([])
         private let statuses: Locked<[Int]>
 
         init(statuses: [Int]) { self.statuses = Locked(statuses) }
 
-        var deadlines: [Duration?] { seen.withLock { $0 } }
+        var requests: [PreparedRequest] { seen.withLock { $0 } }
 
         func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-            seen.withLock { $0.append(request.deadline) }
+            seen.withLock { $0.append(PreparedRequest(request)) }
             let status = statuses.withLock { $0.isEmpty ? 200 : $0.removeFirst() }
             return (Data(), HTTPURLResponse(url: request.url, statusCode: status, httpVersion: "HTTP/1.1", headerFields: [:])!)
         }
@@ -46,7 +47,7 @@ struct QueuedDeadlineTests {
 
     @Test func theDeadlineGoesWithTheFirstAttemptAndEveryReplay() async throws {
         let clock = ManualClock()
-        let sender = DeadlineRecordingSender(statuses: [503, 503, 200])
+        let sender = RecordingSender(statuses: [503, 503, 200])
         let (engine, directory) = try Self.queue(over: sender, clock: clock)
         defer { withExtendedLifetime(directory) {} }
         var request = Mutation("/a")
@@ -57,31 +58,18 @@ struct QueuedDeadlineTests {
         #expect(await engine.flush().kept == [id])
         clock.advance(by: .seconds(10))
         #expect(await engine.flush().delivered == [id])
-        #expect(sender.deadlines == [.seconds(5), .seconds(5), .seconds(5)])
-    }
-
-    /// Records the share of a host's adaptive limit each request asks for.
-    final class PriorityRecordingSender: RequestSending, Sendable {
-        private let seen = Locked<[RequestPriority]>([])
-        var priorities: [RequestPriority] { seen.withLock { $0 } }
-        func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-            let status = seen.withLock { seen in
-                seen.append(request.requestPriority)
-                return seen.count == 1 ? 503 : 200
-            }
-            return (Data(), HTTPURLResponse(url: request.url, statusCode: status, httpVersion: "HTTP/1.1", headerFields: [:])!)
-        }
+        #expect(sender.requests.map(\.deadline) == [.seconds(5), .seconds(5), .seconds(5)])
     }
 
     @Test func theFirstAttemptTakesTheCallersShareAndReplaysTheBackgroundOne() async throws {
         let clock = ManualClock()
-        let sender = PriorityRecordingSender()
+        let sender = RecordingSender(statuses: [503, 200])
         let (engine, directory) = try Self.queue(over: sender, clock: clock)
         defer { withExtendedLifetime(directory) {} }
         let id = try #require(try await engine.enqueue(Mutation("/a")).queuedID)
         clock.advance(by: .seconds(10))
         #expect(await engine.flush().delivered == [id])
-        #expect(sender.priorities == [.interactive, .background])
+        #expect(sender.requests.map(\.requestPriority) == [.interactive, .background])
     }
 
     @Test func aDeadlineWithNothingLeftIsRefusedAtEnqueueAndNothingIsStored() async throws {
@@ -104,14 +92,14 @@ struct QueuedDeadlineTests {
 
     @Test func aRequestWithoutADeadlineSendsNone() async throws {
         let clock = ManualClock()
-        let sender = DeadlineRecordingSender(statuses: [503, 200])
+        let sender = RecordingSender(statuses: [503, 200])
         let (engine, directory) = try Self.queue(over: sender, clock: clock)
         defer { withExtendedLifetime(directory) {} }
         let id = try #require(try await engine.enqueue(Mutation("/a")).queuedID)
         #expect(engine.store.entry(id: id)?.deadline == nil)
         clock.advance(by: .seconds(10))
         #expect(await engine.flush().delivered == [id])
-        #expect(sender.deadlines == [nil, nil])
+        #expect(sender.requests.map(\.deadline) == [nil, nil])
     }
 
     @Test func theEntryFileKeepsTheDeadlineAcrossARestart() async throws {

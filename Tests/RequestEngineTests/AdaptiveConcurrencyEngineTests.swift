@@ -130,12 +130,3 @@ struct AdaptiveConcurrencyEngineTests {
         #expect(AsyncRequestEngine.limiterOutcome(of: .failure(.responseTooLarge(limit: 1, statusCode: 200)), timedOut: false) == .ignored)
     }
 }
-
-/// Yields until `condition` holds (other tasks run meanwhile; no wall-clock waiting); gives up
-/// when the time limit cancels the test, whose own expectations then fail.
-private func yieldUntil(_ condition: () -> Bool) async {
-    while !condition() {
-        if Task.isCancelled { return }
-        await Task.yield()
-    }
-}

@@ -15,12 +15,3 @@ struct ScriptedPolicy: RetryPolicy {
         answers.indices.contains(attempt) ? answers[attempt] : nil
     }
 }
-
-/// Yields until `condition` holds (other tasks run meanwhile; no wall-clock waiting). The suite's
-/// time limit ends a test whose condition never comes true.
-func yieldUntil(_ condition: () -> Bool) async {
-    while !condition() {
-        if Task.isCancelled { return }  // the time limit: the test's own expectations then fail
-        await Task.yield()
-    }
-}
