@@ -17,7 +17,7 @@ import ResilienceCore
 public struct AdaptiveLimitAlgorithm: Sendable, Equatable {
     enum Kind: Sendable, Equatable {
         case gradient(tolerance: Double, smoothing: Double, queueAllowance: Double, longWindow: Int, windowSamples: Int)
-        case aimd(backoff: Double)
+        case aimd
     }
 
     let kind: Kind
@@ -58,7 +58,7 @@ public struct AdaptiveLimitAlgorithm: Sendable, Equatable {
 
     /// The AIMD algorithm: `+1` per success while the limit is in use, `× backoff` on a drop.
     public static func aimd(backoff: Double = 0.9) -> AdaptiveLimitAlgorithm {
-        AdaptiveLimitAlgorithm(kind: .aimd(backoff: Self.clamp(backoff, 0.1, 1, default: 0.9)), backoff: Self.clamp(backoff, 0.1, 1, default: 0.9))
+        AdaptiveLimitAlgorithm(kind: .aimd, backoff: Self.clamp(backoff, 0.1, 1, default: 0.9))
     }
 
     /// `value` within `low…high`; NaN is `fallback`.
