@@ -15,6 +15,11 @@ let package = Package(
         // Only the "MallocInterposer" trait: the default traits also enable "RuntimeInterposer",
         // whose swift-runtime-interposer package is not in this machine's package mirror.
         .package(url: "https://github.com/ordo-one/benchmark", exact: "1.38.1", traits: ["MallocInterposer"]),
+        // The overload benchmark drives the engine over AsyncHTTPClient (the integrations package's
+        // session) against an upstream written on SwiftNIO.
+        .package(name: "ResilienceIntegrations", path: "../Integrations"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
     ],
     targets: [
         .executableTarget(
@@ -97,6 +102,22 @@ let package = Package(
                 .product(name: "ResilienceTesting", package: "Resilience"),
             ],
             path: "Sources/StrategiesBenchmark"
+        ),
+        // Issue 26's overload benchmark: adaptive limits against an upstream of known capacity in
+        // its own process (README.md, "Adaptive limits under overload"): `swift run -c release
+        // overload-benchmark`.
+        .executableTarget(
+            name: "overload-benchmark",
+            dependencies: [
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+                .product(name: "ResilienceAsyncHTTPClient", package: "ResilienceIntegrations"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            path: "Sources/OverloadBenchmark"
         ),
     ],
     swiftLanguageModes: [.v6]

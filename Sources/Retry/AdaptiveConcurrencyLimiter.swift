@@ -27,8 +27,11 @@ public enum RequestPriority: Int, Sendable, Hashable, Comparable, CaseIterable {
 ///   background call may always run when none does and a place is free, so background work never
 ///   starves. So interactive work finds a place within its share (waiting at most for that one
 ///   background call), and background work is what waits when the limit shrinks.
-/// - **The line.** Calls that find no place wait, at most `maxWaiting` of them in all (one more
-///   is refused at once with `LimiterRejection`, reason `.concurrencyLimit`). A freed place goes
+/// - **The line.** Calls that find no place wait, at most `maxWaiting` of them in all and at most
+///   `maxWaitingPerLimit` per place of the current limit (by default as many as the limit: a wait
+///   of about one round trip); one more is refused at once with `LimiterRejection`, reason
+///   `.concurrencyLimit`. A line that only followed `maxWaiting` would, past the upstream's
+///   capacity, hold calls until their timeouts passed and starve every one of them. A freed place goes
 ///   to the longest-waiting interactive call, else to the longest-waiting background call its
 ///   share allows. A waiter cancelled leaves at once with `CancellationError`; a place handed to
 ///   it in that instant goes on to the next.
@@ -46,40 +49,54 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         public var maxLimit: Int
         /// Calls allowed to wait for a place (at least 0).
         public var maxWaiting: Int
+        /// The line also holds at most this many calls per place of the current limit (rounded
+        /// up): at 1, a call waits about one round trip of the upstream at most, and past its
+        /// capacity the rest are refused at once instead of queueing until their timeouts pass.
+        /// `.infinity`: only `maxWaiting` bounds the line. At least 0.
+        public var maxWaitingPerLimit: Double
         /// The limit a limiter starts at, within `minLimit…maxLimit`.
         public var initialLimit: Int
         /// The share of the limit kept for interactive calls (0…1).
         public var interactiveShare: Double
 
         /// The defaults: the gradient algorithm between 4 and 1 000 places starting at 20, a line of
-        /// 1 000, a quarter of the places kept for interactive calls.
+        /// at most as many calls as the limit (and never more than 1 000), a quarter of the places
+        /// kept for interactive calls.
         public init() {
             algorithm = .gradient()
             minLimit = 4
             maxLimit = 1_000
             maxWaiting = 1_000
+            maxWaitingPerLimit = Self.defaultMaxWaitingPerLimit
             initialLimit = 20
             interactiveShare = 0.25
         }
 
+        /// `maxWaitingPerLimit`'s default: a line as long as the limit.
+        public static let defaultMaxWaitingPerLimit = 0.5
+
         /// Each part set; throws `AdaptiveConcurrencyLimiter.ConfigurationError` for a limit below
-        /// 1, `minLimit > maxLimit`, a negative `maxWaiting` or a share outside 0…1.
+        /// 1, `minLimit > maxLimit`, a negative `maxWaiting` or `maxWaitingPerLimit` (or NaN), or a
+        /// share outside 0…1.
         public init(
             algorithm: AdaptiveLimitAlgorithm,
             minLimit: Int,
             maxLimit: Int,
             maxWaiting: Int,
+            maxWaitingPerLimit: Double = Configuration.defaultMaxWaitingPerLimit,
             initialLimit: Int? = nil,
             interactiveShare: Double = 0.25
         ) throws(ConfigurationError) {
             guard minLimit >= 1, maxLimit >= 1 else { throw .nonPositiveLimit(minLimit: minLimit, maxLimit: maxLimit) }
             guard minLimit <= maxLimit else { throw .minimumAboveMaximum(minLimit: minLimit, maxLimit: maxLimit) }
             guard maxWaiting >= 0 else { throw .negativeWaitLine(maxWaiting) }
+            guard maxWaitingPerLimit >= 0 else { throw .negativeWaitingPerLimit(maxWaitingPerLimit) }
             guard (0...1).contains(interactiveShare) else { throw .shareOutOfRange(interactiveShare) }
             self.algorithm = algorithm
             self.minLimit = minLimit
             self.maxLimit = maxLimit
             self.maxWaiting = maxWaiting
+            self.maxWaitingPerLimit = maxWaitingPerLimit
             self.initialLimit = min(maxLimit, max(minLimit, initialLimit ?? max(minLimit, min(20, maxLimit))))
             self.interactiveShare = interactiveShare
         }
@@ -90,6 +107,7 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         case nonPositiveLimit(minLimit: Int, maxLimit: Int)
         case minimumAboveMaximum(minLimit: Int, maxLimit: Int)
         case negativeWaitLine(Int)
+        case negativeWaitingPerLimit(Double)
         case shareOutOfRange(Double)
 
         public var description: String {
@@ -97,6 +115,7 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
             case .nonPositiveLimit(let low, let high): "limits must be at least 1 (minLimit \(low), maxLimit \(high))"
             case .minimumAboveMaximum(let low, let high): "minLimit \(low) is above maxLimit \(high)"
             case .negativeWaitLine(let count): "maxWaiting must not be negative (\(count))"
+            case .negativeWaitingPerLimit(let ratio): "maxWaitingPerLimit must be 0 or more (\(ratio))"
             case .shareOutOfRange(let share): "interactiveShare must be within 0...1 (\(share))"
             }
         }
@@ -146,6 +165,8 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         configuration.minLimit = max(1, configuration.minLimit)
         configuration.maxLimit = max(configuration.minLimit, configuration.maxLimit)
         configuration.maxWaiting = max(0, configuration.maxWaiting)
+        configuration.maxWaitingPerLimit = configuration.maxWaitingPerLimit.isNaN
+            ? Configuration.defaultMaxWaitingPerLimit : max(0, configuration.maxWaitingPerLimit)
         configuration.initialLimit = min(configuration.maxLimit, max(configuration.minLimit, configuration.initialLimit))
         configuration.interactiveShare = configuration.interactiveShare.isNaN ? 0.25 : min(1, max(0, configuration.interactiveShare))
         self.configuration = configuration
@@ -225,13 +246,16 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         if Task.isCancelled { throw CancellationError() }
         let share = configuration.interactiveShare
         let maxWaiting = configuration.maxWaiting
+        let perLimit = configuration.maxWaitingPerLimit
         let admission = state.withLock { state -> Admission in
             let lineEmpty = priority == .interactive ? state.interactiveWaiters.isEmpty : state.waiting == 0
             if lineEmpty, Self.hasPlace(for: priority, in: state, share: share) {
                 state.running[priority.rawValue] += 1
                 return .admitted
             }
-            guard state.waiting < maxWaiting else { return .rejected(limit: state.estimator.limit) }
+            let limit = state.estimator.limit
+            let line = perLimit >= Double(maxWaiting) ? maxWaiting : min(maxWaiting, Int((Double(limit) * perLimit).rounded(.up)))
+            guard state.waiting < line else { return .rejected(limit: limit, line: line) }
             return priority == .interactive
                 ? .wait(state.interactiveWaiters.issue(()))
                 : .wait(state.backgroundWaiters.issue(()))
@@ -239,8 +263,8 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         switch admission {
         case .admitted:
             return Permit(priority: priority, admittedAt: time.now())
-        case .rejected(let limit):
-            throw LimiterRejection(reason: .concurrencyLimit(maxConcurrent: limit, maxWaiting: maxWaiting))
+        case .rejected(let limit, let line):
+            throw LimiterRejection(reason: .concurrencyLimit(maxConcurrent: limit, maxWaiting: line))
         case .wait(let ticket):
             let line: WritableKeyPath<State, WaiterList<Bool, Void>> & Sendable =
                 priority == .interactive ? \State.interactiveWaiters : \State.backgroundWaiters
@@ -274,7 +298,7 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
 
     private enum Admission {
         case admitted
-        case rejected(limit: Int)
+        case rejected(limit: Int, line: Int)
         case wait(WaiterList<Bool, Void>.Ticket)
     }
 

@@ -6,8 +6,14 @@ import ResilienceCore
 /// - `.gradient()`: compares the latency of the last window of operations with a long-run
 ///   baseline. While latency holds (within `tolerance` of the baseline), the limit grows by a
 ///   queue allowance each window; as latency rises above it, the limit shrinks in proportion
-///   (at most by half a window). The style of Netflix's Gradient2.
-/// - `.aimd()`: grows by one for each operation that succeeds while the limit is in use, and
+///   (at most by half a window). The style of Netflix's Gradient2, with one change: latency that
+///   rose with more in flight than when it was last at the baseline is the queue the limit
+///   itself builds, and the baseline does not follow it (Gradient2's does, so its limit grows
+///   with its own queue until the upstream drops requests). The baseline follows rising latency
+///   with no more in flight (within `tolerance`), or with at most half as many (beyond it: the
+///   upstream itself became slower).
+/// - `.aimd()`: grows by one for each round trip of successes while the limit is in use (a
+///   limit's worth of successes adds one place, as TCP's congestion avoidance does), and
 ///   multiplies the limit by `backoff` on a drop (a timeout, a 429 or 503, a failed connection).
 ///
 /// Both decrease at most once per round trip: after a decrease, drops of operations that began
@@ -28,7 +34,8 @@ public struct AdaptiveLimitAlgorithm: Sendable, Equatable {
     ///
     /// - Parameters:
     ///   - tolerance: how much slower than the baseline the last window may be before the limit
-    ///     shrinks (1.5: half again as slow). At least 1.
+    ///     shrinks (1.25: a quarter slower, the buffer Envoy's adaptive concurrency filter
+    ///     allows over its minimum round trip). At least 1.
     ///   - smoothing: how much of each window's new estimate is taken (0.2: a fifth). In 0.01…1.
     ///   - queueAllowance: places added each window while latency holds: room for a short queue
     ///     at the upstream, which is what lets the limit find more capacity. At least 0.
@@ -37,7 +44,7 @@ public struct AdaptiveLimitAlgorithm: Sendable, Equatable {
     ///   - windowSamples: operations per window. At least 1.
     ///   - backoff: the factor applied on a drop. In 0.1…1.
     public static func gradient(
-        tolerance: Double = 1.5,
+        tolerance: Double = 1.25,
         smoothing: Double = 0.2,
         queueAllowance: Double = 4,
         longWindow: Int = 100,
@@ -46,7 +53,7 @@ public struct AdaptiveLimitAlgorithm: Sendable, Equatable {
     ) -> AdaptiveLimitAlgorithm {
         AdaptiveLimitAlgorithm(
             kind: .gradient(
-                tolerance: Self.clamp(tolerance, 1, 100, default: 1.5),
+                tolerance: Self.clamp(tolerance, 1, 100, default: 1.25),
                 smoothing: Self.clamp(smoothing, 0.01, 1, default: 0.2),
                 queueAllowance: Self.clamp(queueAllowance, 0, 1_000, default: 4),
                 longWindow: max(1, longWindow),
@@ -56,7 +63,8 @@ public struct AdaptiveLimitAlgorithm: Sendable, Equatable {
         )
     }
 
-    /// The AIMD algorithm: `+1` per success while the limit is in use, `× backoff` on a drop.
+    /// The AIMD algorithm: `+1` per limit's worth of successes while the limit is in use (one
+    /// place per round trip), `× backoff` on a drop.
     public static func aimd(backoff: Double = 0.9) -> AdaptiveLimitAlgorithm {
         AdaptiveLimitAlgorithm(kind: .aimd, backoff: Self.clamp(backoff, 0.1, 1, default: 0.9))
     }
@@ -79,12 +87,16 @@ struct AdaptiveLimitEstimator: Sendable {
 
     /// When the limit last went down: drops of operations that began before it are the same signal.
     private var lastDecrease: Duration?
+    /// AIMD: successes counted toward the next place.
+    private var successesSinceGrowth = 0
 
     // The gradient's window and baseline, in seconds.
     private var windowSum = 0.0
     private var windowCount = 0
     private var windowPeakInFlight = 0
     private(set) var baseline: Double?
+    /// The peak in flight of the last window whose latency was at or below the baseline.
+    private var baselineInFlight = 0
 
     init(algorithm: AdaptiveLimitAlgorithm, minLimit: Int, maxLimit: Int, initialLimit: Int) {
         self.algorithm = algorithm
@@ -106,14 +118,22 @@ struct AdaptiveLimitEstimator: Sendable {
             if let lastDecrease, began < lastDecrease { return }
             estimate = max(minLimit, estimate * algorithm.backoff)
             lastDecrease = ended
+            successesSinceGrowth = 0
             resetWindow()
             return
         }
         let inUse = Double(inFlight) * 2 >= estimate
         switch algorithm.kind {
         case .aimd:
-            // A success is a success, whatever the clock says of its latency.
-            if inUse { estimate = min(maxLimit, estimate + 1) }
+            // A success is a success, whatever the clock says of its latency. One place per
+            // round trip: a limit's worth of successes adds one (TCP's congestion avoidance), so
+            // growth weighs as much as the once-per-round-trip decrease does.
+            guard inUse else { return }
+            successesSinceGrowth += 1
+            if Double(successesSinceGrowth) >= estimate.rounded(.down) {
+                successesSinceGrowth = 0
+                estimate = min(maxLimit, estimate + 1)
+            }
         case .gradient(let tolerance, let smoothing, let queueAllowance, let longWindow, let windowSamples):
             let latency = (ended - began).seconds
             guard latency > 0, latency.isFinite else { return }
@@ -124,7 +144,29 @@ struct AdaptiveLimitEstimator: Sendable {
             let short = windowSum / Double(windowCount)
             let peak = windowPeakInFlight
             resetWindow()
-            var long = baseline.map { $0 + (short - $0) * 2 / (Double(longWindow) + 1) } ?? short
+            let rate = 2 / (Double(longWindow) + 1)
+            var long: Double
+            if let baseline {
+                if short <= baseline {
+                    long = baseline + (short - baseline) * rate
+                    baselineInFlight = peak
+                } else if peak <= baselineInFlight, short <= baseline * tolerance {
+                    // A little slower with no more in flight than when it was last this fast.
+                    long = baseline + (short - baseline) * rate
+                } else if peak * 2 <= baselineInFlight {
+                    // Slower although at most half as many are in flight as when it was last this
+                    // fast: the upstream itself became slower. Follow it.
+                    long = baseline + (short - baseline) * rate
+                } else {
+                    // Slower with more in flight: the queue the limit itself builds. Not followed —
+                    // were it, the limit would grow with its own queue (Gradient2's drift) until
+                    // the upstream dropped requests.
+                    long = baseline
+                }
+            } else {
+                long = short
+                baselineInFlight = peak
+            }
             // Latency fell well below the baseline (the upstream recovered, or the baseline was
             // set under load): the baseline follows it down quickly.
             if long / short > 2 { long *= 0.95 }

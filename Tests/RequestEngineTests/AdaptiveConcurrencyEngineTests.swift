@@ -40,12 +40,14 @@ struct AdaptiveConcurrencyEngineTests {
     }
 
     @Test func a503ShrinksTheHostsLimitAndSuccessesInUseGrowIt() async throws {
-        let session = ScriptedNetworkSession([.status(503), .ok(), .ok()])
+        let session = ScriptedNetworkSession([.status(503), .ok(), .ok(), .ok()])
         let engine = try Self.engine(session, initial: 4)
         _ = try await engine.response(for: TestRequest())
         let limiter = try #require(engine.adaptiveConcurrencyLimiter(for: Self.url))
         #expect(limiter.currentLimit == 2)
-        _ = try await engine.send(TestRequest())  // one in flight of two: in use, +1
+        _ = try await engine.send(TestRequest())  // one in flight of two: in use
+        #expect(limiter.currentLimit == 2)
+        _ = try await engine.send(TestRequest())  // two successes in use, a limit's worth: +1
         #expect(limiter.currentLimit == 3)
         _ = try await engine.send(TestRequest())  // one of three: not in use
         #expect(limiter.currentLimit == 3)

@@ -15,14 +15,18 @@ struct AdaptiveLimitEstimatorTests {
         }
     }
 
-    @Test func aimdGrowsByOnePerSuccessWhileTheLimitIsInUse() {
+    @Test func aimdGrowsByOnePerRoundTripOfSuccessesWhileTheLimitIsInUse() {
         var aimd = AdaptiveLimitEstimator(algorithm: .aimd(), minLimit: 2, maxLimit: 30, initialLimit: 10)
         var now = Duration.zero
-        Self.feed(&aimd, count: 5, latency: .milliseconds(20), inFlight: 10, from: &now)
-        #expect(aimd.limit == 15)
-        Self.feed(&aimd, count: 5, latency: .milliseconds(20), inFlight: 3, from: &now)  // fewer than half in use
-        #expect(aimd.limit == 15)
-        Self.feed(&aimd, count: 100, latency: .milliseconds(20), inFlight: 30, from: &now)
+        Self.feed(&aimd, count: 9, latency: .milliseconds(20), inFlight: 10, from: &now)
+        #expect(aimd.limit == 10)
+        Self.feed(&aimd, count: 1, latency: .milliseconds(20), inFlight: 10, from: &now)
+        #expect(aimd.limit == 11)  // a limit's worth of successes: one place
+        Self.feed(&aimd, count: 11, latency: .milliseconds(20), inFlight: 11, from: &now)
+        #expect(aimd.limit == 12)
+        Self.feed(&aimd, count: 50, latency: .milliseconds(20), inFlight: 3, from: &now)  // fewer than half in use
+        #expect(aimd.limit == 12)
+        Self.feed(&aimd, count: 1_000, latency: .milliseconds(20), inFlight: 30, from: &now)
         #expect(aimd.limit == 30)  // the ceiling
     }
 
@@ -42,11 +46,13 @@ struct AdaptiveLimitEstimatorTests {
 
     @Test func zeroOrBackwardsLatencyIsIgnoredButADropOrAnAIMDSuccessStillCounts() {
         var aimd = AdaptiveLimitEstimator(algorithm: .aimd(), minLimit: 1, maxLimit: 100, initialLimit: 10)
-        aimd.record(began: .seconds(5), ended: .seconds(5), inFlight: 10, dropped: false)
-        aimd.record(began: .seconds(5), ended: .seconds(4), inFlight: 10, dropped: false)
-        #expect(aimd.limit == 12)  // AIMD counts successes, not latency
+        for _ in 0..<5 {
+            aimd.record(began: .seconds(5), ended: .seconds(5), inFlight: 10, dropped: false)
+            aimd.record(began: .seconds(5), ended: .seconds(4), inFlight: 10, dropped: false)
+        }
+        #expect(aimd.limit == 11)  // AIMD counts successes, not latency
         aimd.record(began: .seconds(5), ended: .seconds(4), inFlight: 10, dropped: true)
-        #expect(aimd.limit == 10)  // 12 × 0.9 = 10.8
+        #expect(aimd.limit == 9)  // 11 × 0.9 = 9.9
 
         var gradient = AdaptiveLimitEstimator(algorithm: .gradient(windowSamples: 2), minLimit: 1, maxLimit: 100, initialLimit: 10)
         for _ in 0..<10 { gradient.record(began: .seconds(5), ended: .seconds(4), inFlight: 10, dropped: false) }
@@ -92,6 +98,50 @@ struct AdaptiveLimitEstimatorTests {
         #expect(gradient.limit == 10)
     }
 
+    /// Against an upstream of 10 workers (latency 100 ms × in flight / 10 past 10 in flight), the
+    /// limit stays near `tolerance × 10 + queueAllowance` for thousands of windows: the baseline
+    /// does not follow the queue the limit builds (Gradient2's would, and the limit with it).
+    @Test func gradientsBaselineDoesNotFollowTheQueueItsLimitBuilds() {
+        var gradient = AdaptiveLimitEstimator(algorithm: .gradient(), minLimit: 1, maxLimit: 1_000, initialLimit: 5)
+        var now = Duration.zero
+        var limits: [Int] = []
+        for _ in 0..<3_000 {
+            let inFlight = gradient.limit
+            let latency = Duration.milliseconds(Int64(100 * max(1, Double(inFlight) / 10)))
+            Self.feed(&gradient, count: 10, latency: latency, inFlight: inFlight, from: &now)
+            limits.append(gradient.limit)
+        }
+        let earlier = limits[1_000..<2_000]
+        let late = limits.suffix(1_000)
+        #expect(late.min()! >= 10)  // keeps every worker busy
+        #expect(late.max()! <= 24)  // about 1.25 × 10 + 4 = 16.5, and its swing
+        func mean(_ values: ArraySlice<Int>) -> Double { Double(values.reduce(0, +)) / Double(values.count) }
+        #expect(mean(late) - mean(earlier) < 1)  // no drift upward
+    }
+
+    /// An upstream of 100 workers that becomes twice as slow for good: the limit first falls
+    /// (latency doubled), then, as the latency stays doubled with far fewer in flight, the
+    /// baseline follows it and the limit grows back to the upstream's capacity.
+    @Test func gradientFollowsAnUpstreamThatBecameSlowerForGood() {
+        var gradient = AdaptiveLimitEstimator(algorithm: .gradient(), minLimit: 1, maxLimit: 1_000, initialLimit: 20)
+        var now = Duration.zero
+        func run(windows: Int, serviceTime: Double) -> [Int] {
+            var limits: [Int] = []
+            for _ in 0..<windows {
+                let inFlight = gradient.limit
+                let latency = Duration.milliseconds(Int64(serviceTime * max(1, Double(inFlight) / 100)))
+                Self.feed(&gradient, count: 10, latency: latency, inFlight: inFlight, from: &now)
+                limits.append(gradient.limit)
+            }
+            return limits
+        }
+        let healthy = run(windows: 1_000, serviceTime: 100)
+        #expect(healthy.suffix(100).min()! >= 100)
+        let slower = run(windows: 2_000, serviceTime: 200)
+        #expect(slower.prefix(300).min()! < 50)  // latency doubled: the limit fell
+        #expect(slower.suffix(100).min()! >= 100)  // and grew back once the baseline followed
+    }
+
     @Test func gradientDoesNotGrowWhileTheLimitIsNotInUse() {
         var gradient = AdaptiveLimitEstimator(algorithm: .gradient(), minLimit: 4, maxLimit: 200, initialLimit: 20)
         var now = Duration.zero
@@ -103,9 +153,13 @@ struct AdaptiveLimitEstimatorTests {
 /// The limiter on a ManualClock: places, the line, the partitions, cancellation.
 @Suite("AdaptiveConcurrencyLimiter", .timeLimit(.minutes(1)))
 struct AdaptiveConcurrencyLimiterTests {
-    static func limiter(min: Int = 1, max: Int = 100, initial: Int, waiting: Int = 100, share: Double = 0.25, algorithm: AdaptiveLimitAlgorithm = .aimd(), clock: ManualClock = ManualClock()) throws -> AdaptiveConcurrencyLimiter {
+    /// A limiter whose line only `waiting` bounds, unless `perLimit` says otherwise.
+    static func limiter(min: Int = 1, max: Int = 100, initial: Int, waiting: Int = 100, perLimit: Double = .infinity, share: Double = 0.25, algorithm: AdaptiveLimitAlgorithm = .aimd(), clock: ManualClock = ManualClock()) throws -> AdaptiveConcurrencyLimiter {
         AdaptiveConcurrencyLimiter(
-            configuration: try .init(algorithm: algorithm, minLimit: min, maxLimit: max, maxWaiting: waiting, initialLimit: initial, interactiveShare: share),
+            configuration: try .init(
+                algorithm: algorithm, minLimit: min, maxLimit: max, maxWaiting: waiting, maxWaitingPerLimit: perLimit,
+                initialLimit: initial, interactiveShare: share
+            ),
             clock: clock
         )
     }
@@ -119,6 +173,9 @@ struct AdaptiveConcurrencyLimiterTests {
         }
         #expect(throws: AdaptiveConcurrencyLimiter.ConfigurationError.negativeWaitLine(-1)) {
             try AdaptiveConcurrencyLimiter(algorithm: .aimd(), minLimit: 1, maxLimit: 5, maxWaiting: -1)
+        }
+        #expect(throws: AdaptiveConcurrencyLimiter.ConfigurationError.negativeWaitingPerLimit(-0.5)) {
+            try AdaptiveConcurrencyLimiter.Configuration(algorithm: .aimd(), minLimit: 1, maxLimit: 5, maxWaiting: 1, maxWaitingPerLimit: -0.5)
         }
         #expect(throws: AdaptiveConcurrencyLimiter.ConfigurationError.shareOutOfRange(1.5)) {
             try AdaptiveConcurrencyLimiter.Configuration(algorithm: .aimd(), minLimit: 1, maxLimit: 5, maxWaiting: 1, interactiveShare: 1.5)
@@ -158,8 +215,8 @@ struct AdaptiveConcurrencyLimiterTests {
         var permits: [AdaptiveConcurrencyLimiter.Permit] = []
         for task in held { permits.append(try await task.value) }
         clock.advance(by: .milliseconds(50))
-        limiter.release(permits[0], outcome: .success)  // 4 in flight: in use, +1
-        #expect(limiter.currentLimit == 5)
+        limiter.release(permits[0], outcome: .success)  // in use, but one success of the four a place takes
+        #expect(limiter.currentLimit == 4)
         limiter.release(permits[1], outcome: .dropped)
         #expect(limiter.currentLimit == 2)
         limiter.release(permits[2], outcome: .dropped)  // began before that decrease: the same burst
@@ -251,11 +308,32 @@ struct AdaptiveConcurrencyLimiterTests {
         configuration.maxLimit = -5
         configuration.maxWaiting = -1
         configuration.interactiveShare = .nan
+        configuration.maxWaitingPerLimit = .nan
         let limiter = AdaptiveConcurrencyLimiter(configuration: configuration)
         #expect(limiter.configuration.minLimit == 1 && limiter.configuration.maxLimit == 1)
         #expect(limiter.configuration.maxWaiting == 0 && limiter.configuration.interactiveShare == 0.25)
+        #expect(limiter.configuration.maxWaitingPerLimit == AdaptiveConcurrencyLimiter.Configuration.defaultMaxWaitingPerLimit)
         #expect(limiter.currentLimit == 1)
         #expect(try await limiter.withPermit(priority: .background) { 1 } == 1)
+    }
+
+    /// By default the line holds half as many calls as the limit (rounded up), whatever
+    /// `maxWaiting` allows: past the upstream's capacity the rest are refused at once.
+    @Test func theLineFollowsTheLimit() async throws {
+        let limiter = AdaptiveConcurrencyLimiter(
+            configuration: try .init(algorithm: .aimd(), minLimit: 1, maxLimit: 100, maxWaiting: 100, initialLimit: 5, interactiveShare: 0)
+        )
+        #expect(limiter.configuration.maxWaitingPerLimit == 0.5)
+        let gate = Gate()
+        var running: [Task<Void, any Error>] = []
+        for _ in 0..<8 { running.append(Task { try await limiter.withPermit { await gate.wait() } }) }
+        await yieldUntil { limiter.inFlight == 5 && limiter.waiting == 3 }  // 5 × 0.5, rounded up
+        await #expect(throws: LimiterRejection(reason: .concurrencyLimit(maxConcurrent: 5, maxWaiting: 3))) {
+            try await limiter.withPermit { () }
+        }
+        gate.open()
+        for task in running { try await task.value }
+        #expect(limiter.inFlight == 0 && limiter.waiting == 0)
     }
 
     @Test func aCancelledWaiterLeavesAtOnceAndNoPlaceIsLost() async throws {
