@@ -64,5 +64,5 @@ for axis, (name, title) in zip(axes, runs):
     axis.legend(handles[0] + more[0], handles[1] + more[1], loc="upper left", fontsize=8)
 axes[-1].set_xlabel("seconds (dashed: the upstream's workers halve)")
 figure.tight_layout()
-figure.savefig(output, dpi=110)
+figure.savefig(output, dpi=80)
 print(f"wrote {output}")
