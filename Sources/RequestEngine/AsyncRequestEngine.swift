@@ -559,8 +559,11 @@ public final class AsyncRequestEngine: RequestSending {
         // interactive copy could use.
         do {
             if rate == nil, limiter == nil, let adaptive {
-                // The adaptive limit alone (its usual use): no closures on the path.
-                let permit = try await adaptivePlace(adaptive, call, hedge: hedge)
+                // The adaptive limit alone (its usual use): no closures on the path, and a free
+                // place taken without calling an async function.
+                let priority = hedge ? RequestPriority.background : call.execution.limiterPriority
+                let permit: AdaptiveConcurrencyLimiter.Permit
+                if let free = adaptive.tryAcquire(priority: priority) { permit = free } else { permit = try await adaptive.acquire(priority: priority) }
                 call.markSent(attempt: attempt)
                 let result = await Self.call(call, on: session)
                 Self.release(permit, of: adaptive, after: result, call, attempt: attempt)

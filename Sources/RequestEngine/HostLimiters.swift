@@ -13,7 +13,15 @@ import ResilienceCore
 /// limiter up for each attempt, so a dropped one, idle when dropped, is not used again.
 final class HostLimiters<Limiter: AnyObject & Sendable>: Sendable {
     static var maximumHosts: Int { 1_024 }
-    private let table = Locked<[String: Limiter]>([:])
+    private struct Table {
+        var limiters: [String: Limiter] = [:]
+        /// The last authority asked for and its limiter: most engines call one host at a time,
+        /// and comparing two small strings costs less than hashing one. Forgotten when the table
+        /// drops limiters.
+        var last: (authority: String, limiter: Limiter)?
+    }
+
+    private let table = Locked<Table>(Table())
     private let make: @Sendable () -> Limiter
     private let isIdle: @Sendable (Limiter) -> Bool
 
@@ -25,26 +33,34 @@ final class HostLimiters<Limiter: AnyObject & Sendable>: Sendable {
     /// The limiter for an authority as `CircuitBreakerRegistry.authority(of:)` writes it.
     func limiter(forAuthority authority: String) -> Limiter {
         table.withLock { table in
-            if let limiter = table[authority] { return limiter }
-            if table.count >= Self.maximumHosts {
-                table = table.filter { !isIdle($0.value) }
+            if let last = table.last, last.authority == authority { return last.limiter }
+            if let limiter = table.limiters[authority] {
+                table.last = (authority, limiter)
+                return limiter
+            }
+            if table.limiters.count >= Self.maximumHosts {
+                table.limiters = table.limiters.filter { !isIdle($0.value) }
+                table.last = nil
             }
             let limiter = make()
-            if table.count < Self.maximumHosts { table[authority] = limiter }
+            if table.limiters.count < Self.maximumHosts {
+                table.limiters[authority] = limiter
+                table.last = (authority, limiter)
+            }
             return limiter
         }
     }
 
     /// The limiter kept for an authority, without making one.
     func existing(forAuthority authority: String) -> Limiter? {
-        table.withLock { $0[authority] }
+        table.withLock { $0.limiters[authority] }
     }
 
     /// Every limiter kept now, by authority.
-    var all: [String: Limiter] { table.withLock { $0 } }
+    var all: [String: Limiter] { table.withLock { $0.limiters } }
 
     /// Limiters kept now (for tests).
-    var count: Int { table.withLock { $0.count } }
+    var count: Int { table.withLock { $0.limiters.count } }
 }
 
 extension HostLimiters where Limiter == ConcurrencyLimiter {

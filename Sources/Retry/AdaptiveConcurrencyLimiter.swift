@@ -318,6 +318,7 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
 
     /// Hands free places to waiters, interactive first, each as its share allows.
     private static func admitWaiters(_ state: inout State, share: Double) -> [WaiterList<Bool, Void>.Waiter] {
+        if state.interactiveWaiters.isEmpty, state.backgroundWaiters.isEmpty { return [] }  // the usual case
         var ready: [WaiterList<Bool, Void>.Waiter] = []
         for priority in [RequestPriority.interactive, .background] {
             while hasPlace(for: priority, in: state, share: share) {

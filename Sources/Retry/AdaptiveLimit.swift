@@ -91,7 +91,9 @@ struct AdaptiveLimitEstimator: Sendable {
     private var successesSinceGrowth = 0
 
     // The gradient's window and baseline, in seconds.
-    private var windowSum = 0.0
+    /// Summed as a `Duration` and turned into seconds once a window: the conversion costs more
+    /// than the rest of a sample.
+    private var windowSum = Duration.zero
     private var windowCount = 0
     private var windowPeakInFlight = 0
     private(set) var baseline: Double?
@@ -135,13 +137,13 @@ struct AdaptiveLimitEstimator: Sendable {
                 estimate = min(maxLimit, estimate + 1)
             }
         case .gradient(let tolerance, let smoothing, let queueAllowance, let longWindow, let windowSamples):
-            let latency = (ended - began).seconds
-            guard latency > 0, latency.isFinite else { return }
+            let latency = ended - began
+            guard latency > .zero else { return }
             windowSum += latency
             windowCount += 1
             windowPeakInFlight = max(windowPeakInFlight, inFlight)
             guard windowCount >= windowSamples else { return }
-            let short = windowSum / Double(windowCount)
+            let short = windowSum.seconds / Double(windowCount)
             let peak = windowPeakInFlight
             resetWindow()
             let rate = 2 / (Double(longWindow) + 1)
@@ -182,7 +184,7 @@ struct AdaptiveLimitEstimator: Sendable {
     }
 
     private mutating func resetWindow() {
-        windowSum = 0
+        windowSum = .zero
         windowCount = 0
         windowPeakInFlight = 0
     }

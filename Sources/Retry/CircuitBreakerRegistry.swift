@@ -113,9 +113,16 @@ public final class CircuitBreakerRegistry: Sendable {
     /// The same key from a host and port already read off a URL (the engine reads them once, when
     /// it validates the request).
     public static func authority(host: String, port: Int?) -> String {
+        // Most processes call one or a few hosts: the last key made is kept, and an equal host
+        // and port (two small-string compares) take it instead of lower-casing and joining again.
+        if let last = lastAuthority.withLock({ $0 }), last.host == host, last.port == port { return last.authority }
         let key = Self.key(host)
-        return port.map { "\(key):\($0)" } ?? key
+        let authority = port.map { key + ":" + String($0) } ?? key
+        lastAuthority.withLock { $0 = (host, port, authority) }
+        return authority
     }
+
+    private static let lastAuthority = Locked<(host: String, port: Int?, authority: String)?>(nil)
 
     private static func key(_ host: String) -> String {
         host.utf8.contains(where: { (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains($0) }) ? host.lowercased() : host
