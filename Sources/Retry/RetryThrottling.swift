@@ -27,6 +27,12 @@ public struct RetryThrottling: Sendable, Equatable {
         }
     }
 
+    /// gRPC's usual settings, which cannot fail: 10 tokens, 0.1 back per success.
+    public init() {
+        maxTokens = 10
+        tokenRatio = 0.1
+    }
+
     /// - Throws: `ConfigurationError` for `maxTokens` outside (0, 1 000], or a `tokenRatio` that is
     ///   not positive, rounds to zero at three decimals, or exceeds `maxTokens`.
     public init(maxTokens: Double = 10, tokenRatio: Double = 0.1) throws(ConfigurationError) {

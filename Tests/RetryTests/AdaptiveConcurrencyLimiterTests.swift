@@ -385,5 +385,6 @@ struct RetryThrottleTests {
         #expect(throws: RetryThrottling.ConfigurationError.tokenRatioOutOfRange(-1)) { try RetryThrottling(maxTokens: 10, tokenRatio: -1) }
         #expect(throws: RetryThrottling.ConfigurationError.self) { try RetryThrottling(maxTokens: .nan, tokenRatio: 0.1) }
         #expect(try RetryThrottling(maxTokens: 10, tokenRatio: 0.1234).tokenRatio == 0.123)  // three decimals, as gRPC keeps
+        #expect(try RetryThrottling() == RetryThrottling(maxTokens: 10, tokenRatio: 0.1))  // the defaults need no `try`
     }
 }

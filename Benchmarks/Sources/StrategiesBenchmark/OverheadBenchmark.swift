@@ -64,7 +64,7 @@ enum OverheadBenchmark {
         case .adaptive:
             AsyncRequestEngine(
                 session: session,
-                options: .init(retryThrottling: try! RetryThrottling(), adaptiveConcurrencyPerHost: .init())
+                options: .init(retryThrottling: RetryThrottling(), adaptiveConcurrencyPerHost: .init())
             )
         }
     }

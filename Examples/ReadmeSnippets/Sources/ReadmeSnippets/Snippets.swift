@@ -66,6 +66,18 @@ public enum Snippets {
         return await send(R(url: url), on: guarded)
     }
 
+    /// The README's service engine (adaptive limits, retry throttling), unchanged.
+    public static func fetchAsAService(_ url: URL) async -> SnippetOutcome {
+        let service = AsyncRequestEngine(
+            retryPolicy: ExponentialRetryPolicy(maxRetries: 2, baseDelay: 0.1),
+            options: .init(
+                retryThrottling: RetryThrottling(),                     // gRPC's: no retries while a host fails
+                adaptiveConcurrencyPerHost: .init()                     // the gradient, with tuned defaults
+            )
+        )
+        return await send(R(url: url), on: service)
+    }
+
     static func send(_ request: R, on engine: AsyncRequestEngine) async -> SnippetOutcome {
         do {
             let (data, response) = try await engine.send(request)

@@ -26,6 +26,9 @@ check("404 is thrown as httpError without retry", missing == .httpError(statusCo
 let guarded = await Snippets.fetchGuarded(server.url("/ok"))
 check("the engine with deadline, hedging, per-host breakers and limit answers", guarded == .ok(status: 200, bytes: 5), "\(guarded)")
 
+let service = await Snippets.fetchAsAService(server.url("/ok"))
+check("the service engine with adaptive limits and retry throttling answers", service == .ok(status: 200, bytes: 5), "\(service)")
+
 let sink = ConsoleSink()
 let observed = await Snippets.fetchObserved(server.url("/ok"), sink: sink)
 let seen = await sink.seen
