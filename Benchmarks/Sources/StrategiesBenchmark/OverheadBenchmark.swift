@@ -37,6 +37,8 @@ enum OverheadBenchmark {
         /// Adaptive concurrency per host (the default configuration) with retry throttling per
         /// host: issue 26's "at most 1 µs CPU per request over the plain engine".
         case adaptive
+        /// Adaptive concurrency per host alone, without the throttle.
+        case adaptiveOnly = "adaptive-only"
     }
 
     enum Shape: String, CaseIterable {
@@ -66,6 +68,8 @@ enum OverheadBenchmark {
                 session: session,
                 options: .init(retryThrottling: RetryThrottling(), adaptiveConcurrencyPerHost: .init())
             )
+        case .adaptiveOnly:
+            AsyncRequestEngine(session: session, options: .init(adaptiveConcurrencyPerHost: .init()))
         }
     }
 

@@ -14,7 +14,7 @@ import Synchronization
 //   strategies-benchmark hedging-nocache [requests] [warm-up] the same, the transport without URLCache
 //   strategies-benchmark hedging-stub [requests] [warm-up] the same over an in-process session that sleeps
 //   strategies-benchmark overhead [rounds] [requests]      CPU per request, plain engine vs strategies on
-//   strategies-benchmark count plain|deadline|breakers|limiter|strategies|adaptive sequential|concurrent N
+//   strategies-benchmark count plain|deadline|breakers|limiter|strategies|adaptive|adaptive-only sequential|concurrent N
 //                                                           N sends of one variant and nothing else (for callgrind)
 
 let arguments = Array(CommandLine.arguments.dropFirst())
@@ -33,7 +33,7 @@ func usage() -> Never {
                strategies-benchmark hedging-nocache [requests = 2000] [warm-up = 1000]
                strategies-benchmark hedging-stub [requests = 2000] [warm-up = 1000]
                strategies-benchmark overhead [rounds = 15] [requests per block = 20000]
-               strategies-benchmark count plain|deadline|breakers|limiter|strategies|adaptive sequential|concurrent N
+               strategies-benchmark count plain|deadline|breakers|limiter|strategies|adaptive|adaptive-only sequential|concurrent N
         """)
     exit(2)
 }
