@@ -563,7 +563,11 @@ public final class AsyncRequestEngine: RequestSending {
                 // place taken without calling an async function.
                 let priority = hedge ? RequestPriority.background : call.execution.limiterPriority
                 let permit: AdaptiveConcurrencyLimiter.Permit
-                if let free = adaptive.tryAcquire(priority: priority) { permit = free } else { permit = try await adaptive.acquire(priority: priority) }
+                if let free = adaptive.tryAcquire(priority: priority) {
+                    permit = free
+                } else {
+                    permit = try await adaptive.acquire(priority: priority)
+                }
                 call.markSent(attempt: attempt)
                 let result = await Self.call(call, on: session)
                 Self.release(permit, of: adaptive, after: result, call, attempt: attempt)

@@ -28,8 +28,8 @@ public enum RequestPriority: Int, Sendable, Hashable, Comparable, CaseIterable {
 ///   starves. So interactive work finds a place within its share (waiting at most for that one
 ///   background call), and background work is what waits when the limit shrinks.
 /// - **The line.** Calls that find no place wait, at most `maxWaiting` of them in all and at most
-///   `maxWaitingPerLimit` per place of the current limit (by default as many as the limit: a wait
-///   of about one round trip); one more is refused at once with `LimiterRejection`, reason
+///   `maxWaitingPerLimit` per place of the current limit (by default half as many as the limit: a
+///   wait of about half a round trip); one more is refused at once with `LimiterRejection`, reason
 ///   `.concurrencyLimit`. A line that only followed `maxWaiting` would, past the upstream's
 ///   capacity, hold calls until their timeouts passed and starve every one of them. A freed place goes
 ///   to the longest-waiting interactive call, else to the longest-waiting background call its
@@ -60,8 +60,8 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         public var interactiveShare: Double
 
         /// The defaults: the gradient algorithm between 4 and 1 000 places starting at 20, a line of
-        /// at most as many calls as the limit (and never more than 1 000), a quarter of the places
-        /// kept for interactive calls.
+        /// at most half as many calls as the limit (and never more than 1 000), a quarter of the
+        /// places kept for interactive calls.
         public init() {
             algorithm = .gradient()
             minLimit = 4
@@ -72,7 +72,8 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
             interactiveShare = 0.25
         }
 
-        /// `maxWaitingPerLimit`'s default: a line as long as the limit.
+        /// `maxWaitingPerLimit`'s default: a line half as long as the limit (Benchmarks/README.md,
+        /// "Adaptive limits under overload", has why).
         public static let defaultMaxWaitingPerLimit = 0.5
 
         /// Each part set; throws `AdaptiveConcurrencyLimiter.ConfigurationError` for a limit below

@@ -90,9 +90,8 @@ struct AdaptiveLimitEstimator: Sendable {
     /// AIMD: successes counted toward the next place.
     private var successesSinceGrowth = 0
 
-    // The gradient's window and baseline, in seconds.
-    /// Summed as a `Duration` and turned into seconds once a window: the conversion costs more
-    /// than the rest of a sample.
+    // The gradient's window (its latencies summed as a `Duration`, turned into seconds once a
+    // window: the conversion costs more than the rest of a sample) and its baseline, in seconds.
     private var windowSum = Duration.zero
     private var windowCount = 0
     private var windowPeakInFlight = 0

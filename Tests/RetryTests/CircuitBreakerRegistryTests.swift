@@ -43,6 +43,19 @@ struct CircuitBreakerRegistryTests {
         #expect(registry.breaker(for: url) === registry.breaker(forHost: "example.com:8443"))
     }
 
+    /// The last key made is kept: asking again, or for another host or port in between, still
+    /// gives each its own key.
+    @Test func theKeptLastAuthorityNeverAnswersForAnotherHostOrPort() {
+        let asked: [(String, Int?, String)] = [
+            ("API.example.com", 8080, "api.example.com:8080"), ("API.example.com", 8080, "api.example.com:8080"),
+            ("API.example.com", nil, "api.example.com"), ("api.example.com", 8080, "api.example.com:8080"),
+            ("other.example", 8080, "other.example:8080"), ("API.example.com", 8081, "api.example.com:8081"),
+        ]
+        for (host, port, expected) in asked {
+            #expect(CircuitBreakerRegistry.authority(host: host, port: port) == expected)
+        }
+    }
+
     @Test func aFailingHostDoesNotStopTheOthers() throws {
         let registry = registry()
         try fail(registry.breaker(forHost: "down.example"), times: 2)
