@@ -559,15 +559,8 @@ public final class AsyncRequestEngine: RequestSending {
         // interactive copy could use.
         do {
             if rate == nil, limiter == nil, let adaptive {
-                // The adaptive limit alone (its usual use): no closures on the path, and a free
-                // place taken without calling an async function.
-                let priority = hedge ? RequestPriority.background : call.execution.limiterPriority
-                let permit: AdaptiveConcurrencyLimiter.Permit
-                if let free = adaptive.tryAcquire(priority: priority) {
-                    permit = free
-                } else {
-                    permit = try await adaptive.acquire(priority: priority)
-                }
+                // The adaptive limit alone (its usual use): no closures on the path.
+                let permit = try await adaptivePlace(adaptive, call, hedge: hedge)
                 call.markSent(attempt: attempt)
                 let result = await Self.call(call, on: session)
                 Self.release(permit, of: adaptive, after: result, call, attempt: attempt)
@@ -613,7 +606,9 @@ public final class AsyncRequestEngine: RequestSending {
 
     /// A place in the host's adaptive limit for a copy: a hedge takes the background share (it is
     /// extra load, sent only in case), any other copy its request's. A free place is taken
-    /// without a suspension point; only a full limiter is waited on.
+    /// without a suspension point; only a full limiter is waited on. Inlined: as a call of its
+    /// own, an async function costs a frame allocation per request even when nothing waits.
+    @inline(__always)
     private func adaptivePlace(_ adaptive: AdaptiveConcurrencyLimiter, _ call: SharedCall, hedge: Bool) async throws -> AdaptiveConcurrencyLimiter.Permit {
         let priority = hedge ? RequestPriority.background : call.execution.limiterPriority
         if let free = adaptive.tryAcquire(priority: priority) { return free }
