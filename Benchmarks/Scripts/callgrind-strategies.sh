@@ -4,6 +4,9 @@
 # `count` mode: each variant and shape is run at two request counts, and
 #   instructions per request = (Ir(N2) - Ir(N1)) / (N2 - N1)
 # so that start-up and tear-down cancel out. Total Ir only: no debug info or symbols are needed.
+# Compare the lowest of several repeats: now and then a run's jobs take libdispatch's slower
+# lane path (about +1 400 instructions per request, all in libdispatch), whichever the variant.
+# `binary=PATH` runs another build (a `-g` one under /tmp for callgrind_annotate, say).
 #
 # Usage (from Benchmarks/): Scripts/callgrind-strategies.sh [N1] [N2] [repeats]
 # (variants="plain strategies" Scripts/callgrind-strategies.sh for only those two)
@@ -14,7 +17,7 @@ cd "$(dirname "$0")/.."
 n1=${1:-1280}
 n2=${2:-12800}
 repeats=${3:-2}
-binary=.build/release/strategies-benchmark
+binary=${binary:-.build/release/strategies-benchmark}
 [ -x "$binary" ] || { echo "build first: swift build -c release --product strategies-benchmark"; exit 1; }
 command -v valgrind >/dev/null || { echo "valgrind is not installed"; exit 1; }
 
@@ -25,7 +28,7 @@ instructions() {
 }
 
 echo "callgrind, $(valgrind --version), N1=$n1 N2=$n2, $repeats repeats; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-11s %-11s %s\n' shape variant "instructions per request (each repeat)"
+printf '%-11s %-13s %-8s %s\n' shape variant lowest "instructions per request (each repeat)"
 for shape in sequential concurrent; do
     for variant in ${variants:-plain deadline breakers limiter strategies}; do
         figures=()
@@ -35,6 +38,7 @@ for shape in sequential concurrent; do
             [ -n "$low" ] && [ -n "$high" ] || { echo "valgrind gave no count for $variant $shape"; exit 1; }
             figures+=("$(( (high - low) / (n2 - n1) ))")
         done
-        printf '%-11s %-11s %s\n' "$shape" "$variant" "${figures[*]}"
+        lowest=$(printf '%s\n' "${figures[@]}" | sort -n | head -1)
+        printf '%-11s %-13s %-8s %s\n' "$shape" "$variant" "$lowest" "${figures[*]}"
     done
 done

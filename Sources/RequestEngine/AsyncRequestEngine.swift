@@ -462,18 +462,44 @@ public final class AsyncRequestEngine: RequestSending {
     /// What is decided before and after the transport call is in synchronous helpers (`arm`,
     /// `disarm`): an async function's frame holds every value it keeps across an `await`, and the
     /// attempt's frames must fit the task's first allocator slab, or every request pays a `malloc`
-    /// and a `free` for another (Benchmarks/README.md, "Cost of the strategies").
+    /// and a `free` for another (Benchmarks/README.md, "Cost of the strategies"). Inlined into
+    /// `attempts`, as is `call(_:on:)` into it: each async function called on its own costs a
+    /// frame, a hop check on the executor and a return per request (about 500 instructions).
+    @inline(__always)
     private func perform(
         _ call: SharedCall,
         attempt: Int,
         permit: CircuitBreaker.Permit?
     ) async -> Result<(Data, HTTPURLResponse), NetworkError>? {
         let registration = arm(call, attempt: attempt, permit: permit)
-        // Without hedging or host limits the session is called straight from here: each async
-        // layer between costs a frame on every request.
-        let result = call.execution.isDirect ? await Self.call(call, on: session) : await send(call, attempt: attempt)
+        // Without hedging or host limits — or with a free place in the adaptive limit, when that
+        // is the only one — the session is called straight from here: each async layer between
+        // costs a frame on every request.
+        let result: Result<(Data, HTTPURLResponse), NetworkError>
+        if call.execution.isDirect {
+            result = await Self.call(call, on: session)
+        } else if let (adaptive, permit) = freeAdaptivePlace(call) {
+            call.markSent(attempt: attempt)
+            result = await Self.call(call, on: session)
+            Self.release(permit, of: adaptive, after: result, call, attempt: attempt)
+        } else {
+            result = await send(call, attempt: attempt)
+        }
         guard let registration else { return result }
         return disarm(call, attempt: attempt, registration) ? result : nil
+    }
+
+    /// A free place in the host's adaptive limit, when that limit is the only thing between the
+    /// attempt and the session (no hedging, no rate or fixed limit); `nil` otherwise, and when
+    /// the limit is full (then `sendOnce` waits in its line).
+    @inline(__always)
+    private func freeAdaptivePlace(_ call: SharedCall) -> (AdaptiveConcurrencyLimiter, AdaptiveConcurrencyLimiter.Permit)? {
+        guard call.execution.hedging == nil, hostRates == nil, hostLimiters == nil,
+            let hostAdaptiveLimiters, let authority = call.execution.authority
+        else { return nil }
+        let adaptive = hostAdaptiveLimiters.limiter(forAuthority: authority)
+        guard let permit = adaptive.tryAcquire(priority: call.execution.limiterPriority) else { return nil }
+        return (adaptive, permit)
     }
 
     /// Opens `attempt` and schedules its limit with the watchdog: the request's timeout, or what
@@ -650,6 +676,7 @@ public final class AsyncRequestEngine: RequestSending {
 
     /// The transport call. Takes the call, not its `Execution`: a struct of that size passed by
     /// value is copied into the caller's frame.
+    @inline(__always)
     private static func call(
         _ call: SharedCall,
         on session: any NetworkSession

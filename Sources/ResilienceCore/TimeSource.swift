@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A type-erased `Clock<Duration>`: reads "now" as the time elapsed since the source was made,
 /// and sleeps. Lets non-generic types (engines, budgets, breakers) take any injected clock,
 /// `ContinuousClock` in production and `ManualClock` in tests.
@@ -11,9 +15,17 @@ package struct TimeSource: Sendable {
         // The production clock without generic dispatch: the engine reads it for every attempt's
         // deadline, and reading it through the type-erased generic path costs several times more.
         if let continuous = clock as? ContinuousClock {
+            #if os(Linux)
+            // The clock ContinuousClock reads on Linux, read straight: half the instructions of
+            // `ContinuousClock.now` and an `Instant` subtraction, and it is read per attempt.
+            let origin = Self.bootTimeNanoseconds()
+            let now: @Sendable () -> Duration = { .nanoseconds(Self.bootTimeNanoseconds() &- origin) }
+            #else
             let origin = continuous.now
+            let now: @Sendable () -> Duration = { origin.duration(to: ContinuousClock.now) }
+            #endif
             self.init(
-                now: { origin.duration(to: ContinuousClock.now) },
+                now: now,
                 sleep: { duration in
                     try await continuous.sleep(until: ContinuousClock.now.advanced(by: duration), tolerance: nil)
                 }
@@ -35,6 +47,17 @@ package struct TimeSource: Sendable {
     }
 
     package static let continuous = TimeSource(ContinuousClock())
+
+    #if os(Linux)
+    /// `CLOCK_BOOTTIME` (what `ContinuousClock` is on Linux: it goes on while the system
+    /// sleeps) in nanoseconds.
+    @inline(__always)
+    private static func bootTimeNanoseconds() -> Int64 {
+        var time = timespec()
+        clock_gettime(CLOCK_BOOTTIME, &time)
+        return Int64(time.tv_sec) &* 1_000_000_000 &+ Int64(time.tv_nsec)
+    }
+    #endif
 }
 
 extension Duration {

@@ -17,6 +17,21 @@ struct TimeSourceTests {
         }
     }
 
+    @Test func continuousClockReadsTheSameTimeAsContinuousClock() {
+        // On Linux the source reads CLOCK_BOOTTIME itself; it must be ContinuousClock's time:
+        // an interval it brackets is at least as long as the one ContinuousClock measured inside.
+        let time = TimeSource(ContinuousClock())
+        for _ in 0..<100 {
+            let outerStart = time.now()
+            let innerStart = ContinuousClock.now
+            var spins = 0
+            for value in 0..<10_000 { spins &+= value }
+            let innerEnd = ContinuousClock.now
+            let outerEnd = time.now()
+            #expect(outerEnd - outerStart >= innerStart.duration(to: innerEnd), "\(spins)")
+        }
+    }
+
     @Test func continuousClockSleepNeverWaitsWhenDueOrCancelled() async throws {
         // Nothing here waits on the wall clock: a sleep that is already due returns at once, and a
         // sleep in a task cancelled before it starts throws at once.
