@@ -32,8 +32,9 @@ import FoundationNetworking
 /// - **Cancellation.** A cancelled caller gets `NetworkError.cancelled` at once, also while it
 ///   waits for a refresh; the refresh goes on for the others.
 /// - **Deadline.** A request's `deadline` (else the `AsyncRequestEngine`'s `totalDeadline`) bounds
-///   the whole call — the token wait, the first send, the refresh after a 401 and the retry —
-///   and a caller still waiting for a refresh at it gets `NetworkError.deadlineExceeded`.
+///   the whole call — the wait for admission, the token wait, the first send, the refresh after
+///   a 401 and the retry — and a caller still waiting for a place or a refresh at it gets
+///   `NetworkError.deadlineExceeded`.
 /// - **Admission (opt-in).** With `maxConcurrentRequests: n`, at most n attempts are in flight at
 ///   once; later ones wait in order and read the token only when admitted. After a 401, requests
 ///   not yet admitted then go out with the refreshed token instead of the rejected one: a storm of
@@ -57,6 +58,8 @@ public final class AuthenticatedRequestEngine: RequestSending {
     /// Attempts allowed in flight at once (see "Admission"); `nil` means no limit.
     public let maxConcurrentRequests: Int?
     private let gate: AdmissionGate?
+    /// Ends the admission waits of requests with a deadline (one sleeping task for them all).
+    private let admissionDeadlines: DeadlineTimer?
     /// The sending engine's own total deadline, which applies when a request has none (read once
     /// here, not cast for on every request).
     private let defaultDeadline: Duration?
@@ -82,6 +85,7 @@ public final class AuthenticatedRequestEngine: RequestSending {
         self.tokenPrefix = tokenPrefix
         self.maxConcurrentRequests = maxConcurrentRequests.map { max(1, $0) }
         self.gate = maxConcurrentRequests.map { AdmissionGate(limit: max(1, $0)) }
+        self.admissionDeadlines = maxConcurrentRequests == nil ? nil : DeadlineTimer(time: coordinator.time)
         self.defaultDeadline = (requestEngine as? AsyncRequestEngine)?.options.totalDeadline
     }
 
@@ -102,7 +106,7 @@ public final class AuthenticatedRequestEngine: RequestSending {
         // With an admission limit, the place is held from the token read through the 401, the
         // shared refresh and the retry: the 401 must start the refresh at once, not after
         // queueing again behind requests that would then all go out with the rejected token.
-        return try await admitted {
+        return try await admitted(by: deadline) {
             let issued = try await token(by: deadline) { try await coordinator.tokenForRequest(deadline: deadline) }
             let first = try await requestEngine.response(for: try authorized(request, issued.token, by: deadline))
             guard first.1.statusCode == 401 else { return first }
@@ -114,11 +118,27 @@ public final class AuthenticatedRequestEngine: RequestSending {
     }
 
 
-    /// Runs `body` holding a place in the admission gate, if there is one.
-    private func admitted<T>(_ body: () async throws -> T) async throws -> T {
+    deinit {
+        admissionDeadlines?.shutdown()
+    }
+
+    /// Runs `body` holding a place in the admission gate, if there is one. A request with a
+    /// deadline (a point on the coordinator's clock) waits for its place until then at most, and
+    /// then fails with `NetworkError.deadlineExceeded`, having sent nothing.
+    private func admitted<T>(by deadline: Duration?, _ body: () async throws -> T) async throws -> T {
         guard let gate else { return try await body() }
         do {
-            try await gate.enter()
+            if let deadline, let admissionDeadlines {
+                let left = deadline - coordinator.time.now()
+                guard left > .zero else { throw NetworkError.deadlineExceeded }
+                try await gate.enter(timeout: left, on: admissionDeadlines)
+            } else {
+                try await gate.enter()
+            }
+        } catch let error as NetworkError {
+            throw error
+        } catch is AdmissionGate.TimedOut {
+            throw NetworkError.deadlineExceeded
         } catch {
             throw NetworkError.cancelled
         }

@@ -4,15 +4,23 @@
 ///
 /// Users in the package:
 /// - Auth's engine admits each attempt through one (opt-in limit) and reads the token only once
-///   admitted, so at most `limit` requests carry a token that a refresh has since replaced.
+///   admitted, so at most `limit` requests carry a token that a refresh has since replaced; a
+///   request's deadline bounds its wait (`enter(timeout:on:)`).
 /// - The offline queue runs its drain passes one at a time through one with limit 1, and a drain
 ///   service its cycles; a pass or cycle cancelled while it waits leaves without running.
 package final class AdmissionGate: Sendable {
+    /// How a wait in line ended.
+    private enum Answer: Sendable {
+        case admitted, cancelled, timedOut
+    }
+
     private struct State: Sendable {
         var available: Int
-        /// `true`: admitted; `false`: cancelled while waiting.
-        var waiters = WaiterList<Bool, Void>()
+        var waiters = WaiterList<Answer, Void>()
     }
+
+    /// `enter(timeout:on:)` gave up: the timeout passed before a place was free. No place is held.
+    package struct TimedOut: Error, Sendable {}
 
     private let state: Locked<State>
     /// For tests: runs between deciding to wait and waiting (the window a lost wakeup needs).
@@ -37,24 +45,46 @@ package final class AdmissionGate: Sendable {
     /// takes a free place while anyone is in line, on its way to it included, so the order is
     /// arrival order. A caller cancelled after its place was handed to it keeps the place.
     package func enter() async throws {
-        let ticket = state.withLock { state -> WaiterList<Bool, Void>.Ticket? in
+        guard let ticket = takePlaceOrJoinLine() else { return }
+        if let beforeWaiting { await beforeWaiting() }
+        if await state.wait(for: ticket, on: \.waiters, cancelled: .cancelled) != .admitted { throw CancellationError() }
+    }
+
+    /// `enter()`, giving up when `timeout` passes first on `timer`'s clock: throws `TimedOut` (or
+    /// `CancellationError`) with no place taken. A place handed over in the instant the timeout
+    /// passes is kept: the caller is admitted, and must `leave()`. No task is started per wait.
+    package func enter(timeout: Duration, on timer: DeadlineTimer) async throws {
+        guard let ticket = takePlaceOrJoinLine() else { return }
+        let expiry = timer.schedule(after: timeout) { [state] in
+            // Taken out of line (or handed `timedOut` on its way to it), unless already admitted.
+            state.withLock { $0.waiters.cancel(ticket, with: .timedOut) }?.resume(returning: .timedOut)
+        }
+        if let beforeWaiting { await beforeWaiting() }
+        let answer = await state.wait(for: ticket, on: \.waiters, cancelled: .cancelled)
+        timer.cancel(expiry)
+        switch answer {
+        case .admitted: return
+        case .cancelled: throw CancellationError()
+        case .timedOut: throw TimedOut()
+        }
+    }
+
+    /// A free place taken (`nil`) when nobody is in line, else a ticket in line.
+    private func takePlaceOrJoinLine() -> WaiterList<Answer, Void>.Ticket? {
+        state.withLock { state -> WaiterList<Answer, Void>.Ticket? in
             if state.available > 0, state.waiters.isEmpty {
                 state.available -= 1
                 return nil
             }
             return state.waiters.issue(())
         }
-        guard let ticket else { return }
-        if let beforeWaiting { await beforeWaiting() }
-        let admitted = await state.wait(for: ticket, on: \.waiters, cancelled: false)
-        if !admitted { throw CancellationError() }
     }
 
     /// Gives the place back to the earliest arrival still waiting — in line, or on its way to it —
     /// or frees it when nobody waits.
     package func leave() {
-        let next = state.withLock { state -> WaiterList<Bool, Void>.Waiter? in
-            switch state.waiters.resumeFirst(with: true) {
+        let next = state.withLock { state -> WaiterList<Answer, Void>.Waiter? in
+            switch state.waiters.resumeFirst(with: .admitted) {
             case .resume(let waiter)?: return waiter
             case .handedToPending?: return nil
             case nil:
@@ -62,6 +92,6 @@ package final class AdmissionGate: Sendable {
                 return nil
             }
         }
-        next?.resume(returning: true)
+        next?.resume(returning: .admitted)
     }
 }

@@ -77,6 +77,62 @@ struct AuthenticatedRequestDeadlineTests {
         gate.open()
     }
 
+    /// A request of its own path, so that no two of a test's requests share a call (deduplication).
+    struct Numbered: NetworkRequest {
+        let number: Int
+        var url: URL { URL(string: "https://api.example.test/report/\(number)")! }
+        let method = HTTPMethod.get
+        let timeout: TimeInterval = .infinity
+        let deadline: Duration?
+    }
+
+    @Test func aRequestWaitingForAdmissionFailsAtItsDeadlineHavingSentNothing() async throws {
+        let clock = ManualClock()
+        let provider = TestTokenProvider(current: "t1")
+        let coordinator = TokenRefreshCoordinator(provider: provider, refreshTimeout: .seconds(30), clock: clock)
+        let session = ScriptedNetworkSession([.hang, .ok("second"), .ok("third")])
+        let engine = AuthenticatedRequestEngine(
+            requestEngine: AsyncRequestEngine(session: session, clock: clock), coordinator: coordinator, maxConcurrentRequests: 1
+        )
+        let holder = Task { await networkError { try await engine.send(Numbered(number: 1, deadline: nil)) } }
+        await session.waitForCalls(1)  // the one place is held by a request whose answer never comes
+        let waiting = Task { await networkError { try await engine.send(Numbered(number: 2, deadline: .seconds(5))) } }
+        await clock.waitForSleepers(1)  // its admission deadline: the only sleeper
+        #expect(clock.nextDeadline == .init(offset: .seconds(5)))
+        clock.advance(by: .seconds(5))
+        #expect(await waiting.value?.caseName == "deadlineExceeded")
+        #expect(session.callCount == 1)
+        // It took no place: once the holder is gone the next request is admitted and sent.
+        holder.cancel()
+        #expect(await holder.value?.caseName == "cancelled")
+        #expect(try await engine.send(Numbered(number: 3, deadline: .seconds(5))).0 == Data("second".utf8))
+    }
+
+    @Test func aRequestAdmittedBeforeItsDeadlineIsSentWithWhatIsLeft() async throws {
+        let clock = ManualClock()
+        let provider = TestTokenProvider(current: "t1")
+        let coordinator = TokenRefreshCoordinator(provider: provider, refreshTimeout: .seconds(30), clock: clock)
+        let session = ScriptedNetworkSession([.hang, .hang])
+        let engine = AuthenticatedRequestEngine(
+            requestEngine: AsyncRequestEngine(session: session, clock: clock), coordinator: coordinator, maxConcurrentRequests: 1
+        )
+        let holder = Task { await networkError { try await engine.send(Numbered(number: 4, deadline: nil)) } }
+        await session.waitForCalls(1)
+        let waiting = Task { await networkError { try await engine.send(Numbered(number: 5, deadline: .seconds(10))) } }
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(4))  // admitted 4 s in: its send gets the 6 s left
+        holder.cancel()
+        await session.waitForCalls(2)
+        // The engine's watchdog for the send, and the admission timer's sleeper (its deadline is
+        // gone; the sleeper wakes at 10 s to find nothing to do).
+        await clock.waitForSleepers(2)
+        #expect(clock.nextDeadline == .init(offset: .seconds(10)))
+        clock.advance(by: .seconds(6))
+        #expect(await waiting.value?.caseName == "deadlineExceeded")
+        _ = await holder.value
+        await session.waitUntilNoneSuspended()
+    }
+
     @Test func withoutADeadlineTheWaitIsBoundedByTheRefreshTimeoutAsBefore() async throws {
         let clock = ManualClock()
         let gate = Gate()

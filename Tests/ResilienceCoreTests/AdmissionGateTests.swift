@@ -1,4 +1,6 @@
 import Testing
+import ResilienceTestSupport
+import ResilienceTesting
 @testable import ResilienceCore
 
 /// A latch a test opens by hand, and that tells when someone waits on it.
@@ -127,6 +129,66 @@ struct AdmissionGateTests {
         #expect(cancelled == 5_000)
         #expect(served.withLock { $0 } == Array(stride(from: 0, to: 10_000, by: 2)))
         #expect(gate.waiterCount == 0)
+        try await gate.enter()
+        gate.leave()
+    }
+}
+
+@Suite("AdmissionGate: a wait bounded by a timeout", .timeLimit(.minutes(1)))
+struct AdmissionGateTimeoutTests {
+    @Test func aWaiterWhoseTimeoutPassesLeavesWithNoPlaceAndTheNextIsAdmitted() async throws {
+        let clock = ManualClock()
+        let timer = DeadlineTimer(time: TimeSource(clock))
+        defer { timer.shutdown() }
+        let gate = AdmissionGate(limit: 1)
+        try await gate.enter()  // the one place
+        let late = Task { await thrownError { try await gate.enter(timeout: .seconds(5), on: timer) } }
+        let patient = Task { try await gate.enter() }
+        await clock.waitForSleepers(1)
+        await yieldUntil { gate.waiterCount >= 2 }
+        clock.advance(by: .seconds(5))
+        #expect(await late.value is AdmissionGate.TimedOut)
+        #expect(gate.waiterCount == 1)
+        gate.leave()  // to the patient one: the timed-out waiter holds no place and is skipped
+        try await patient.value
+        gate.leave()
+        try await gate.enter()  // free again: nothing leaked
+        gate.leave()
+        #expect(timer.pendingCount == 0)
+    }
+
+    @Test func aWaiterAdmittedBeforeItsTimeoutKeepsItsPlace() async throws {
+        let clock = ManualClock()
+        let timer = DeadlineTimer(time: TimeSource(clock))
+        defer { timer.shutdown() }
+        let gate = AdmissionGate(limit: 1)
+        try await gate.enter()
+        let waiter = Task { try await gate.enter(timeout: .seconds(5), on: timer) }
+        await clock.waitForSleepers(1)
+        await yieldUntil { gate.waiterCount >= 1 }
+        gate.leave()
+        try await waiter.value  // admitted
+        #expect(timer.pendingCount == 0)  // its timeout is forgotten
+        clock.advance(by: .seconds(5))
+        let other = Task { await thrownError { try await gate.enter(timeout: .seconds(1), on: timer) } }
+        await clock.waitForSleepers(1)
+        clock.advance(by: .seconds(1))
+        #expect(await other.value is AdmissionGate.TimedOut)  // the place is still the waiter's
+        gate.leave()
+    }
+
+    @Test func aWaiterCancelledBeforeItsTimeoutThrowsCancellation() async throws {
+        let clock = ManualClock()
+        let timer = DeadlineTimer(time: TimeSource(clock))
+        defer { timer.shutdown() }
+        let gate = AdmissionGate(limit: 1)
+        try await gate.enter()
+        let waiter = Task { await thrownError { try await gate.enter(timeout: .seconds(5), on: timer) } }
+        await yieldUntil { gate.waiterCount >= 1 }
+        waiter.cancel()
+        #expect(await waiter.value is CancellationError)
+        #expect(gate.waiterCount == 0 && timer.pendingCount == 0)
+        gate.leave()
         try await gate.enter()
         gate.leave()
     }
