@@ -1,5 +1,7 @@
 #if canImport(Glibc)
 import Glibc
+#elseif canImport(Musl)
+import Musl
 #endif
 
 /// A type-erased `Clock<Duration>`: reads "now" as the time elapsed since the source was made,

@@ -177,6 +177,48 @@ struct AdmissionGateTimeoutTests {
         gate.leave()
     }
 
+    /// The timeout passes after the caller joined the line but before it suspended: it is handed
+    /// `TimedOut` on its way, leaves with no place, and a later `leave()` frees the place.
+    @Test func aTimeoutOnTheWayToTheLineEndsTheWaitWithNoPlace() async throws {
+        let clock = ManualClock()
+        let timer = DeadlineTimer(time: TimeSource(clock))
+        defer { timer.shutdown() }
+        let gateBox = Locked<AdmissionGate?>(nil)
+        let gate = AdmissionGate(limit: 1, beforeWaiting: {
+            await clock.waitForSleepers(1)  // the timeout's sleeper
+            clock.advance(by: .seconds(5))
+            await yieldUntil { gateBox.withLock { $0 }?.waiterCount == 0 }  // handed TimedOut
+        })
+        gateBox.withLock { $0 = gate }
+        try await gate.enter()
+        #expect(await thrownError { try await gate.enter(timeout: .seconds(5), on: timer) } is AdmissionGate.TimedOut)
+        gate.leave()
+        try await gate.enter()  // the place was freed, not handed to the timed-out caller
+        gate.leave()
+    }
+
+    /// The place is handed over after the caller joined the line but before it suspended, and
+    /// its timeout passes right after: the hand-over wins, the caller is admitted.
+    @Test func aPlaceHandedOnTheWayToTheLineWinsOverATimeoutThatFollows() async throws {
+        let clock = ManualClock()
+        let timer = DeadlineTimer(time: TimeSource(clock))
+        defer { timer.shutdown() }
+        let gateBox = Locked<AdmissionGate?>(nil)
+        let gate = AdmissionGate(limit: 1, beforeWaiting: {
+            guard let gate = gateBox.withLock({ box in defer { box = nil }; return box }) else { return }  // the first caller only
+            await clock.waitForSleepers(1)
+            gate.leave()  // the holder leaves: the place goes to this caller
+            clock.advance(by: .seconds(5))  // and then its timeout passes
+            await yieldUntil { timer.pendingCount == 0 }
+        })
+        gateBox.withLock { $0 = gate }
+        try await gate.enter()
+        try await gate.enter(timeout: .seconds(5), on: timer)  // admitted
+        // The place is still held: a caller that will not wait at all times out at once.
+        #expect(await thrownError { try await gate.enter(timeout: .zero, on: timer) } is AdmissionGate.TimedOut)
+        gate.leave()
+    }
+
     @Test func aWaiterCancelledBeforeItsTimeoutThrowsCancellation() async throws {
         let clock = ManualClock()
         let timer = DeadlineTimer(time: TimeSource(clock))
