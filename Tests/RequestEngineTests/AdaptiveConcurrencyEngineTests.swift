@@ -117,6 +117,61 @@ struct AdaptiveConcurrencyEngineTests {
         #expect(session.callCount == 1)
     }
 
+    /// A request of a given priority (each one a POST of its own: no deduplication).
+    struct Prioritised: NetworkRequest {
+        let number: Int
+        let requestPriority: RequestPriority
+        var url: URL { AdaptiveConcurrencyEngineTests.url }
+        var method: HTTPMethod { .post }
+        var body: Data? { Data([UInt8(number)]) }
+        var timeout: TimeInterval { .infinity }
+    }
+
+    @Test func aBackgroundRequestTakesTheBackgroundShareAndAnInteractiveOneStillGetsAPlace() async throws {
+        let session = ScriptedNetworkSession([.held(.ok()), .held(.ok()), .held(.ok()), .ok()])
+        // Four places, two kept for interactive calls: two background calls run, a third waits.
+        let engine = AsyncRequestEngine(
+            session: session,
+            options: .init(adaptiveConcurrencyPerHost: try .init(
+                algorithm: .aimd(), minLimit: 4, maxLimit: 4, maxWaiting: 10, initialLimit: 4, interactiveShare: 0.5
+            ))
+        )
+        let background = (0..<3).map { number in Task { try await engine.send(Prioritised(number: number, requestPriority: .background)) } }
+        await session.waitForCalls(2)
+        let limiter = try #require(engine.adaptiveConcurrencyLimiter(for: Self.url))
+        await yieldUntil { limiter.waiting == 1 }
+        #expect(session.callCount == 2 && limiter.inFlight == 2)
+        let interactive = Task { try await engine.send(Prioritised(number: 9, requestPriority: .interactive)) }
+        await session.waitForCalls(3)  // past the waiting background call, into its own share
+        #expect(limiter.waiting == 1 && limiter.inFlight == 3)
+        session.releaseHeld()
+        _ = try await interactive.value
+        for request in background { _ = try await request.value }
+        #expect(session.callCount == 4 && limiter.inFlight == 0)
+    }
+
+    @Test func withAFixedLimitToo_anAttemptTakesBothPlaces() async throws {
+        let session = ScriptedNetworkSession([.held(.ok()), .ok()])
+        let engine = AsyncRequestEngine(
+            session: session,
+            options: .init(
+                maxConcurrentPerHost: 1,
+                adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(), minLimit: 10, maxLimit: 10, maxWaiting: 10, interactiveShare: 0)
+            )
+        )
+        let first = Task { try await engine.send(Prioritised(number: 0, requestPriority: .interactive)) }
+        await session.waitForCalls(1)
+        let second = Task { try await engine.send(Prioritised(number: 1, requestPriority: .interactive)) }
+        let adaptive = try #require(engine.adaptiveConcurrencyLimiter(for: Self.url))
+        // The second holds its adaptive place and waits for the fixed one: it is not sent.
+        await yieldUntil { adaptive.inFlight == 2 }
+        #expect(session.callCount == 1)
+        session.releaseHeld()
+        _ = try await first.value
+        _ = try await second.value
+        #expect(session.callCount == 2 && adaptive.inFlight == 0)
+    }
+
     @Test func theLimiterOutcomeOfEachResult() {
         let response = { (status: Int) in
             Result<(Data, HTTPURLResponse), NetworkError>.success((Data(), HTTPURLResponse(url: Self.url, statusCode: status, httpVersion: nil, headerFields: nil)!))
