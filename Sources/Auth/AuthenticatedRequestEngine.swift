@@ -99,8 +99,9 @@ public final class AuthenticatedRequestEngine: RequestSending {
     ///   `AuthError` when no token can be had.
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         // The request's deadline (or the sending engine's `totalDeadline`) bounds the whole call:
-        // the wait for an admission place, the wait for a token, the first send, the shared refresh after a 401 and the retry. It
-        // is placed on the coordinator's clock once, here; each send gets what is left of it.
+        // the wait for an admission place, the wait for a token, the first send, the shared
+        // refresh after a 401 and the retry. It is placed on the coordinator's clock once, here;
+        // each send gets what is left of it.
         let request = PreparedRequest(request)  // read once; each send sets its token and deadline on it
         let deadline = (request.deadline ?? defaultDeadline).map { coordinator.time.now() + $0 }
         // With an admission limit, the place is held from the token read through the 401, the
@@ -116,7 +117,6 @@ public final class AuthenticatedRequestEngine: RequestSending {
             return try await requestEngine.response(for: try authorized(request, replacement.token, by: deadline))
         }
     }
-
 
     deinit {
         admissionDeadlines?.shutdown()
