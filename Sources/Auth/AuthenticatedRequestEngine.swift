@@ -57,9 +57,9 @@ public final class AuthenticatedRequestEngine: RequestSending {
     public let requestEngine: any RequestSending
     /// Attempts allowed in flight at once (see "Admission"); `nil` means no limit.
     public let maxConcurrentRequests: Int?
-    private let gate: AdmissionGate?
-    /// Ends the admission waits of requests with a deadline (one sleeping task for them all).
-    private let admissionDeadlines: DeadlineTimer?
+    /// The admission gate, and the timer that ends its waits at the requests' deadlines (one
+    /// sleeping task for them all); `nil` without `maxConcurrentRequests`.
+    private let admission: (gate: AdmissionGate, deadlines: DeadlineTimer)?
     /// The sending engine's own total deadline, which applies when a request has none (read once
     /// here, not cast for on every request).
     private let defaultDeadline: Duration?
@@ -84,8 +84,7 @@ public final class AuthenticatedRequestEngine: RequestSending {
         self.tokenHeaderName = tokenHeaderName
         self.tokenPrefix = tokenPrefix
         self.maxConcurrentRequests = maxConcurrentRequests.map { max(1, $0) }
-        self.gate = maxConcurrentRequests.map { AdmissionGate(limit: max(1, $0)) }
-        self.admissionDeadlines = maxConcurrentRequests == nil ? nil : DeadlineTimer(time: coordinator.time)
+        self.admission = maxConcurrentRequests.map { (AdmissionGate(limit: max(1, $0)), DeadlineTimer(time: coordinator.time)) }
         self.defaultDeadline = (requestEngine as? AsyncRequestEngine)?.options.totalDeadline
     }
 
@@ -119,24 +118,22 @@ public final class AuthenticatedRequestEngine: RequestSending {
     }
 
     deinit {
-        admissionDeadlines?.shutdown()
+        admission?.deadlines.shutdown()
     }
 
     /// Runs `body` holding a place in the admission gate, if there is one. A request with a
     /// deadline (a point on the coordinator's clock) waits for its place until then at most, and
     /// then fails with `NetworkError.deadlineExceeded`, having sent nothing.
     private func admitted<T>(by deadline: Duration?, _ body: () async throws -> T) async throws -> T {
-        guard let gate else { return try await body() }
+        guard let (gate, deadlines) = admission else { return try await body() }
         do {
-            if let deadline, let admissionDeadlines {
-                let left = deadline - coordinator.time.now()
-                guard left > .zero else { throw NetworkError.deadlineExceeded }
-                try await gate.enter(timeout: left, on: admissionDeadlines)
+            if let deadline {
+                // A deadline already past: a free place is taken (and `body` fails at once),
+                // else the wait ends as soon as it starts.
+                try await gate.enter(timeout: deadline - coordinator.time.now(), on: deadlines)
             } else {
                 try await gate.enter()
             }
-        } catch let error as NetworkError {
-            throw error
         } catch is AdmissionGate.TimedOut {
             throw NetworkError.deadlineExceeded
         } catch {

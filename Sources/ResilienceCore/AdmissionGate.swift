@@ -45,38 +45,40 @@ package final class AdmissionGate: Sendable {
     /// takes a free place while anyone is in line, on its way to it included, so the order is
     /// arrival order. A caller cancelled after its place was handed to it keeps the place.
     package func enter() async throws {
-        guard let ticket = takePlaceOrJoinLine() else { return }
-        if let beforeWaiting { await beforeWaiting() }
-        if await state.wait(for: ticket, on: \.waiters, cancelled: .cancelled) != .admitted { throw CancellationError() }
+        try await enter(expiring: nil)
     }
 
     /// `enter()`, giving up when `timeout` passes first on `timer`'s clock: throws `TimedOut` (or
     /// `CancellationError`) with no place taken. A place handed over in the instant the timeout
     /// passes is kept: the caller is admitted, and must `leave()`. No task is started per wait.
     package func enter(timeout: Duration, on timer: DeadlineTimer) async throws {
-        guard let ticket = takePlaceOrJoinLine() else { return }
-        let expiry = timer.schedule(after: timeout) { [state] in
-            // Taken out of line (or handed `timedOut` on its way to it), unless already admitted.
-            state.withLock { $0.waiters.cancel(ticket, with: .timedOut) }?.resume(returning: .timedOut)
-        }
-        if let beforeWaiting { await beforeWaiting() }
-        let answer = await state.wait(for: ticket, on: \.waiters, cancelled: .cancelled)
-        timer.cancel(expiry)
-        switch answer {
-        case .admitted: return
-        case .cancelled: throw CancellationError()
-        case .timedOut: throw TimedOut()
-        }
+        try await enter(expiring: (timeout, timer))
     }
 
-    /// A free place taken (`nil`) when nobody is in line, else a ticket in line.
-    private func takePlaceOrJoinLine() -> WaiterList<Answer, Void>.Ticket? {
-        state.withLock { state -> WaiterList<Answer, Void>.Ticket? in
+    /// Both `enter`s: a free place at once when nobody is in line, else a wait in line (ended by
+    /// `expiring`'s timer, if given).
+    private func enter(expiring: (timeout: Duration, timer: DeadlineTimer)?) async throws {
+        let ticket = state.withLock { state -> WaiterList<Answer, Void>.Ticket? in
             if state.available > 0, state.waiters.isEmpty {
                 state.available -= 1
                 return nil
             }
             return state.waiters.issue(())
+        }
+        guard let ticket else { return }
+        let expiry = expiring.map { expiring in
+            expiring.timer.schedule(after: expiring.timeout) { [state] in
+                // Taken out of line (or handed `timedOut` on its way to it), unless already admitted.
+                state.withLock { $0.waiters.cancel(ticket, with: .timedOut) }?.resume(returning: .timedOut)
+            }
+        }
+        if let beforeWaiting { await beforeWaiting() }
+        let answer = await state.wait(for: ticket, on: \.waiters, cancelled: .cancelled)
+        if let expiring, let expiry { expiring.timer.cancel(expiry) }
+        switch answer {
+        case .admitted: return
+        case .cancelled: throw CancellationError()
+        case .timedOut: throw TimedOut()
         }
     }
 
