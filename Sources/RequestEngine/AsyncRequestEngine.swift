@@ -166,6 +166,10 @@ public final class AsyncRequestEngine: RequestSending {
     /// Whether a strategy works per host (breakers from a registry, host limits): the request's
     /// authority is then read off its URL once, as it is validated.
     private let perHost: Bool
+    /// The session bounds each call by its timeout and ends it when its caller is cancelled
+    /// (`NetworkSession.honorsTimeoutAndCancellation`): a request that shares nothing may run in
+    /// its caller's task.
+    private let sessionBoundsCalls: Bool
 
     /// - Parameters:
     ///   - session: the transport; `URLSessionTransport.shared` by default. A plain `URLSession`
@@ -209,6 +213,7 @@ public final class AsyncRequestEngine: RequestSending {
         self.deduplicated = HTTPMethodSet(options.deduplicatedMethods)
         self.observed = eventSink != nil
         self.retries = retryPolicy != nil
+        self.sessionBoundsCalls = session.honorsTimeoutAndCancellation
         self.time = time
         self.watchdog = DeadlineWatchdog(time: time)
         // Weak: the watchdog's sleeper may outlive the engine by a moment (deinit shuts it down).
@@ -230,6 +235,10 @@ public final class AsyncRequestEngine: RequestSending {
     ///   for a malformed request.
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         let entry = enter(request)
+        if entry.call.execution.inCallersTask {
+            await run(entry.call)
+            return try entry.call.outcome.get()
+        }
         if let joinedAs = entry.joinedAs {
             await emitDeduplicated(joinedAs.traceID, url: joinedAs.url, method: entry.call.execution.method)
         }
@@ -284,7 +293,8 @@ public final class AsyncRequestEngine: RequestSending {
         guard deduplicated.contains(method) else {
             let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, key: nil)
             let call = SharedCall(execution: execution)
-            call.start { Task { await self.run(call) } }
+            // Run by the caller (`response(for:)`) when nothing needs a task of its own.
+            if !execution.inCallersTask { call.start { Task { await self.run(call) } } }
             return (call, call.firstTicket, nil)
         }
         // Requests with different body limits never share a call: one could fail where the other must not.
@@ -334,9 +344,18 @@ public final class AsyncRequestEngine: RequestSending {
         let urlRequest: URLRequest
         var invalid: NetworkError?
         var authority: String? = perHost ? "" : nil  // non-nil asks the builder for it
+        let limitsHosts = hostLimiters != nil || hostRates != nil || hostAdaptiveLimiters != nil
+        let hedging = options.hedging.flatMap { policy in
+            policy.maxAttempts > 1 && (Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
+                ? policy : nil
+        }
+        // Shared by nobody, hedged never, waiting for no host's place, over a session that bounds
+        // its calls: the caller's task runs it, and the session times each attempt.
+        let inCallersTask = sessionBoundsCalls && key == nil && hedging == nil && !limitsHosts
         do {
             urlRequest = try URLRequestBuilder.make(
-                url: url, method: method, headers: headers, body: body, timeout: timeout, authority: &authority
+                url: url, method: method, headers: headers, body: body, timeout: timeout,
+                sessionTimesAttempts: inCallersTask, authority: &authority
             )
         } catch {
             authority = nil
@@ -360,19 +379,17 @@ public final class AsyncRequestEngine: RequestSending {
             key: key,
             deadline: deadline,
             breaker: circuitBreakers.flatMap { registry in authority.map { registry.breaker(forHost: $0) } } ?? circuitBreaker,
-            authority: hostLimiters != nil || hostRates != nil || hostAdaptiveLimiters != nil ? authority : nil,
-            hedging: options.hedging.flatMap { policy in
-                policy.maxAttempts > 1 && (Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
-                    ? policy : nil
-            },
+            authority: limitsHosts ? authority : nil,
+            hedging: hedging,
             throttle: hostThrottles.flatMap { throttles in authority.map { throttles.limiter(forAuthority: $0) } },
-            limiterPriority: priorityForLimits
+            limiterPriority: priorityForLimits,
+            inCallersTask: inCallersTask
         )
     }
 
     // MARK: - One logical request: attempts, retries, events
 
-    /// The whole logical request, in the call's task: attempts and retries.
+    /// The whole logical request, in the call's task (or its caller's): attempts and retries.
     func run(_ call: SharedCall) async {
         if observed { await emitStarted(call) }
         if let invalid = call.execution.invalid {
@@ -471,6 +488,7 @@ public final class AsyncRequestEngine: RequestSending {
         attempt: Int,
         permit: CircuitBreaker.Permit?
     ) async -> Result<(Data, HTTPURLResponse), NetworkError>? {
+        if call.execution.inCallersTask { return await sessionTimedAttempt(call) }
         let registration = arm(call, attempt: attempt, permit: permit)
         // Without hedging or host limits — or with a free place in the adaptive limit, when that
         // is the only one — the session is called straight from here: each async layer between
@@ -487,6 +505,21 @@ public final class AsyncRequestEngine: RequestSending {
         }
         guard let registration else { return result }
         return disarm(call, attempt: attempt, registration) ? result : nil
+    }
+
+    /// An attempt of a request run in its caller's task: the session bounds it by the request's
+    /// timeout — or by what is left of its total deadline, when that is sooner, and then its
+    /// timeout is `deadlineExceeded` — and ends it when the caller is cancelled. No watchdog.
+    private func sessionTimedAttempt(_ call: SharedCall) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        guard let deadline = call.execution.deadline else { return await Self.call(call, on: session) }
+        let left = deadline - time.now()
+        if let timeout = call.execution.timeout, timeout < left { return await Self.call(call, on: session) }
+        var urlRequest = call.execution.urlRequest
+        // At least a millisecond: a session may read a zero or negative interval as no limit.
+        urlRequest.timeoutInterval = max(left.seconds, 0.001)
+        let result = await Self.call(urlRequest, maximumBodySize: call.execution.maximumBodySize, on: session)
+        if case .failure(.timedOut) = result { return .failure(.deadlineExceeded) }
+        return result
     }
 
     /// A free place in the host's adaptive limit, when that limit is the only thing between the
@@ -681,8 +714,17 @@ public final class AsyncRequestEngine: RequestSending {
         _ call: SharedCall,
         on session: any NetworkSession
     ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        await Self.call(call.execution.urlRequest, maximumBodySize: call.execution.maximumBodySize, on: session)
+    }
+
+    @inline(__always)
+    private static func call(
+        _ urlRequest: URLRequest,
+        maximumBodySize: Int?,
+        on session: any NetworkSession
+    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
         do {
-            let (data, response) = try await session.data(for: call.execution.urlRequest, maximumBodySize: call.execution.maximumBodySize)
+            let (data, response) = try await session.data(for: urlRequest, maximumBodySize: maximumBodySize)
             guard let http = response as? HTTPURLResponse else { return .failure(.invalidResponse) }
             return .success((data, http))
         } catch {
@@ -773,10 +815,12 @@ public final class AsyncRequestEngine: RequestSending {
             return ResponseClassification.isRetryable(status: response.statusCode) ? .failure : .success
         case .failure(let error):
             switch error {
-            case .transport, .timedOut, .invalidResponse: return .failure
+            // `deadlineExceeded` here is an attempt the deadline cut on the wire (the session timed
+            // it, `sessionTimedAttempt`): the host did not answer in the time the caller had.
+            case .transport, .timedOut, .invalidResponse, .deadlineExceeded: return .failure
             case .httpError: return error.isRetryable ? .failure : .success
             case .noConnection, .cancelled, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying,
-                 .deadlineExceeded, .limited, .tooManyRedirects, .responseHeadersTooLarge:
+                 .limited, .tooManyRedirects, .responseHeadersTooLarge:
                 // The last two: the host answered, with something this request cannot use.
                 return .ignored
             }

@@ -91,13 +91,16 @@ enum URLRequestBuilder {
 
     /// The same, and the URL's authority (`CircuitBreakerRegistry.authority(of:)`) in `authority`
     /// when it is not nil on entry: read off the host and port this validates anyway, so a
-    /// per-host strategy does not parse the URL again.
+    /// per-host strategy does not parse the URL again. With `sessionTimesAttempts`, the request's
+    /// `timeoutInterval` is `timeout` itself (the session bounds the attempt with it), else a
+    /// second more (a backstop behind the engine's own timeout).
     static func make(
         url: URL,
         method: HTTPMethod,
         headers: [String: String],
         body: Data?,
         timeout: TimeInterval,
+        sessionTimesAttempts: Bool = false,
         authority: inout String?
     ) throws(NetworkError) -> URLRequest {
         guard let typedScheme = url.scheme else {
@@ -122,12 +125,12 @@ enum URLRequestBuilder {
         // Schemes are case-insensitive (RFC 3986 §3.1), but URLSession picks its protocol by the
         // scheme as written and rejects `HTTP` as an unsupported URL: send it lower-cased.
         let target = typedScheme == scheme ? url : try lowercasingScheme(of: url, typed: typedScheme, as: scheme)
-        // URLSession's own timeout is a backstop; the engine enforces `timeout` itself. Given to the
-        // initialiser: setting it afterwards copies the request's storage.
+        // The session's own timeout is a backstop when the engine enforces `timeout` itself. Given
+        // to the initialiser: setting it afterwards copies the request's storage.
         var urlRequest = URLRequest(
             url: target,
             cachePolicy: .useProtocolCachePolicy,
-            timeoutInterval: timeout.isFinite ? timeout + 1 : 7 * 24 * 3600
+            timeoutInterval: timeout.isFinite ? timeout + (sessionTimesAttempts ? 0 : 1) : 7 * 24 * 3600
         )
         // GET is URLRequest's default; setting it anyway costs allocations (Foundation normalises it).
         if method != .get { urlRequest.httpMethod = method.rawValue }

@@ -13,6 +13,18 @@ import FoundationNetworking
 public protocol NetworkSession: Sendable {
     func data(for request: URLRequest) async throws -> (Data, URLResponse)
 
+    /// Whether this session bounds each call itself, so that `AsyncRequestEngine` may run a
+    /// request that shares nothing in its caller's task, with no task and no timer of its own:
+    /// - the request's `timeoutInterval` bounds the **whole** call (not an idle interval), and a
+    ///   call past it throws a timeout (`NetworkError.timedOut`, or `URLError(.timedOut)`);
+    /// - when the calling task is cancelled, the call returns promptly (its caller does not wait
+    ///   for the transfer to wind down).
+    ///
+    /// The default is `false`: the engine then runs each request in a task of its own and times
+    /// attempts on its own clock. `AsyncHTTPClientSession` says `true`; `URLSession` and
+    /// `URLSessionTransport` do not (URLSession's `timeoutInterval` is an idle timeout).
+    var honorsTimeoutAndCancellation: Bool { get }
+
     /// Like `data(for:)`, but a body larger than `maximumBodySize` bytes (`nil`: no limit) fails
     /// with `NetworkError.responseTooLarge(limit:)`. The engine calls this one.
     ///
@@ -24,6 +36,8 @@ public protocol NetworkSession: Sendable {
 }
 
 extension NetworkSession {
+    public var honorsTimeoutAndCancellation: Bool { false }
+
     public func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse) {
         let (data, response) = try await data(for: request)
         if let maximumBodySize, data.count > maximumBodySize {

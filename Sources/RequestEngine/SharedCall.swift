@@ -141,6 +141,15 @@ final class SharedCall: Sendable {
         }
     }
 
+    /// The outcome once the call has completed (how the caller of a call run in its own task
+    /// reads it: nobody waits); `.cancelled` before.
+    var outcome: Outcome {
+        state.withLock { machine in
+            if case .completed(let outcome) = machine.phase { return outcome }
+            return .failure(.cancelled)
+        }
+    }
+
     /// Delivers the outcome to every waiter still waiting (those on their way find it as they
     /// install).
     func complete(_ outcome: Outcome) {
@@ -185,6 +194,10 @@ struct Execution: Sendable {
     var throttle: RetryThrottle? = nil
     /// The request's share of its host's adaptive limit.
     var limiterPriority: RequestPriority = .interactive
+    /// Run in its caller's task, not one of its own: it shares nothing (not deduplicated, not
+    /// hedged, no host limit to wait for) and the session bounds each call by the request's
+    /// timeout and its caller's cancellation (`NetworkSession.honorsTimeoutAndCancellation`).
+    var inCallersTask = false
 
     /// Nothing to hedge or limit: an attempt calls the session straight.
     var isDirect: Bool { hedging == nil && authority == nil }

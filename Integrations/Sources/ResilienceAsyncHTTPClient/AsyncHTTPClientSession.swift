@@ -27,8 +27,10 @@ import FoundationNetworking
 ///   limit. The request is then cancelled and its connection closed.
 /// - **Cancellation**: cancelling the calling task cancels the AHC request (its connection is
 ///   closed, never returned to the pool mid-response) and answers `NetworkError.cancelled`.
-/// - **Timeout**: the request's `timeoutInterval` bounds the whole exchange (AHC's deadline), as
-///   the engine's own per-attempt timeout does; `.infinity` or a non-positive value sets none.
+/// - **Timeout**: the request's `timeoutInterval` bounds the whole exchange, body included (AHC's
+///   deadline), as the engine's own per-attempt timeout does; `.infinity` or a non-positive value
+///   sets none. With `honorsTimeoutAndCancellation`, the engine relies on it: a request that
+///   shares nothing runs in its caller's task, timed by this session.
 /// - The response is an `HTTPURLResponse` with the final URL (after redirects), the status and
 ///   the headers (repeated fields joined with ", ", as URLSession joins them).
 public struct AsyncHTTPClientSession: NetworkSession {
@@ -87,22 +89,20 @@ public struct AsyncHTTPClientSession: NetworkSession {
     /// `NetworkError.responseTooLarge(limit:statusCode:)` as soon as the head announces it or the
     /// bytes received cross it. Throws `NetworkError` only.
     public func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse) {
-        let limit = maximumBodySize.map { max(0, $0) }
         let outgoing = try RequestConversion.request(for: request)
         if Task.isCancelled { throw NetworkError.cancelled }
+        let collector = ResponseCollector(limit: maximumBodySize.map { max(0, $0) }, expectsBody: outgoing.expectsBody, url: outgoing.url)
+        // AHC's delegate API: its deadline bounds the whole exchange, body included (the async
+        // `execute`'s ends at the response head), and its task can be cancelled from anywhere.
+        let task = client.execute(request: outgoing.request, delegate: collector, deadline: outgoing.deadline)
         do {
-            let response = try await client.execute(outgoing.request, deadline: outgoing.deadline)
-            let status = Int(response.status.code)
-            let expectsBody = outgoing.expectsBody && ResponseConversion.statusAllowsBody(status)
-            if let limit, expectsBody, let declared = ResponseConversion.contentLength(response.headers), declared > limit {
-                // Dropping the body unread cancels the request: AHC closes the connection.
-                throw NetworkError.responseTooLarge(limit: limit, statusCode: status)
+            let collected = try await withTaskCancellationHandler {
+                try await task.futureResult.get()
+            } onCancel: {
+                task.cancel()  // fails the request with `cancelled` and closes its connection
             }
-            let body = try await ResponseConversion.collect(response.body, limit: limit, statusCode: status)
-            guard let http = ResponseConversion.httpURLResponse(response, requestURL: outgoing.url) else {
-                throw NetworkError.invalidResponse
-            }
-            return (body, http)
+            guard let http = ResponseConversion.httpURLResponse(collected) else { throw NetworkError.invalidResponse }
+            return (collected.body, http)
         } catch {
             // AHC reports a cancelled request in several ways (`HTTPClientError.cancelled`, the last
             // connection error of a request still waiting for one, `CancellationError`): the caller
@@ -111,4 +111,9 @@ public struct AsyncHTTPClientSession: NetworkSession {
             throw NetworkError(mappingAsyncHTTPClientError: error)
         }
     }
+
+    /// True: the request's `timeoutInterval` bounds the whole exchange (AHC's deadline) and a
+    /// cancelled caller's request is cancelled at once, so `AsyncRequestEngine` runs a request
+    /// that shares nothing in its caller's task, with no task or timer of its own.
+    public var honorsTimeoutAndCancellation: Bool { true }
 }

@@ -7,12 +7,13 @@ import RequestEngine
 import FoundationNetworking
 #endif
 
-/// `URLRequest` → `HTTPClientRequest`, plus what the response handling needs to know.
+/// `URLRequest` → `HTTPClient.Request`, plus what the response handling needs to know.
 enum RequestConversion {
     struct Outgoing {
-        var request: HTTPClientRequest
+        var request: HTTPClient.Request
         var url: URL
-        var deadline: NIODeadline
+        /// When the whole exchange must have ended (body included); nil for no limit.
+        var deadline: NIODeadline?
         /// False for HEAD, whose `Content-Length` describes a body that is not sent.
         var expectsBody: Bool
     }
@@ -21,27 +22,28 @@ enum RequestConversion {
     /// (the engine has validated its requests already; this guards direct callers).
     static func request(for request: URLRequest) throws(NetworkError) -> Outgoing {
         guard let url = request.url else { throw .invalidRequest(reason: "the request has no URL") }
-        let methodName = request.httpMethod ?? "GET"
-        var outgoing = HTTPClientRequest(url: url.absoluteString)
-        let method = NIOHTTP1.HTTPMethod(rawValue: methodName)
-        outgoing.method = method
+        let method = NIOHTTP1.HTTPMethod(rawValue: request.httpMethod ?? "GET")
+        var headers = HTTPHeaders()
         if let fields = request.allHTTPHeaderFields, !fields.isEmpty {
-            outgoing.headers.reserveCapacity(fields.count)
+            headers.reserveCapacity(fields.count)
             for (name, value) in fields {
-                outgoing.headers.add(name: name, value: value)
+                headers.add(name: name, value: value)
             }
         }
-        if let body = request.httpBody {
-            outgoing.body = .bytes(ByteBuffer(bytes: body))
+        let outgoing: HTTPClient.Request
+        do {
+            outgoing = try HTTPClient.Request(url: url, method: method, headers: headers, body: request.httpBody.map { .data($0) })
+        } catch {
+            throw NetworkError(mappingAsyncHTTPClientError: error)
         }
         return Outgoing(request: outgoing, url: url, deadline: deadline(request.timeoutInterval), expectsBody: method != .HEAD)
     }
 
     /// The deadline for a `timeoutInterval`: none for an infinite, NaN or non-positive one.
-    static func deadline(_ timeout: TimeInterval) -> NIODeadline {
-        guard timeout.isFinite, timeout > 0 else { return .distantFuture }
+    static func deadline(_ timeout: TimeInterval) -> NIODeadline? {
+        guard timeout.isFinite, timeout > 0 else { return nil }
         // Past about 292 years NIO's nanoseconds overflow; treat that as no deadline.
-        guard timeout < 9_000_000_000 else { return .distantFuture }
+        guard timeout < 9_000_000_000 else { return nil }
         return .now() + .nanoseconds(Int64(timeout * 1_000_000_000))
     }
 }

@@ -3,43 +3,100 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import RequestEngine
+import Synchronization
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
 
-/// `HTTPClientResponse` → `(Data, HTTPURLResponse)`, with the body limit.
-enum ResponseConversion {
-    /// Reads the body, failing with `responseTooLarge` the moment it crosses `limit`; leaving the
-    /// loop early drops the body's iterator, which cancels the AHC request.
-    static func collect(_ body: HTTPClientResponse.Body, limit: Int?, statusCode: Int) async throws -> Data {
-        var collected: ByteBuffer?
-        var owned = false  // whether `collected` is a buffer of our own rather than AHC's first chunk
-        var count = 0
-        for try await chunk in body {
-            if let limit, chunk.readableBytes > limit - count {
-                throw NetworkError.responseTooLarge(limit: limit, statusCode: statusCode)
-            }
-            count += chunk.readableBytes
-            // Most bodies arrive in one chunk: keep it as it is, and copy only when a second one comes.
-            guard var buffer = collected else {
-                collected = chunk
-                continue
-            }
-            collected = nil  // one reference, so the write below does not copy
-            if !owned {
-                var joined = ByteBuffer()
-                joined.reserveCapacity(count)
-                joined.writeImmutableBuffer(buffer)
-                buffer = joined
-                owned = true
-            }
-            buffer.writeImmutableBuffer(chunk)
-            collected = buffer
-        }
-        guard let buffer = collected else { return Data() }
-        return buffer.withUnsafeReadableBytes { Data($0) }
+/// The response of one AHC request, collected as it arrives: the head of the last response (after
+/// redirects), the URL that answered it, and the body, with the body limit.
+final class ResponseCollector: HTTPClientResponseDelegate {
+    struct Collected: Sendable {
+        var head: HTTPResponseHead
+        /// The URL that answered (the request's own unless a redirect was followed).
+        var url: URL
+        var body: Data
     }
 
+    private struct State {
+        var head: HTTPResponseHead?
+        var url: URL
+        var body: ByteBuffer?
+        /// Whether `body` is a buffer of our own rather than AHC's first chunk.
+        var owned = false
+        var count = 0
+    }
+
+    private let limit: Int?
+    private let expectsBody: Bool
+    /// AHC calls a delegate on its request's event loop, one call at a time; the lock is for the
+    /// compiler's sake and is never contended.
+    private let state: Mutex<State>
+
+    init(limit: Int?, expectsBody: Bool, url: URL) {
+        self.limit = limit
+        self.expectsBody = expectsBody
+        self.state = Mutex(State(url: url))
+    }
+
+    func didVisitURL(task: HTTPClient.Task<Collected>, _ request: HTTPClient.Request, _ head: HTTPResponseHead) {
+        state.withLock { $0.url = request.url }
+    }
+
+    /// A `Content-Length` above the limit fails the request as soon as the head arrives (not for
+    /// HEAD, 1xx, 204 and 304, whose length describes no body).
+    func didReceiveHead(task: HTTPClient.Task<Collected>, _ head: HTTPResponseHead) -> EventLoopFuture<Void> {
+        let status = Int(head.status.code)
+        if let limit, expectsBody, ResponseConversion.statusAllowsBody(status),
+            let declared = ResponseConversion.contentLength(head.headers), declared > limit
+        {
+            return task.eventLoop.makeFailedFuture(NetworkError.responseTooLarge(limit: limit, statusCode: status))
+        }
+        state.withLock { $0.head = head }
+        return task.eventLoop.makeSucceededVoidFuture()
+    }
+
+    /// Fails the request the moment the body crosses the limit. Most bodies arrive in one chunk:
+    /// that chunk is kept as it is, and a buffer of our own is made only when a second one comes.
+    func didReceiveBodyPart(task: HTTPClient.Task<Collected>, _ chunk: ByteBuffer) -> EventLoopFuture<Void> {
+        let tooLarge = state.withLock { state -> Int? in
+            if let limit, chunk.readableBytes > limit - state.count {
+                return Int(state.head?.status.code ?? 0)
+            }
+            state.count += chunk.readableBytes
+            guard var buffer = state.body else {
+                state.body = chunk
+                return nil
+            }
+            state.body = nil  // one reference, so the write below does not copy
+            if !state.owned {
+                var joined = ByteBuffer()
+                joined.reserveCapacity(state.count)
+                joined.writeImmutableBuffer(buffer)
+                buffer = joined
+                state.owned = true
+            }
+            buffer.writeImmutableBuffer(chunk)
+            state.body = buffer
+            return nil
+        }
+        if let tooLarge, let limit {
+            return task.eventLoop.makeFailedFuture(NetworkError.responseTooLarge(limit: limit, statusCode: tooLarge))
+        }
+        return task.eventLoop.makeSucceededVoidFuture()
+    }
+
+    func didFinishRequest(task: HTTPClient.Task<Collected>) throws -> Collected {
+        try state.withLock { state in
+            guard let head = state.head else { throw NetworkError.invalidResponse }
+            let body = state.body.map { buffer in buffer.withUnsafeReadableBytes { Data($0) } } ?? Data()
+            return Collected(head: head, url: state.url, body: body)
+        }
+    }
+}
+
+/// AHC's response parts → what URLSession reports.
+enum ResponseConversion {
     /// The `Content-Length` value, when there is exactly one valid one.
     static func contentLength(_ headers: HTTPHeaders) -> Int? {
         let values = headers["content-length"]
@@ -56,12 +113,11 @@ enum ResponseConversion {
     ///
     /// Foundation's initializer is most of the adapter's cost on Linux (it canonicalises every
     /// header name through CFString: about 17 µs for nginx's eight headers; Benchmarks/README.md),
-    /// so everything around it avoids work: the final URL is parsed again only after a redirect,
-    /// and the version string is a constant for the usual versions.
-    static func httpURLResponse(_ response: HTTPClientResponse, requestURL: URL) -> HTTPURLResponse? {
+    /// so everything around it avoids work: the version string is a constant for the usual versions.
+    static func httpURLResponse(_ collected: ResponseCollector.Collected) -> HTTPURLResponse? {
         var fields: [String: String] = [:]
-        fields.reserveCapacity(response.headers.count)
-        for (name, value) in response.headers {
+        fields.reserveCapacity(collected.head.headers.count)
+        for (name, value) in collected.head.headers {
             if let existing = fields[name] {
                 fields[name] = existing + ", " + value
             } else {
@@ -69,18 +125,11 @@ enum ResponseConversion {
             }
         }
         return HTTPURLResponse(
-            url: finalURL(response, requestURL: requestURL),
-            statusCode: Int(response.status.code),
-            httpVersion: versionString(response.version),
+            url: collected.url,
+            statusCode: Int(collected.head.status.code),
+            httpVersion: versionString(collected.head.version),
             headerFields: fields
         )
-    }
-
-    /// The URL after redirects. Without a redirect it is the request's own (AHC's `url` would parse
-    /// the request's string again: about 2 µs a response).
-    static func finalURL(_ response: HTTPClientResponse, requestURL: URL) -> URL {
-        guard response.history.count > 1 else { return requestURL }
-        return response.url ?? requestURL
     }
 
     static func versionString(_ version: HTTPVersion) -> String {

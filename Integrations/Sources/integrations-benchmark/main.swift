@@ -73,6 +73,12 @@ let bareOverAHC = AsyncRequestEngine(
     session: AsyncHTTPClientSession(client: client),
     options: .init(deduplicatedMethods: [])
 )
+// GETs not deduplicated: a request that shares nothing runs in its caller's task, timed by AHC
+// (`honorsTimeoutAndCancellation`), with no task of its own.
+let unsharedOverAHC = AsyncRequestEngine(
+    session: AsyncHTTPClientSession(client: client),
+    options: .init(deduplicatedMethods: [])
+)
 
 enum Variant: String, CaseIterable {
     case rawAHC = "raw AHC"
@@ -80,9 +86,10 @@ enum Variant: String, CaseIterable {
     case engineURLSession = "engine over URLSession"
     case bareEngineAHC = "engine over AHC, no single flight, no timeout"
     case rawAHCResponse = "raw AHC + HTTPURLResponse"
+    case unsharedEngineAHC = "engine/AHC, caller task"
 
     /// The variants every round runs; `bareEngineAHC` is for `profile 3` only.
-    static let measured: [Variant] = [.rawAHC, .rawAHCResponse, .engineAHC, .engineURLSession]
+    static let measured: [Variant] = [.rawAHC, .rawAHCResponse, .engineAHC, .unsharedEngineAHC, .engineURLSession]
 }
 
 @Sendable func once(_ variant: Variant, _ url: URL = url) async throws {
@@ -99,6 +106,9 @@ enum Variant: String, CaseIterable {
         guard data.count == bodySize else { fatalError("bad response") }
     case .bareEngineAHC:
         let (data, _) = try await bareOverAHC.send(Get(url: url, timeout: .infinity))
+        guard data.count == bodySize else { fatalError("bad response") }
+    case .unsharedEngineAHC:
+        let (data, _) = try await unsharedOverAHC.send(Get(url: url))
         guard data.count == bodySize else { fatalError("bad response") }
     case .rawAHCResponse:
         // What `send` hands back, built from raw AHC's answer as a caller of AHC who needs
@@ -203,10 +213,11 @@ func concurrent(_ variant: Variant, _ count: Int) async throws -> Round {
 
 // `profile VARIANT COUNT [64]`: only COUNT requests of one variant, one after another or (with 64)
 // by 64 workers — 0 raw AHC, 1 engine over AHC, 2 engine over URLSession, 3 engine over AHC without
-// single flight or timeout, 4 raw AHC + HTTPURLResponse — for perf or strace.
+// single flight or timeout, 4 raw AHC + HTTPURLResponse, 5 engine over AHC in the caller's task —
+// for perf or strace.
 if profiling {
     guard numbers.count >= 2, Variant.allCases.indices.contains(numbers[0]) else {
-        fatalError("usage: integrations-benchmark [--url URL] profile VARIANT COUNT [64] (VARIANT 0 to 4)")
+        fatalError("usage: integrations-benchmark [--url URL] profile VARIANT COUNT [64] (VARIANT 0 to 5)")
     }
     let variant = Variant.allCases[numbers[0]]
     let inParallel = numbers.count > 2 && numbers[2] == 64
@@ -272,9 +283,12 @@ func summary(_ name: String, _ results: [Variant: [Round]]) {
           String(format: "; ratio of medians %.3f", median(engine.map(\.p50)) / median(raw.map(\.p50))))
     print("engine/raw AHC CPU per request:", spread(cpuRatios, "%.3f"))
     print("engine/raw AHC throughput:", spread(rawThroughputRatios, "%.3f"))
-    let floor = results[.rawAHCResponse] ?? []
+    let floor = results[.rawAHCResponse] ?? [], unshared = results[.unsharedEngineAHC] ?? []
     print("engine/(raw AHC + HTTPURLResponse) p50:", spread(zip(engine, floor).map { $0.p50 / $1.p50 }, "%.3f"))
     print("engine/(raw AHC + HTTPURLResponse) CPU per request:", spread(zip(engine, floor).map { $0.cpuPerRequest / $1.cpuPerRequest }, "%.3f"))
+    print("engine in the caller's task/(raw AHC + HTTPURLResponse) p50:", spread(zip(unshared, floor).map { $0.p50 / $1.p50 }, "%.3f"))
+    print("engine in the caller's task/(raw AHC + HTTPURLResponse) CPU per request:",
+          spread(zip(unshared, floor).map { $0.cpuPerRequest / $1.cpuPerRequest }, "%.3f"))
     print("engine over AHC / engine over URLSession throughput:", spread(throughputRatios, "%.2f"))
 }
 

@@ -180,6 +180,37 @@ struct AsyncHTTPClientSessionTests {
         #expect(error?.caseName == "timedOut")
     }
 
+    /// A POST shares nothing and AHC bounds its calls (`honorsTimeoutAndCancellation`): the engine
+    /// runs it in the caller's task and AHC's deadline times it. The engine's own clock is a
+    /// ManualClock that is never advanced, so the timeout can only be AHC's (a real 0.3 s).
+    @Test func aRequestThatSharesNothingIsTimedByAHCInTheCallersTask() async throws {
+        server.route("/stuck", LoopbackResponse.ok().held())
+        let engine = AsyncRequestEngine(session: session, clock: ManualClock())
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/stuck"), method: .post, timeout: 0.3)) }
+        #expect(error?.caseName == "timedOut")
+        await server.waitForOpenConnections(atMost: 0)
+    }
+
+    /// AHC's async `execute` stops its deadline at the response head; the session's deadline covers
+    /// the body too, so a body that keeps trickling in cannot outlive the timeout.
+    @Test func theTimeoutBoundsABodyThatKeepsArriving() async throws {
+        server.route("/trickle", .endlessChunkedBody(chunk: Data(repeating: 0x74, count: 16), interval: .milliseconds(5)))
+        var request = URLRequest(url: server.url("/trickle"))
+        request.timeoutInterval = 0.3
+        let error = await networkError { _ = try await session.data(for: request, maximumBodySize: nil) }
+        #expect(error?.caseName == "timedOut")
+        await server.waitForOpenConnections(atMost: 0)
+    }
+
+    @Test func aDeadlineSoonerThanTheTimeoutCutsARequestRunInTheCallersTask() async throws {
+        server.route("/stuck", LoopbackResponse.ok().held())
+        let engine = AsyncRequestEngine(session: session, options: .init(totalDeadline: .milliseconds(300)))
+        let error = await networkError { try await engine.send(TestRequest(url: server.url("/stuck"), method: .put, timeout: 30)) }
+        #expect(error?.caseName == "deadlineExceeded")
+        #expect(server.hits("/stuck") == 1)
+        await server.waitForOpenConnections(atMost: 0)
+    }
+
     @Test func aCallerCancelledMidRequestIsAnsweredAndTheAHCRequestIsCancelled() async throws {
         server.route("/slow", LoopbackResponse.ok().held())
         let engine = AsyncRequestEngine(session: session)

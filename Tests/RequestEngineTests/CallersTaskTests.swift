@@ -1,0 +1,149 @@
+import Foundation
+import Testing
+import Retry
+import ResilienceTesting
+@testable import RequestEngine
+import ResilienceCore
+import ResilienceTestSupport
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// A scripted session that says it bounds each call (`honorsTimeoutAndCancellation`, as
+/// AsyncHTTPClient's does; the script's `.hang` ends on cancellation) and records, for each call,
+/// which task made it.
+private final class BoundingSession: NetworkSession {
+    let script: ScriptedNetworkSession
+    let honorsTimeoutAndCancellation: Bool
+    private let tasks = Locked<[Int]>([])
+
+    init(_ steps: [ScriptedNetworkSession.Step], honors: Bool = true) {
+        script = ScriptedNetworkSession(steps)
+        honorsTimeoutAndCancellation = honors
+    }
+
+    /// The task of each call so far (a hash of the running task: equal for the same live task).
+    var callingTasks: [Int] { tasks.withLock { $0 } }
+
+    func data(for request: URLRequest) async throws -> (Data, URLResponse) {
+        let task = currentTaskHash()
+        tasks.withLock { $0.append(task) }
+        return try await script.data(for: request)
+    }
+}
+
+private func currentTaskHash() -> Int {
+    withUnsafeCurrentTask { $0?.hashValue ?? 0 }
+}
+
+private struct Request: NetworkRequest {
+    var url = URL(string: "https://example.com/items")!
+    var method: HTTPMethod = .post
+    var headers: [String: String] = [:]
+    var timeout: TimeInterval = 5
+    var deadline: Duration?
+}
+
+@Suite("AsyncRequestEngine: a request that shares nothing runs in its caller's task", .timeLimit(.minutes(1)))
+struct CallersTaskTests {
+    @Test func aPOSTOverASessionThatBoundsItsCallsRunsInTheCallersTask() async throws {
+        let session = BoundingSession([.ok("done")])
+        let engine = AsyncRequestEngine(session: session, clock: ManualClock())
+        let caller = currentTaskHash()
+        let (data, _) = try await engine.send(Request())
+        #expect(String(decoding: data, as: UTF8.self) == "done")
+        #expect(session.callingTasks == [caller])
+        // The session bounds the attempt itself: its interval is the timeout, not a backstop past it.
+        #expect(session.script.requests.first?.timeoutInterval == 5)
+    }
+
+    @Test func aGETWithDeduplicationOffRunsInTheCallersTask() async throws {
+        let session = BoundingSession([.ok()])
+        let engine = AsyncRequestEngine(session: session, options: .init(deduplicatedMethods: []), clock: ManualClock())
+        let caller = currentTaskHash()
+        _ = try await engine.send(Request(method: .get))
+        #expect(session.callingTasks == [caller])
+    }
+
+    @Test func whatMayShareOrWaitStillRunsInATaskOfItsOwn() async throws {
+        let caller = currentTaskHash()
+        // A deduplicated GET: a joiner may outlive the first caller's cancellation.
+        let dedup = BoundingSession([.ok()])
+        _ = try await AsyncRequestEngine(session: dedup, clock: ManualClock()).send(Request(method: .get))
+        // A session that does not bound its calls (URLSession's interval is an idle timeout).
+        let unbounded = BoundingSession([.ok()], honors: false)
+        _ = try await AsyncRequestEngine(session: unbounded, clock: ManualClock()).send(Request())
+        #expect(unbounded.script.requests.first?.timeoutInterval == 6)
+        // A host limit: the wait for a place is timed by the engine.
+        let limited = BoundingSession([.ok()])
+        _ = try await AsyncRequestEngine(session: limited, options: .init(maxConcurrentPerHost: 4), clock: ManualClock()).send(Request())
+        // Hedging: the copies race in tasks.
+        let hedged = BoundingSession([.ok()])
+        let hedging = HedgingPolicy(delay: .milliseconds(100), maxAttempts: 2)
+        _ = try await AsyncRequestEngine(session: hedged, options: .init(hedging: hedging), clock: ManualClock())
+            .send(Request(headers: [HTTPHeader.idempotencyKey: "k1"]))
+        for session in [dedup, unbounded, limited, hedged] {
+            #expect(session.callingTasks.count == 1)
+            #expect(session.callingTasks.first != caller)
+        }
+    }
+
+    @Test func theSessionsTimeoutIsRetriedWithTheSameEventsAsTheEnginesOwn() async throws {
+        let session = BoundingSession([.urlError(.timedOut), .ok()])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(
+            session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0), eventSink: recorder,
+            clock: ManualClock()
+        )
+        let caller = currentTaskHash()
+        _ = try await engine.send(Request(headers: [HTTPHeader.idempotencyKey: "k1"]))
+        #expect(session.callingTasks == [caller, caller])
+        #expect(recorder.timeline == ["started", "retry(0,0.0)", "succeeded(200,1)"])
+    }
+
+    @Test func aDeadlineSoonerThanTheTimeoutBoundsTheCallAndItsTimeoutIsDeadlineExceeded() async throws {
+        let clock = ManualClock()
+        let session = BoundingSession([.urlError(.timedOut), .ok()])
+        let breaker = CircuitBreaker(configuration: .init(windowSize: 1, minimumCalls: 1, failureRateThreshold: 0.5), clock: clock)
+        let engine = AsyncRequestEngine(
+            session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 0), circuitBreaker: breaker,
+            clock: clock
+        )
+        let error = await networkError { try await engine.send(Request(method: .put, timeout: 30, deadline: .seconds(2))) }
+        #expect(error?.caseName == "deadlineExceeded")
+        // One attempt, bounded by what was left of the deadline; not retried.
+        #expect(session.script.requests.map(\.timeoutInterval) == [2])
+        // Cut on the wire by the deadline: it counts against the host, as the engine's own cut does.
+        #expect(breaker.state == .open)
+    }
+
+    @Test func aTimeoutSoonerThanTheDeadlineStaysTimedOut() async throws {
+        let session = BoundingSession([.urlError(.timedOut)])
+        let engine = AsyncRequestEngine(session: session, clock: ManualClock())
+        let error = await networkError { try await engine.send(Request(timeout: 1, deadline: .seconds(10))) }
+        #expect(error?.caseName == "timedOut")
+        #expect(session.script.requests.map(\.timeoutInterval) == [1])
+    }
+
+    @Test func aCancelledCallerGetsCancelledAndTheCallEnds() async throws {
+        let session = BoundingSession([.hang])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, eventSink: recorder, clock: ManualClock())
+        let task = Task { try await engine.send(Request()) }
+        await session.script.waitForCalls(1)
+        task.cancel()
+        let error = await networkError { _ = try await task.value }
+        #expect(error?.caseName == "cancelled")
+        // Run in the caller's task, the call has ended and the request has been reported when send throws.
+        #expect(session.script.suspendedCount == 0)
+        #expect(recorder.timeline == ["started", "failed(\(NetworkError.cancelled),0)"])
+    }
+
+    @Test func anInvalidRequestFailsBeforeAnythingIsSent() async throws {
+        let session = BoundingSession([.ok()])
+        let engine = AsyncRequestEngine(session: session, clock: ManualClock())
+        let error = await networkError { try await engine.send(Request(url: URL(string: "ftp://example.com/x")!)) }
+        #expect(error?.caseName == "invalidRequest")
+        #expect(session.callingTasks.isEmpty)
+    }
+}
