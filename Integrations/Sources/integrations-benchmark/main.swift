@@ -75,6 +75,7 @@ let bareOverAHC = AsyncRequestEngine(
 )
 // GETs not deduplicated: a request that shares nothing runs in its caller's task, timed by AHC
 // (`honorsTimeoutAndCancellation`), with no task of its own.
+let ahcSession = AsyncHTTPClientSession(client: client)
 let unsharedOverAHC = AsyncRequestEngine(
     session: AsyncHTTPClientSession(client: client),
     options: .init(deduplicatedMethods: [])
@@ -87,9 +88,10 @@ enum Variant: String, CaseIterable {
     case bareEngineAHC = "engine over AHC, no single flight, no timeout"
     case rawAHCResponse = "raw AHC + HTTPURLResponse"
     case unsharedEngineAHC = "engine/AHC, caller task"
+    case sessionAHC = "AsyncHTTPClientSession"
 
     /// The variants every round runs; `bareEngineAHC` is for `profile 3` only.
-    static let measured: [Variant] = [.rawAHC, .rawAHCResponse, .engineAHC, .unsharedEngineAHC, .engineURLSession]
+    static let measured: [Variant] = [.rawAHC, .rawAHCResponse, .sessionAHC, .engineAHC, .unsharedEngineAHC, .engineURLSession]
 }
 
 @Sendable func once(_ variant: Variant, _ url: URL = url) async throws {
@@ -110,6 +112,11 @@ enum Variant: String, CaseIterable {
     case .unsharedEngineAHC:
         let (data, _) = try await unsharedOverAHC.send(Get(url: url))
         guard data.count == bodySize else { fatalError("bad response") }
+    case .sessionAHC:
+        // The adapter alone, as a caller without the engine would use it: a URLRequest in, an
+        // HTTPURLResponse out.
+        let (data, response) = try await ahcSession.data(for: URLRequest(url: url, timeoutInterval: 30), maximumBodySize: nil)
+        guard data.count == bodySize, (response as? HTTPURLResponse)?.statusCode == 200 else { fatalError("bad response") }
     case .rawAHCResponse:
         // What `send` hands back, built from raw AHC's answer as a caller of AHC who needs
         // Foundation's types would build it: the floor under the engine over AHC on Linux.
@@ -213,11 +220,11 @@ func concurrent(_ variant: Variant, _ count: Int) async throws -> Round {
 
 // `profile VARIANT COUNT [64]`: only COUNT requests of one variant, one after another or (with 64)
 // by 64 workers — 0 raw AHC, 1 engine over AHC, 2 engine over URLSession, 3 engine over AHC without
-// single flight or timeout, 4 raw AHC + HTTPURLResponse, 5 engine over AHC in the caller's task —
-// for perf or strace.
+// single flight or timeout, 4 raw AHC + HTTPURLResponse, 5 engine over AHC in the caller's task,
+// 6 AsyncHTTPClientSession alone — for perf or strace.
 if profiling {
     guard numbers.count >= 2, Variant.allCases.indices.contains(numbers[0]) else {
-        fatalError("usage: integrations-benchmark [--url URL] profile VARIANT COUNT [64] (VARIANT 0 to 5)")
+        fatalError("usage: integrations-benchmark [--url URL] profile VARIANT COUNT [64] (VARIANT 0 to 6)")
     }
     let variant = Variant.allCases[numbers[0]]
     let inParallel = numbers.count > 2 && numbers[2] == 64
@@ -286,6 +293,10 @@ func summary(_ name: String, _ results: [Variant: [Round]]) {
     let floor = results[.rawAHCResponse] ?? [], unshared = results[.unsharedEngineAHC] ?? []
     print("engine/(raw AHC + HTTPURLResponse) p50:", spread(zip(engine, floor).map { $0.p50 / $1.p50 }, "%.3f"))
     print("engine/(raw AHC + HTTPURLResponse) CPU per request:", spread(zip(engine, floor).map { $0.cpuPerRequest / $1.cpuPerRequest }, "%.3f"))
+    let adapter = results[.sessionAHC] ?? []
+    print("AsyncHTTPClientSession/(raw AHC + HTTPURLResponse) p50:", spread(zip(adapter, floor).map { $0.p50 / $1.p50 }, "%.3f"))
+    print("AsyncHTTPClientSession/(raw AHC + HTTPURLResponse) CPU per request:",
+          spread(zip(adapter, floor).map { $0.cpuPerRequest / $1.cpuPerRequest }, "%.3f"))
     print("engine in the caller's task/(raw AHC + HTTPURLResponse) p50:", spread(zip(unshared, floor).map { $0.p50 / $1.p50 }, "%.3f"))
     print("engine in the caller's task/(raw AHC + HTTPURLResponse) CPU per request:",
           spread(zip(unshared, floor).map { $0.cpuPerRequest / $1.cpuPerRequest }, "%.3f"))
