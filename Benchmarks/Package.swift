@@ -119,6 +119,17 @@ let package = Package(
             ],
             path: "Sources/OverloadBenchmark"
         ),
+        // Issue 30's soak: memory over a million requests, one transport per process (README.md,
+        // "Memory over a long run"): `swift run -c release soak-benchmark engine-ahc`.
+        .executableTarget(
+            name: "soak-benchmark",
+            dependencies: [
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceAsyncHTTPClient", package: "ResilienceIntegrations"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+            ],
+            path: "Sources/SoakBenchmark"
+        ),
     ],
     swiftLanguageModes: [.v6]
 )
