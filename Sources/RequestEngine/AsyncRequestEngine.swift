@@ -235,9 +235,9 @@ public final class AsyncRequestEngine: RequestSending {
     ///   for a malformed request.
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         let entry = enter(request)
-        if entry.call.execution.inCallersTask {
+        if entry.runsHere {
             await run(entry.call)
-            return try entry.call.outcome.get()
+            return try entry.call.outcome.get()  // `.cancelled` when this caller left a shared call
         }
         if let joinedAs = entry.joinedAs {
             await emitDeduplicated(joinedAs.traceID, url: joinedAs.url, method: entry.call.execution.method)
@@ -273,7 +273,7 @@ public final class AsyncRequestEngine: RequestSending {
     @inline(never)
     private func enter(
         _ request: some NetworkRequest
-    ) -> (call: SharedCall, waiter: SharedCall.Ticket, joinedAs: (traceID: UUID, url: URL)?) {
+    ) -> (call: SharedCall, waiter: SharedCall.Ticket, joinedAs: (traceID: UUID, url: URL)?, runsHere: Bool) {
         let url = request.url
         let method = request.method
         let headers = request.headers
@@ -295,7 +295,7 @@ public final class AsyncRequestEngine: RequestSending {
             let call = SharedCall(execution: execution)
             // Run by the caller (`response(for:)`) when nothing needs a task of its own.
             if !execution.inCallersTask { call.start { Task { await self.run(call) } } }
-            return (call, call.firstTicket, nil)
+            return (call, call.firstTicket, nil, execution.inCallersTask)
         }
         // Requests with different body limits never share a call: one could fail where the other must not.
         // Nor with different deadlines of their own (the engine's default is the same for all).
@@ -308,10 +308,12 @@ public final class AsyncRequestEngine: RequestSending {
             SharedCall(execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, key: key))
         }
         guard joined else {
-            call.start { Task { await self.run(call) } }
-            return (call, waiter, nil)
+            // The caller that starts a call runs it when nothing needs a task of its own: should it
+            // be cancelled while others wait, the rest moves to a task then (`callerCancelled`).
+            if !call.execution.inCallersTask { call.start { Task { await self.run(call) } } }
+            return (call, waiter, nil, call.execution.inCallersTask)
         }
-        return (call, waiter, observed ? (traceID, url) : nil)
+        return (call, waiter, observed ? (traceID, url) : nil, false)
     }
 
     /// A fresh trace id when events are observed; without a sink none is needed (`UUID()` reads
@@ -349,9 +351,10 @@ public final class AsyncRequestEngine: RequestSending {
             policy.maxAttempts > 1 && (Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
                 ? policy : nil
         }
-        // Shared by nobody, hedged never, waiting for no host's place, over a session that bounds
-        // its calls: the caller's task runs it, and the session times each attempt.
-        let inCallersTask = sessionBoundsCalls && key == nil && hedging == nil && !limitsHosts
+        // Hedged never, waiting for no host's place, over a session that bounds its calls: the
+        // caller's task runs it (for a shared call, the caller that starts it), and the session
+        // times each attempt.
+        let inCallersTask = sessionBoundsCalls && hedging == nil && !limitsHosts
         do {
             urlRequest = try URLRequestBuilder.make(
                 url: url, method: method, headers: headers, body: body, timeout: timeout,
@@ -399,6 +402,31 @@ public final class AsyncRequestEngine: RequestSending {
         await attempts(call, from: 0, afterTimeout: nil)
     }
 
+    /// The task running `call` was cancelled at attempt `attempt` (before it, during it, or in the
+    /// backoff after it). For a call run in its caller's task, that is the caller leaving: when
+    /// others still wait on the call (a shared read they joined), the request carries on in a task
+    /// of its own — from `resumingAt` (by default `attempt` again: the cancelled attempt is sent
+    /// anew), not before `notBefore` on the engine's clock (what was left of a backoff) — and this
+    /// caller leaves with `.cancelled` (`response(for:)` reads it). Otherwise, and always for a
+    /// call in a task of its own (cancelled only when its last waiter left), the request ends as
+    /// cancelled.
+    private func callerCancelled(_ call: SharedCall, attempt: Int, resumingAt: Int? = nil, notBefore: Duration? = nil) async {
+        if call.execution.inCallersTask, call.execution.key != nil {
+            let next = resumingAt ?? attempt
+            let handed = call.handOver(priority: call.execution.priority) {
+                if let notBefore {
+                    let left = notBefore - self.time.now()
+                    if left > .zero, (try? await self.time.sleep(left)) == nil {
+                        return await self.end(call, .cancelled, attempt: attempt)  // every waiter left meanwhile
+                    }
+                }
+                await self.attempts(call, from: next, afterTimeout: nil)
+            }
+            if handed { return }
+        }
+        await end(call, .cancelled, attempt: attempt)
+    }
+
     /// Attempt `attempt` of `call` timed out (the watchdog's deadline passed): unless its response
     /// came first, the rest of the request moves to a new task at the caller's priority.
     func attemptTimedOut(_ call: SharedCall, attempt: Int) {
@@ -427,7 +455,7 @@ public final class AsyncRequestEngine: RequestSending {
                 expired = nil
                 result = outcome(of: timedOut, breaker: call.execution.breaker)
             } else {
-                if Task.isCancelled { return await end(call, .cancelled, attempt: attempt) }
+                if Task.isCancelled { return await callerCancelled(call, attempt: attempt) }
                 if let deadline = call.execution.deadline, time.now() >= deadline {
                     return await end(call, .deadlineExceeded, attempt: attempt)
                 }
@@ -444,6 +472,9 @@ public final class AsyncRequestEngine: RequestSending {
                 }
                 result = outcome
                 if let permit { breaker?.record(Self.breakerOutcome(of: result), for: permit) }
+                if case .failure(.cancelled) = result, Task.isCancelled {
+                    return await callerCancelled(call, attempt: attempt)
+                }
             }
             if let throttle = call.execution.throttle { Self.record(result, in: throttle) }
 
@@ -458,10 +489,11 @@ public final class AsyncRequestEngine: RequestSending {
                 return await end(call, error, attempt: attempt, response: response)
             case .retry(let delay):
                 if observed { await emitRetryScheduled(call, attempt: attempt, delay: delay) }
+                let wakeAt = time.now() + delay
                 do {
                     if delay > .zero { try await time.sleep(delay) }
                 } catch {
-                    return await end(call, .cancelled, attempt: attempt)
+                    return await callerCancelled(call, attempt: attempt, resumingAt: attempt + 1, notBefore: wakeAt)
                 }
                 attempt += 1
             }

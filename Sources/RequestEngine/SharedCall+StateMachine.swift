@@ -76,6 +76,9 @@ struct SharedCallStateMachine: Sendable {
     private(set) var waiters = Waiters()
     /// The ticket of the caller that made the call.
     let firstTicket: Ticket
+    /// The caller that ran the call in its own task left it to a successor (`runnerLeaves`): its
+    /// answer is `.cancelled`, whatever the call's outcome.
+    private(set) var runnerLeft = false
 
     init() {
         firstTicket = waiters.issue(())
@@ -121,6 +124,20 @@ struct SharedCallStateMachine: Sendable {
         guard running.waiting == 0 else { return Departure(waiter: waiter) }
         phase = .abandoned
         return Departure(waiter: waiter, taskToCancel: running.task)
+    }
+
+    /// The caller running the call in its own task (a call run in its caller's task, whose ticket
+    /// is `firstTicket` and never waits) was cancelled before the outcome: it leaves as a waiter
+    /// does. `true` when others still wait: the rest of the request is to move to a task of its
+    /// own (reported with `taskStarted`); else the call is abandoned and nobody can join it.
+    mutating func runnerLeaves() -> Bool {
+        guard case .running = phase else { return false }
+        runnerLeft = true
+        waiters.withdraw(firstTicket)
+        running.waiting -= 1
+        guard running.waiting == 0 else { return true }
+        phase = .abandoned
+        return false
     }
 
     /// The outcome is known: the waiters to answer with it, or `nil` if an outcome was already

@@ -129,6 +129,22 @@ final class SharedCall: Sendable {
         if handed.cancelNew { handed.new.cancel() }
     }
 
+    /// The caller running the call in its own task was cancelled: when others still wait, the
+    /// rest of the request moves to a new task running `successor` (at `priority`) and `true` is
+    /// returned — the caller leaves with `.cancelled`; else (`false`) the call is abandoned and the
+    /// caller ends it. Decided under the lock, so it cannot race a joiner's arrival or departure.
+    func handOver(priority: TaskPriority?, successor: @escaping @Sendable () async -> Void) -> Bool {
+        let handed = state.withLock { machine -> (task: Task<Void, Never>, cancel: Bool)? in
+            guard machine.runnerLeaves() else { return nil }
+            // Detached: the caller's task-local values belong to the caller that left.
+            let task = Task.detached(priority: priority) { await successor() }
+            return (task, machine.taskStarted(task))
+        }
+        guard let handed else { return false }
+        if handed.cancel { handed.task.cancel() }
+        return true
+    }
+
     /// Waits for the outcome as the waiter holding `ticket`; returns `.cancelled` promptly if the
     /// caller is cancelled.
     func wait(_ ticket: Ticket) async -> Outcome {
@@ -141,11 +157,12 @@ final class SharedCall: Sendable {
         }
     }
 
-    /// The outcome once the call has completed (how the caller of a call run in its own task
-    /// reads it: nobody waits); `.cancelled` before.
+    /// The answer of the caller that ran the call in its own task (it never waits): the outcome
+    /// once the call has completed, `.cancelled` when that caller left it to a successor (`handOver`)
+    /// or before the outcome.
     var outcome: Outcome {
         state.withLock { machine in
-            if case .completed(let outcome) = machine.phase { return outcome }
+            if !machine.runnerLeft, case .completed(let outcome) = machine.phase { return outcome }
             return .failure(.cancelled)
         }
     }

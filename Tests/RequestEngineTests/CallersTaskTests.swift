@@ -65,11 +65,8 @@ struct CallersTaskTests {
         #expect(session.callingTasks == [caller])
     }
 
-    @Test func whatMayShareOrWaitStillRunsInATaskOfItsOwn() async throws {
+    @Test func whatMayWaitOrRaceStillRunsInATaskOfItsOwn() async throws {
         let caller = currentTaskHash()
-        // A deduplicated GET: a joiner may outlive the first caller's cancellation.
-        let dedup = BoundingSession([.ok()])
-        _ = try await AsyncRequestEngine(session: dedup, clock: ManualClock()).send(Request(method: .get))
         // A session that does not bound its calls (URLSession's interval is an idle timeout).
         let unbounded = BoundingSession([.ok()], honors: false)
         _ = try await AsyncRequestEngine(session: unbounded, clock: ManualClock()).send(Request())
@@ -82,7 +79,7 @@ struct CallersTaskTests {
         let hedging = HedgingPolicy(delay: .milliseconds(100), maxAttempts: 2)
         _ = try await AsyncRequestEngine(session: hedged, options: .init(hedging: hedging), clock: ManualClock())
             .send(Request(headers: [HTTPHeader.idempotencyKey: "k1"]))
-        for session in [dedup, unbounded, limited, hedged] {
+        for session in [unbounded, limited, hedged] {
             #expect(session.callingTasks.count == 1)
             #expect(session.callingTasks.first != caller)
         }
@@ -145,5 +142,96 @@ struct CallersTaskTests {
         let error = await networkError { try await engine.send(Request(url: URL(string: "ftp://example.com/x")!)) }
         #expect(error?.caseName == "invalidRequest")
         #expect(session.callingTasks.isEmpty)
+    }
+
+    // MARK: A shared read, run by the caller that starts it
+
+    @Test func aDeduplicatedGETRunsInTheTaskOfTheCallerThatStartsItAndOthersJoinIt() async throws {
+        let session = BoundingSession([.held(.ok("shared"))])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, eventSink: recorder, clock: ManualClock())
+        let first = Task { (currentTaskHash(), try await engine.send(Request(method: .get)).0) }
+        await session.script.waitForCalls(1)
+        let second = Task { try await engine.send(Request(method: .get)).0 }
+        await recorder.waitForDeduplicated(1)
+        session.script.releaseHeld()
+        let (firstTask, firstData) = try await first.value
+        #expect(String(decoding: firstData, as: UTF8.self) == "shared")
+        #expect(String(decoding: try await second.value, as: UTF8.self) == "shared")
+        #expect(session.callingTasks == [firstTask])
+    }
+
+    @Test func whenTheCallerRunningASharedReadIsCancelledTheOthersKeepIt() async throws {
+        let session = BoundingSession([.hang, .ok("for the joiner")])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, eventSink: recorder, clock: ManualClock())
+        let runner = Task { (currentTaskHash(), await networkError { _ = try await engine.send(Request(method: .get)) }) }
+        await session.script.waitForCalls(1)
+        let joiner = Task { (currentTaskHash(), try await engine.send(Request(method: .get)).0) }
+        await recorder.waitForDeduplicated(1)
+        runner.cancel()
+        let (runnerTask, runnerError) = await runner.value
+        #expect(runnerError?.caseName == "cancelled")
+        let (joinerTask, data) = try await joiner.value
+        #expect(String(decoding: data, as: UTF8.self) == "for the joiner")
+        // The attempt the runner's cancellation cut is sent again, from a task of the call's own.
+        #expect(session.callingTasks.count == 2)
+        #expect(session.callingTasks.first == runnerTask)
+        #expect(session.callingTasks.last != runnerTask && session.callingTasks.last != joinerTask)
+        #expect(recorder.timeline == ["started", "dedup", "succeeded(200,0)"])
+    }
+
+    @Test func aCancelledRunnerThatNobodyJoinedEndsTheCallAndTheNextReadStartsAfresh() async throws {
+        let session = BoundingSession([.hang, .ok("fresh")])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, eventSink: recorder, clock: ManualClock())
+        let runner = Task { await networkError { _ = try await engine.send(Request(method: .get)) } }
+        await session.script.waitForCalls(1)
+        runner.cancel()
+        #expect(await runner.value?.caseName == "cancelled")
+        #expect(session.script.callCount == 1)
+        #expect(recorder.timeline == ["started", "failed(\(NetworkError.cancelled),0)"])
+        #expect(engine.inFlightCount == 0)
+        let (data, _) = try await engine.send(Request(method: .get))
+        #expect(String(decoding: data, as: UTF8.self) == "fresh")
+    }
+
+    @Test func aJoinerThatLeavesLeavesTheRunnerItsAnswer() async throws {
+        let session = BoundingSession([.held(.ok("kept"))])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, eventSink: recorder, clock: ManualClock())
+        let runner = Task { try await engine.send(Request(method: .get)).0 }
+        await session.script.waitForCalls(1)
+        let joiner = Task { await networkError { _ = try await engine.send(Request(method: .get)) } }
+        await recorder.waitForDeduplicated(1)
+        joiner.cancel()
+        #expect(await joiner.value?.caseName == "cancelled")
+        session.script.releaseHeld()
+        #expect(String(decoding: try await runner.value, as: UTF8.self) == "kept")
+        #expect(session.script.callCount == 1)
+    }
+
+    @Test func aRunnerCancelledInABackoffLeavesTheRestOfTheBackoffToTheSuccessor() async throws {
+        let clock = ManualClock()
+        let session = BoundingSession([.status(503), .ok("after the backoff")])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(
+            session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 10), eventSink: recorder, clock: clock
+        )
+        let runner = Task { await networkError { _ = try await engine.send(Request(method: .get)) } }
+        await clock.waitForSleepers(1)  // attempt 0 answered 503; the 10 s backoff began
+        let joiner = Task { try await engine.send(Request(method: .get)).0 }
+        await recorder.waitForDeduplicated(1)
+        clock.advance(by: .seconds(4))
+        runner.cancel()
+        #expect(await runner.value?.caseName == "cancelled")
+        await clock.waitForSleepers(1)  // the successor waits out the 6 s left
+        #expect(session.script.callCount == 1)
+        clock.advance(by: .seconds(5))
+        #expect(session.script.callCount == 1)
+        clock.advance(by: .seconds(1))
+        #expect(String(decoding: try await joiner.value, as: UTF8.self) == "after the backoff")
+        #expect(session.script.callCount == 2)
+        #expect(recorder.timeline == ["started", "retry(0,10.0)", "dedup", "succeeded(200,1)"])
     }
 }

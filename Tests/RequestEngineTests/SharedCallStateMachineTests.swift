@@ -31,6 +31,47 @@ struct SharedCallStateMachineTests {
         #expect(phaseName(machine) == "running(3)")
     }
 
+    // A call run in its caller's task: that caller holds `firstTicket` and never suspends.
+
+    /// Race guarded: the runner's cancellation and a joiner's arrival. Decided under the lock, the
+    /// joiner either counts (the runner hands over) or finds the call abandoned (it starts anew).
+    @Test func aRunnerThatLeavesWhileOthersWaitHandsOverAndItsOwnAnswerIsCancelled() {
+        var machine = Machine()
+        let joiner = machine.join()
+        #expect(joiner != nil)
+        let handsOver = machine.runnerLeaves()
+        #expect(handsOver)
+        #expect(machine.runnerLeft)
+        #expect(phaseName(machine) == "running(1)")
+        let cancelSuccessor = machine.taskStarted(task())
+        #expect(!cancelSuccessor)  // the successor is recorded and runs
+        let answered = machine.complete(ok)
+        #expect(answered != nil)
+        #expect(phaseName(machine) == "completed")
+    }
+
+    @Test func aRunnerThatLeavesAloneAbandonsTheCallAndNobodyCanJoinIt() {
+        var machine = Machine()
+        let handsOver = machine.runnerLeaves()
+        #expect(!handsOver)
+        #expect(phaseName(machine) == "abandoned")
+        let late = machine.join()
+        #expect(late == nil)
+        // The joiner that left first: the runner is then the last, and abandons the call too.
+        var other = Machine()
+        let joiner = other.join()!
+        _ = other.leave(joiner)
+        let otherHandsOver = other.runnerLeaves()
+        #expect(!otherHandsOver)
+        #expect(phaseName(other) == "abandoned")
+        // After the outcome there is nothing to hand over.
+        var done = Machine()
+        _ = done.complete(ok)
+        let doneHandsOver = done.runnerLeaves()
+        #expect(!doneHandsOver)
+        #expect(!done.runnerLeft)
+    }
+
     @Test func theTaskIsRecordedAndCancelledAtOnceOnlyIfTheCallWasAbandoned() {
         var machine = Machine()
         let started = machine.taskStarted(task())

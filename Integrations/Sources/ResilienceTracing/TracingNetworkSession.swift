@@ -51,6 +51,9 @@ public struct TracingNetworkSession: NetworkSession {
         try await data(for: request, maximumBodySize: nil)
     }
 
+    /// The wrapped session's: a span adds no wait, so the calls are bounded as the base bounds them.
+    public var honorsTimeoutAndCancellation: Bool { base.honorsTimeoutAndCancellation }
+
     public func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse) {
         let tracer = self.tracer ?? InstrumentationSystem.tracer
         let logical = LogicalRequest.current ?? LogicalRequest.registry.lookup(request)

@@ -145,10 +145,14 @@ struct AsyncHTTPClientSessionTests {
 
     // MARK: Timeouts and cancellation
 
+    /// The engine's own timer over AHC: a host limit keeps a request off the caller's-task path
+    /// (where AHC's deadline times it, `aRequestThatSharesNothingIsTimedByAHCInTheCallersTask`).
+    static let enginesTimer = AsyncRequestEngine.Options(maxConcurrentPerHost: 8)
+
     @Test func aSlowServerTimesOutOnTheEnginesClockAndTheConnectionIsClosed() async throws {
         server.route("/stuck", LoopbackResponse.ok().held())
         let clock = ManualClock()
-        let engine = AsyncRequestEngine(session: session, clock: clock)
+        let engine = AsyncRequestEngine(session: session, options: Self.enginesTimer, clock: clock)
         let url = server.url("/stuck")
         let task = Task { await networkError { try await engine.send(TestRequest(url: url, timeout: 5)) } }
         await server.waitForHits("/stuck", atLeast: 1)
@@ -161,7 +165,9 @@ struct AsyncHTTPClientSessionTests {
     @Test func aTimedOutAttemptIsRetriedOverAFreshConnection() async throws {
         server.route("/slow-then-fast", [LoopbackResponse.ok("late").held(), .ok("in time")])
         let clock = ManualClock()
-        let engine = AsyncRequestEngine(session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0), clock: clock)
+        let engine = AsyncRequestEngine(
+            session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0), options: Self.enginesTimer, clock: clock
+        )
         let url = server.url("/slow-then-fast")
         let task = Task { try await engine.send(TestRequest(url: url, timeout: 5)) }
         await server.waitForHits("/slow-then-fast", atLeast: 1)
