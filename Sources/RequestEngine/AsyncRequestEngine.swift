@@ -167,8 +167,8 @@ public final class AsyncRequestEngine: RequestSending {
     /// authority is then read off its URL once, as it is validated.
     private let perHost: Bool
     /// The session bounds each call by its timeout and ends it when its caller is cancelled
-    /// (`NetworkSession.honorsTimeoutAndCancellation`): a request that shares nothing may run in
-    /// its caller's task.
+    /// (`NetworkSession.honorsTimeoutAndCancellation`): an unhedged request with no host limit
+    /// runs in its caller's task.
     private let sessionBoundsCalls: Bool
 
     /// - Parameters:

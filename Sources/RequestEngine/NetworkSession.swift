@@ -14,7 +14,8 @@ public protocol NetworkSession: Sendable {
     func data(for request: URLRequest) async throws -> (Data, URLResponse)
 
     /// Whether this session bounds each call itself, so that `AsyncRequestEngine` may run a
-    /// request that shares nothing in its caller's task, with no task and no timer of its own:
+    /// request in its caller's task, with no task and no timer of its own (a shared read in the
+    /// task of the caller that starts it; Docs/RequestEngine.md, "Threading and cost"):
     /// - the request's `timeoutInterval` bounds the **whole** call (not an idle interval), and a
     ///   call past it throws a timeout (`NetworkError.timedOut`, or `URLError(.timedOut)`);
     /// - when the calling task is cancelled, the call returns promptly (its caller does not wait

@@ -21,11 +21,19 @@ import Synchronization
 /// (`timeOut(attempt:…)`). The watchdog hands the rest of the work to a new task and cancels the old
 /// one, so neither a retry nor the waiters wait for a transport slow to acknowledge the cancel.
 ///
+/// Over a session that bounds its calls itself, the work runs in the task of the caller that
+/// starts the call instead (`Execution.inCallersTask`): no watchdog, no continuation for that
+/// caller (it reads `outcome`). Should it be cancelled while others wait, `handOver` moves the
+/// rest to a task of its own, as a timeout does.
+///
 /// The rules live in `SharedCallStateMachine` (SharedCall+StateMachine.swift); this class holds it
 /// behind its lock and performs what it returns — and the call never calls back into the engine:
 /// the engine hands it the task to run and the successor to start. Races this guards against:
 /// - a waiter cancelled before its continuation is installed (cancellation handler runs first):
 ///   its ticket in the `WaiterList` is handed `.cancelled`, which it takes as it installs;
+/// - the caller running the call in its own task cancelled as another joins or leaves: under the
+///   lock the joiner either counts (the rest is handed over) or finds the call abandoned (it
+///   starts a fresh one); a successor's late outcome never becomes the departed caller's answer;
 /// - a timeout racing the last waiter's departure: the successor learns under the lock whether
 ///   the call was abandoned, and then only winds it down (`cancelled`, no retry);
 /// - a superseded task's late response: its attempt number no longer matches, its claim fails
@@ -211,9 +219,11 @@ struct Execution: Sendable {
     var throttle: RetryThrottle? = nil
     /// The request's share of its host's adaptive limit.
     var limiterPriority: RequestPriority = .interactive
-    /// Run in its caller's task, not one of its own: it shares nothing (not deduplicated, not
-    /// hedged, no host limit to wait for) and the session bounds each call by the request's
-    /// timeout and its caller's cancellation (`NetworkSession.honorsTimeoutAndCancellation`).
+    /// Run in its caller's task (for a shared call, the caller that starts it), not one of its
+    /// own: it is not hedged, has no host limit to wait for, and the session bounds each call by
+    /// the request's timeout and its caller's cancellation
+    /// (`NetworkSession.honorsTimeoutAndCancellation`). Should that caller leave while others
+    /// wait, the rest moves to a task of its own (`handOver`).
     var inCallersTask = false
 
     /// Nothing to hedge or limit: an attempt calls the session straight.
