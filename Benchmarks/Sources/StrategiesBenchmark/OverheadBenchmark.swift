@@ -39,6 +39,10 @@ enum OverheadBenchmark {
         case adaptive
         /// Adaptive concurrency per host alone, without the throttle.
         case adaptiveOnly = "adaptive-only"
+        /// The default options over a session that says it bounds each call itself
+        /// (`honorsTimeoutAndCancellation`, as AsyncHTTPClient's does): every request runs in its
+        /// caller's task (issue 30).
+        case callerTask = "caller-task"
     }
 
     enum Shape: String, CaseIterable {
@@ -49,6 +53,8 @@ enum OverheadBenchmark {
 
     static func engine(_ variant: Variant, session: any NetworkSession) -> AsyncRequestEngine {
         switch variant {
+        case .callerTask:
+            AsyncRequestEngine(session: InstantSession(boundsEachCall: true))
         case .plain:
             AsyncRequestEngine(session: session)
         case .deadline:
@@ -170,8 +176,12 @@ enum OverheadBenchmark {
 /// Answers every request at once with the same prebuilt 200 response and 22-byte body.
 final class InstantSession: NetworkSession {
     let response: HTTPURLResponse
+    /// With `boundsEachCall`, it says so (`honorsTimeoutAndCancellation`): answering at once, it
+    /// cannot outlive any timeout, and there is nothing to cancel.
+    let honorsTimeoutAndCancellation: Bool
 
-    init() {
+    init(boundsEachCall: Bool = false) {
+        honorsTimeoutAndCancellation = boundsEachCall
         guard let url = URL(string: "http://127.0.0.1:8080/item"),
               let response = HTTPURLResponse(url: url, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: ["Content-Length": "\(itemBody.count)"])
         else { fatalError("could not build the prebuilt response") }
