@@ -292,6 +292,9 @@ struct BridgeTests {
         await clock.waitForSleepers(1)
         clock.advance(by: .seconds(5))
         _ = try await task.value
+        // The timed-out attempt's span ends once AHC has wound that attempt down, which may come
+        // after the request has returned.
+        #expect(await tracer.waitForFinishedSpans(3))
 
         let spans = tracer.finishedSpans
         let logical = try #require(spans.first { $0.parentSpanID == nil })

@@ -45,4 +45,17 @@ struct W3CTestTracer: Tracer {
     where Extract.Carrier == Carrier {}
 
     var finishedSpans: [FinishedInMemorySpan] { recorder.finishedSpans }
+
+    /// Suspends until at least `count` spans have finished; `false` if they have not after a
+    /// million turns of the scheduler. A span of an attempt the engine superseded (its timeout
+    /// handed the request on) ends only when the transport has wound that attempt down, which may
+    /// be after the request has returned. `InMemoryTracer` has no hook for a span's end, so this
+    /// yields between looks: it waits for the event, never for a length of time.
+    func waitForFinishedSpans(_ count: Int) async -> Bool {
+        for _ in 0..<1_000_000 {
+            if recorder.finishedSpans.count >= count { return true }
+            await Task.yield()
+        }
+        return recorder.finishedSpans.count >= count
+    }
 }
