@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import RequestEngine
 import ResilienceAsyncHTTPClient
+import Synchronization
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -131,10 +132,16 @@ default:
 
 let samplesWanted = 40
 let sampleEvery = max(1, total / samplesWanted)
-let done = ManagedAtomicCounter()
-let samples = SampleLog()
+/// The resident set after `requests` requests.
+struct Sample: Sendable {
+    let requests: Int
+    let bytes: Int
+}
+
+let done = Atomic<Int>(0)
+let samples = Mutex<[Sample]>([])
 let start = ContinuousClock.now
-samples.append(requests: 0, bytes: residentBytes())
+samples.withLock { $0.append(Sample(requests: 0, bytes: residentBytes())) }
 try await withThrowingTaskGroup(of: Void.self) { group in
     for worker in 0..<inFlight {
         let share = total / inFlight + (worker < total % inFlight ? 1 : 0)
@@ -142,15 +149,18 @@ try await withThrowingTaskGroup(of: Void.self) { group in
         group.addTask {
             for _ in 0..<share {
                 guard try await send(target) == 200 else { fatalError("bad response from \(target)") }
-                let count = done.increment()
-                if count % sampleEvery == 0 { samples.append(requests: count, bytes: residentBytes()) }
+                let count = done.add(1, ordering: .relaxed).newValue
+                if count % sampleEvery == 0 {
+                    let bytes = residentBytes()
+                    samples.withLock { $0.append(Sample(requests: count, bytes: bytes)) }
+                }
             }
         }
     }
     try await group.waitForAll()
 }
 let elapsed = ContinuousClock.now - start
-let points = samples.all
+let points = samples.withLock { $0 }.sorted { $0.requests < $1.requests }
 // Least squares over the samples past the first 10 %.
 let steady = points.filter { $0.requests >= total / 10 }
 let n = Double(steady.count)
@@ -205,18 +215,4 @@ if let smaps = readWhole("/proc/self/smaps") {
     for mapping in mappings.sorted(by: { $0.kilobytes > $1.kilobytes }).prefix(10) {
         print("  \(mapping.kilobytes) kB  \(mapping.name)")
     }
-}
-
-final class ManagedAtomicCounter: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value = 0
-    func increment() -> Int { lock.lock(); defer { lock.unlock() }; value += 1; return value }
-}
-
-final class SampleLog: @unchecked Sendable {
-    struct Sample { let requests: Int; let bytes: Int }
-    private let lock = NSLock()
-    private var samples: [Sample] = []
-    func append(requests: Int, bytes: Int) { lock.lock(); samples.append(Sample(requests: requests, bytes: bytes)); lock.unlock() }
-    var all: [Sample] { lock.lock(); defer { lock.unlock() }; return samples.sorted { $0.requests < $1.requests } }
 }

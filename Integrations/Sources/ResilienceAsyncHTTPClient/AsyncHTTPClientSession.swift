@@ -29,8 +29,8 @@ import FoundationNetworking
 ///   closed, never returned to the pool mid-response) and answers `NetworkError.cancelled`.
 /// - **Timeout**: the request's `timeoutInterval` bounds the whole exchange, body included (AHC's
 ///   deadline), as the engine's own per-attempt timeout does; `.infinity` or a non-positive value
-///   sets none. With `honorsTimeoutAndCancellation`, the engine relies on it: a request that
-///   shares nothing runs in its caller's task, timed by this session.
+///   sets none. With `honorsTimeoutAndCancellation`, the engine relies on it: an unhedged
+///   request with no host limit runs in its caller's task, timed by this session.
 /// - The response is an `HTTPURLResponse` with the final URL (after redirects), the status and
 ///   the headers (repeated fields joined with ", ", as URLSession joins them).
 public struct AsyncHTTPClientSession: NetworkSession {
@@ -113,7 +113,7 @@ public struct AsyncHTTPClientSession: NetworkSession {
     }
 
     /// True: the request's `timeoutInterval` bounds the whole exchange (AHC's deadline) and a
-    /// cancelled caller's request is cancelled at once, so `AsyncRequestEngine` runs a request
-    /// that shares nothing in its caller's task, with no task or timer of its own.
+    /// cancelled caller's request is cancelled at once, so `AsyncRequestEngine` runs an unhedged
+    /// request with no host limit in its caller's task, with no task or timer of its own.
     public var honorsTimeoutAndCancellation: Bool { true }
 }

@@ -73,8 +73,8 @@ let bareOverAHC = AsyncRequestEngine(
     session: AsyncHTTPClientSession(client: client),
     options: .init(deduplicatedMethods: [])
 )
-// GETs not deduplicated: a request that shares nothing runs in its caller's task, timed by AHC
-// (`honorsTimeoutAndCancellation`), with no task of its own.
+// Single flight off: each GET shares nothing. Like the default engine's, it runs in its caller's
+// task, timed by AHC (`honorsTimeoutAndCancellation`); beside it, what single flight costs.
 let ahcSession = AsyncHTTPClientSession(client: client)
 let unsharedOverAHC = AsyncRequestEngine(
     session: AsyncHTTPClientSession(client: client),
