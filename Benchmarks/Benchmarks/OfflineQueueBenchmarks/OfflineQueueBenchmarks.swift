@@ -154,10 +154,14 @@ let benchmarks: @Sendable () -> Void = {
         let sender = AsyncRequestEngine(session: session)
         let sourceFolder = try await replayPrepared.url(baseURL: server.baseURL)
         // Direct: the same 10 000 requests, one at a time, through the same kind of engine.
-        let entries = try DiskQueueStore(directory: sourceFolder)
-        let requests = await entries.load().map { entry in
-            QueuedRequest(method: .post, url: entry.url, headers: entry.headers, body: entry.body, idempotencyKey: entry.idempotencyKey)
-        }
+        // Read in a scope of its own, so this store has let go of the folder before the replay
+        // opens it (a store kept alive to the end of the closure made the replay's open fail).
+        let requests = try await { () async throws -> [QueuedRequest] in
+            let entries = try DiskQueueStore(directory: sourceFolder)
+            return await entries.load().map { entry in
+                QueuedRequest(method: .post, url: entry.url, headers: entry.headers, body: entry.body, idempotencyKey: entry.idempotencyKey)
+            }
+        }()
         let direct = { () async throws -> Duration in
             let start = ContinuousClock.now
             for request in requests {

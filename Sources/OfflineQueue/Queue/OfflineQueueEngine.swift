@@ -81,8 +81,8 @@ public actor OfflineQueueEngine {
     private let firstAttemptDeadlines: DeadlineTimer
     private let wallClockOrigin: Date
 
-    private var inFlight: Set<UUID> = []
-    private var beingReplaced: Set<UUID> = []
+    /// Which stored entries are being sent or replaced, and what an attempt's end does to them.
+    private var lifecycle = QueueEntryLifecycle()
     /// One line per ordering or coalescing key: enqueues that share a key run one at a time, in
     /// arrival order (the count includes the holder and everyone waiting).
     private var keyLines: [String: (gate: AdmissionGate, users: Int)] = [:]
@@ -205,22 +205,21 @@ public actor OfflineQueueEngine {
             if let keyed {
                 offered = entry
                 store.announce(.offered(entry))
-                switch await firstAttempt(keyed, timeout: request.timeout, deadline: request.deadline) {
-                case .delivered(let status):
+                let outcome = await firstAttempt(keyed, timeout: request.timeout, deadline: request.deadline)
+                switch QueueEntryLifecycle.firstAttemptEnded(outcome) {
+                case .sent(let status):
                     store.announce(.removed(entry, reason: .delivered(statusCode: status)))
                     return .sent(statusCode: status)
-                case .permanent(let error):
+                case .rejected(let error):
                     store.announce(.removed(entry, reason: .rejected(statusCode: error.statusCode)))
                     throw error
-                case .offline:
-                    break
-                case .retry(let error, let delay):
-                    attempts = 1
-                    nextAttemptAt = now.addingTimeInterval(delay.seconds)
-                    lastError = error.description
-                case .stop:
+                case .cancelled:
                     store.announce(.removed(entry, reason: .cancelled))
                     throw NetworkError.cancelled
+                case .store(let counted, let retryAfter, let error):
+                    attempts = counted
+                    nextAttemptAt = retryAfter.map { now.addingTimeInterval($0.seconds) }
+                    lastError = error
                 }
             }
         }
@@ -343,14 +342,6 @@ public actor OfflineQueueEngine {
 
     // MARK: - Internals: sending
 
-    private enum AttemptOutcome: Sendable {
-        case delivered(status: Int)
-        case permanent(NetworkError)
-        case retry(NetworkError, after: Duration)
-        case offline
-        case stop  // cancelled
-    }
-
     private func mayTrySending(_ request: some QueueableRequest) async -> Bool {
         guard !learnedOffline, await reachability.isConnected else { return false }
         // Entries already waiting with the same ordering or coalescing key must go first.
@@ -363,28 +354,29 @@ public actor OfflineQueueEngine {
     /// when that is sooner) on the queue's clock, whatever the sender does (a token refresh that
     /// never returns, a sender without timeouts): past it the attempt is cancelled and counts as
     /// one timed-out attempt, so the entry is stored with a backoff and the caller gets `.queued`.
-    private func firstAttempt(_ request: PreparedRequest, timeout: TimeInterval, deadline: Duration?) async -> AttemptOutcome {
+    private func firstAttempt(_ request: PreparedRequest, timeout: TimeInterval, deadline: Duration?) async -> QueueAttemptOutcome {
         let ceiling = Duration.seconds(86_400 * 365)
         var limit = timeout.isFinite && timeout > 0 ? Duration.clamped(seconds: timeout, upperBound: ceiling) : nil
         if let deadline { limit = min(limit ?? ceiling, max(deadline, .zero)) }
         guard let limit else { return await attempt(request, previousAttempts: 0) }
         // Unstructured tasks, not a task group: a group would wait for a sender that ignores
         // cancellation, which is exactly the sender this bound is for.
-        let race = FirstAnswer<AttemptOutcome?>()
-        let sending = Task { race.answer(await self.attempt(request, previousAttempts: 0)) }
+        let race = FirstAttemptRace()
+        let sending = Task { race.answer(.attempt(await self.attempt(request, previousAttempts: 0))) }
         // The queue's one timer, not a sleeping task per enqueue (see `DeadlineTimer`).
-        let timeout = firstAttemptDeadlines.schedule(after: limit) { race.answer(nil) }
+        let timeout = firstAttemptDeadlines.schedule(after: limit) { race.answer(.timedOut) }
         let winner = await withTaskCancellationHandler {
             await race.value
         } onCancel: {
-            race.answer(.stop)
+            race.answer(.callerCancelled)
         }
         firstAttemptDeadlines.cancel(timeout)
         sending.cancel()  // a no-op when it answered; otherwise its late outcome is ignored
-        guard let winner else {
-            return Task.isCancelled ? .stop : .retry(.timedOut, after: backoff(afterAttempts: 1))
+        switch winner {
+        case .attempt(let outcome): return outcome
+        case .callerCancelled: return .stop
+        case .timedOut: return Task.isCancelled ? .stop : .retry(.timedOut, after: backoff(afterAttempts: 1))
         }
-        return winner
     }
 
     /// The serialization lines an enqueue with these keys joins, in a fixed order (so two
@@ -428,7 +420,7 @@ public actor OfflineQueueEngine {
     }
 
     /// One send and its classification (the outcome table of Docs/OfflineQueue.md).
-    private func attempt(_ request: PreparedRequest, previousAttempts: Int) async -> AttemptOutcome {
+    private func attempt(_ request: PreparedRequest, previousAttempts: Int) async -> QueueAttemptOutcome {
         do {
             let (data, response) = try await sender.response(for: request)
             learnedOffline = false
@@ -491,9 +483,11 @@ public actor OfflineQueueEngine {
         var replaced: QueueEntry?
         if let coalescingKey = request.coalescingKey,
            let existing = store.entry(coalescingKey: coalescingKey),
-           !inFlight.contains(existing.id), !beingReplaced.contains(existing.id) {
+           lifecycle.startReplacing(existing.id) {
             replaced = existing
         }
+        // Settled whether the write succeeds or fails; the holder stays queued if it failed.
+        defer { if let replaced { lifecycle.replacementEnded(replaced.id) } }
         let sequence: UInt64
         if let replaced { sequence = replaced.sequence } else { sequence = store.makeSequence() }
         // Each edit of a coalescing key takes a fresh number from the store's counter as its
@@ -511,8 +505,6 @@ public actor OfflineQueueEngine {
             nextAttemptAt: nextAttemptAt,
             lastError: lastError
         )
-        if let replaced { beingReplaced.insert(replaced.id) }
-        defer { if let replaced { beingReplaced.remove(replaced.id) } }
         try await store.insert(entry, limit: maxQueueSize, replacing: replaced?.id)
         return entry
     }
@@ -543,7 +535,7 @@ public actor OfflineQueueEngine {
                     break scanning
                 }
                 guard store.entry(id: entry.id) != nil else { continue }  // cancelled meanwhile
-                switch pass.decide(entry, now: now, beingReplaced: beingReplaced.contains(entry.id)) {
+                switch pass.decide(entry, now: now, beingReplaced: lifecycle.isBeingReplaced(entry.id)) {
                 case .skip, .holdBack:
                     continue
                 case .expire:
@@ -567,6 +559,8 @@ public actor OfflineQueueEngine {
                 }
             }
         }
+        // The pass's deletions ran beside its sends; when it returns its finished files are gone.
+        store.finishRemovals()
         report.remaining = store.entryCount
         if loopTask != nil {
             if !connected {
@@ -580,58 +574,49 @@ public actor OfflineQueueEngine {
         return report
     }
 
-    private func replay(_ entry: QueueEntry, report: inout FlushReport) async -> AttemptOutcome {
+    private func replay(_ entry: QueueEntry, report: inout FlushReport) async -> QueueAttemptOutcome {
         guard let request = entry.replayRequest else {
             store.discard(id: entry.id, reason: .rejected(statusCode: nil))
             record(.failedPermanently(id: entry.id, statusCode: nil), in: &report)
             return .permanent(.invalidRequest(reason: "unknown method \(entry.method)"))
         }
-        inFlight.insert(entry.id)
+        lifecycle.replayStarted(entry.id)
         store.announce(.attemptStarted(id: entry.id))
         defer { store.announce(.attemptEnded(id: entry.id)) }
         let outcome = await attempt(request.addingReplayHeaders(for: entry, from: configuration.replayHeaders), previousAttempts: entry.attempts)
-        inFlight.remove(entry.id)
-        let stillQueued = store.entry(id: entry.id) != nil
-        // A newer edit of the same coalescing key, queued while this one was being sent, replaces
-        // it: whatever this attempt's outcome, this entry must not be sent again after the newer one.
-        let superseded = entry.coalescingKey.flatMap { store.entry(coalescingKey: $0) }.map { $0.id != entry.id } ?? false
-        switch outcome {
-        case .delivered(let status):
-            store.discard(id: entry.id, reason: .delivered(statusCode: status))
-            if stillQueued { record(.delivered(id: entry.id, statusCode: status), in: &report) }
-        case .permanent(let error):
-            store.discard(id: entry.id, reason: .rejected(statusCode: error.statusCode))
-            if stillQueued { record(.failedPermanently(id: entry.id, statusCode: error.statusCode), in: &report) }
-        case .retry(let error, let delay):
-            guard stillQueued else { break }
-            if superseded {
-                store.discard(id: entry.id, reason: .superseded)
-                break
-            }
-            var updated = entry
-            updated.attempts = entry.attemptsAfterOneMore
-            updated.lastError = error.description
-            let exhausted = configuration.maxAttempts.map { updated.attempts >= $0 } ?? false
-            if exhausted || delay >= .seconds(Int64.max / 8) {
-                do {
-                    if try await store.moveToDeadLetter(updated) {  // false: cancelled meanwhile
-                        record(.deadLettered(id: entry.id, attempts: updated.attempts), in: &report)
-                    }
-                } catch {
-                    // Cannot write the dead letter: keep the entry rather than lose it.
-                    updated.nextAttemptAt = now.addingTimeInterval(backoff(afterAttempts: updated.attempts).seconds)
-                    try? await store.update(updated)
-                }
-                return outcome
-            }
-            let next = now.addingTimeInterval(delay.seconds)
-            updated.nextAttemptAt = next
+        // What became of the entry while the attempt was away decides with its outcome: it may have
+        // been cancelled, or a newer edit of its coalescing key stored beside it.
+        let end = lifecycle.replayEnded(
+            entry,
+            outcome,
+            stillQueued: store.entry(id: entry.id) != nil,
+            supersededBy: entry.coalescingKey.flatMap { store.entry(coalescingKey: $0) }?.id,
+            maxAttempts: configuration.maxAttempts,
+            now: now
+        )
+        switch end {
+        case .remove(let reason, let result):
+            store.discard(id: entry.id, reason: reason)
+            if let result { record(result, in: &report) }
+        case .supersede:
+            store.discard(id: entry.id, reason: .superseded)
+        case .keep(let updated, let error, let next):
             // On a full disk the file keeps its older state, but the store's index takes the new
             // count and backoff, so this process still honours them (and `maxAttempts`).
             try? await store.update(updated)
             record(.keptForRetry(id: entry.id, error: error, attempts: updated.attempts, nextAttemptAt: next), in: &report)
-        case .offline, .stop:
-            if superseded, stillQueued { store.discard(id: entry.id, reason: .superseded) }
+        case .deadLetter(var updated):
+            do {
+                if try await store.moveToDeadLetter(updated) {  // false: cancelled meanwhile
+                    record(.deadLettered(id: entry.id, attempts: updated.attempts), in: &report)
+                }
+            } catch {
+                // Cannot write the dead letter: keep the entry rather than lose it.
+                updated.nextAttemptAt = now.addingTimeInterval(backoff(afterAttempts: updated.attempts).seconds)
+                try? await store.update(updated)
+            }
+        case .leave:
+            break
         }
         return outcome
     }
@@ -688,42 +673,5 @@ public actor OfflineQueueEngine {
         loopTask?.cancel()
         timerTask?.cancel()
         firstAttemptDeadlines.shutdown()
-    }
-}
-
-/// The first of several racing answers; later ones are ignored. `value` may be awaited once.
-private final class FirstAnswer<Value: Sendable>: Sendable {
-    private struct State: Sendable {
-        var answer: Value?
-        var answered = false
-        var waiter: CheckedContinuation<Value, Never>?
-    }
-
-    private let state = Locked(State())
-
-    func answer(_ value: Value) {
-        let waiter = state.withLock { state -> CheckedContinuation<Value, Never>? in
-            guard !state.answered else { return nil }
-            state.answered = true
-            state.answer = value
-            defer { state.waiter = nil }
-            return state.waiter
-        }
-        waiter?.resume(returning: value)
-    }
-
-    var value: Value {
-        get async {
-            await withCheckedContinuation { continuation in
-                let ready = state.withLock { state -> Value? in
-                    guard state.answered, let answer = state.answer else {
-                        state.waiter = continuation
-                        return nil
-                    }
-                    return answer
-                }
-                if let ready { continuation.resume(returning: ready) }
-            }
-        }
     }
 }

@@ -111,6 +111,8 @@ public final class DiskQueueStore: Sendable {
     private let directoryPath: String
     private let syncer: DirectorySyncer
     private let pool: BlockingIOPool
+    /// Deletes finished entries' files off the caller's thread (see `DeferredRemovals`).
+    private let removals: DeferredRemovals
     /// The descriptor holding the folder's `flock`; nil once released.
     private let lock: Locked<Int32?>
 
@@ -132,11 +134,12 @@ public final class DiskQueueStore: Sendable {
         try self.init(directory: directory, pool: .shared)
     }
 
-    /// `init(directory:)` with its own I/O threads (tests hold them to order a write against a removal).
-    convenience init(directory: URL?, pool: BlockingIOPool) throws {
+    /// `init(directory:)` with its own I/O threads (tests hold them to order a write against a
+    /// removal): `pool` for writes, `removalPool` for the deferred deletions of finished entries.
+    convenience init(directory: URL?, pool: BlockingIOPool, removalPool: BlockingIOPool = .shared) throws {
         let directory = try directory ?? Self.defaultDirectory()
         try Self.makeDirectories(directory)
-        try self.init(directory: directory, lockedWith: try DurableFiles.lockDirectory(directory.path), pool: pool)
+        try self.init(directory: directory, lockedWith: try DurableFiles.lockDirectory(directory.path), pool: pool, removalPool: removalPool)
     }
 
     /// Like `init(directory:)`, but while another store owns the folder it waits — polling every
@@ -164,12 +167,13 @@ public final class DiskQueueStore: Sendable {
     }
 
     /// Loads the folder whose lock `lockDescriptor` holds (and keeps it; closed on failure).
-    private init(directory: URL, lockedWith lockDescriptor: Int32, pool: BlockingIOPool = .shared) throws {
+    private init(directory: URL, lockedWith lockDescriptor: Int32, pool: BlockingIOPool = .shared, removalPool: BlockingIOPool = .shared) throws {
         self.directory = directory
         directoryPath = directory.path
         quarantineDirectory = directory.appendingPathComponent("quarantine", isDirectory: true)
         deadLetterDirectory = directory.appendingPathComponent("dead-letter", isDirectory: true)
         self.pool = pool
+        removals = DeferredRemovals(pool: removalPool)
         syncer = DirectorySyncer(path: directory.path)
         lock = Locked(lockDescriptor)
         let loaded: Loaded
@@ -200,6 +204,7 @@ public final class DiskQueueStore: Sendable {
     /// does. For tests that simulate a crash and a restart in one process; the store must not be
     /// used afterwards.
     func releaseLock() {
+        removals.finish()  // whoever opens the folder next must not find a finished entry
         if let descriptor = lock.withLock({ lock -> Int32? in defer { lock = nil }; return lock }) {
             close(descriptor)
         }
@@ -405,6 +410,7 @@ public final class DiskQueueStore: Sendable {
     public func deleteExpired(now: Date = Date()) async -> Int {
         let expired = orderedEntries().filter { $0.isExpired(at: now) }
         for entry in expired { discard(id: entry.id, reason: .expired) }
+        finishRemovals()
         return expired.count
     }
 
@@ -501,12 +507,23 @@ public final class DiskQueueStore: Sendable {
     }
 
     /// Forgets an entry whose work is done (delivered, failed for good, expired, superseded) and
-    /// deletes its file if it can. A file that cannot be deleted is left for the next open, which
-    /// may replay it once more with the same `Idempotency-Key` (at-least-once).
+    /// queues its file's deletion on a pool thread (`DeferredRemovals`: the replay pass goes on to
+    /// its next entry meanwhile). A file that cannot be deleted, or whose deletion a crash
+    /// overtakes, is left for the next open, which may replay it once more with the same
+    /// `Idempotency-Key` (at-least-once).
     func discard(id: UUID, reason: QueueRemovalReason) {
         guard forget(id, reason: reason) != nil else { return }
-        try? DurableFiles.removeFile(filePath(id))
+        removals.remove(filePath(id))
     }
+
+    /// Runs the file deletions `discard` queued and waits for any in progress: afterwards no
+    /// discarded entry's file is left in the folder (but one that could not be deleted).
+    func finishRemovals() {
+        removals.finish()
+    }
+
+    /// File deletions queued by `discard` and not yet done (for tests).
+    var outstandingRemovals: Int { removals.outstanding }
 
     /// Takes an entry out of the index and says why on `changes`; a write of it still in flight
     /// will delete its file.
@@ -578,7 +595,9 @@ public final class DiskQueueStore: Sendable {
         let temp = directoryPath + "/.\(id.uuidString).\(started.counter).json.tmp"
         var failure: (any Error)?
         do {
+            let removals = self.removals
             try await pool.run {
+                removals.settle(path)  // a deletion queued for this id's earlier file goes first
                 try DurableFiles.writeFile(data, to: path, via: temp)
                 try andThen()
             }
