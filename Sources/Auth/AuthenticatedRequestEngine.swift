@@ -1,6 +1,7 @@
 import Foundation
 import RequestEngine
 import ResilienceCore
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -376,7 +376,8 @@ struct TokenRefreshStateMachine: Sendable {
     private mutating func use(now: Duration) -> Action {
         guard let current else { return needToken(after: stamp, reason: .noToken, now: now) }
         if let expiresAt = current.expiresAt, !current.expiryHandled,
-           now >= expiresAt - configuration.proactiveRefreshLead {
+            now >= expiresAt - configuration.proactiveRefreshLead
+        {
             // The first request to see the token near (or past) its expiry handles it, once.
             self.current?.expiryHandled = true
             let expired = now >= expiresAt
@@ -400,7 +401,8 @@ struct TokenRefreshStateMachine: Sendable {
             }
         }
         if case .refreshing(let refresh) = phase, refresh.reason.rejectsCurrentToken,
-           refresh.generation == current.generation {
+            refresh.generation == current.generation
+        {
             // The server already rejected this token and its replacement is on its way: wait for
             // it rather than send a request that will earn a 401 and a retry. This is what keeps
             // a 401 storm from doubling the traffic.

@@ -1,7 +1,7 @@
 import Foundation
 import OfflineQueue
-import Retry
 import ResilienceCore
+import Retry
 
 /// The logic of `BackgroundQueueDrainer`, free of BackgroundTasks so it builds and is tested on
 /// every platform with a fake `BackgroundTaskScheduling`: the launch handler it registers, the

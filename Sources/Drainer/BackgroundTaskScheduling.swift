@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+
 #if canImport(BackgroundTasks) && !os(macOS) && !os(watchOS)
 import BackgroundTasks
 #endif

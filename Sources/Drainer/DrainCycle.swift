@@ -1,7 +1,7 @@
 import Foundation
 import OfflineQueue
-import Retry
 import ResilienceCore
+import Retry
 
 /// One drain cycle: a queue pass bounded by a time budget. Shared by `DrainService` and
 /// `BackgroundQueueDrainer`, so both stop in the same way when their time is up.

@@ -78,7 +78,8 @@ public struct DrainCycleReport: Sendable {
 
 extension DrainCycleReport: CustomStringConvertible {
     public var description: String {
-        var text = "\(trigger.rawValue) cycle: delivered \(delivered), failed \(failed), expired \(expired), "
+        var text =
+            "\(trigger.rawValue) cycle: delivered \(delivered), failed \(failed), expired \(expired), "
             + "kept \(keptForRetry), remaining \(remaining)"
         if deadLettered > 0 { text += ", dead-lettered \(deadLettered)" }
         if budgetExhausted { text += ", budget ran out" }

@@ -1,7 +1,7 @@
 import Foundation
 import OfflineQueue
-import Retry
 import ResilienceCore
+import Retry
 
 /// Drains an `OfflineQueueEngine` on a timer, each cycle bounded by a time budget — the stand-in,
 /// on servers and Linux, for a background processing task that the system may expire at any time.
@@ -90,8 +90,9 @@ public actor DrainService {
         backoff: Backoff = Backoff(),
         clock: some Clock<Duration> = ContinuousClock()
     ) {
-        self.init(queue: queue, interval: interval, cycleBudget: cycleBudget, jitter: jitter, backoff: backoff,
-                  clock: clock, randomUnit: { Double.random(in: 0..<1) })
+        self.init(
+            queue: queue, interval: interval, cycleBudget: cycleBudget, jitter: jitter, backoff: backoff,
+            clock: clock, randomUnit: { Double.random(in: 0..<1) })
     }
 
     /// For tests: `randomUnit` returns a value in 0..<1 that picks the jitter factor.

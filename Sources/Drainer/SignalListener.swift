@@ -1,7 +1,7 @@
 import Dispatch
 import Foundation
-import Retry
 import ResilienceCore
+import Retry
 
 /// Turns process signals (SIGTERM, SIGINT) into something a service can `await`, so it can stop
 /// its drain service cleanly instead of being killed mid-cycle.

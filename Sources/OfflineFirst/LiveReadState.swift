@@ -53,8 +53,10 @@ struct LiveReadState: Sendable {
     /// call on the way (see `fetchStarted`).
     private var nextFetchFollowsDelivery = false
 
-    init(rules: [OptimisticUpdate], invalidatedBy: @escaping @Sendable (QueueEntry) -> Bool, entries: [QueueEntry],
-         stored: CachedResponse?, fetchAtOnce: Bool, connected: Bool) {
+    init(
+        rules: [OptimisticUpdate], invalidatedBy: @escaping @Sendable (QueueEntry) -> Bool, entries: [QueueEntry],
+        stored: CachedResponse?, fetchAtOnce: Bool, connected: Bool
+    ) {
         self.rules = rules
         self.invalidatedBy = invalidatedBy
         mirror = QueueMirror(entries, classify: Self.classifier(rules))
@@ -190,11 +192,12 @@ struct LiveReadState: Sendable {
         }
         memo = Memo(baseVersion: baseVersion, settlingIDs: settlingIDs, rewrites: mirror.rewrites, pendingCount: mirror.items.count, settled: settled, pending: pending)
 
-        let source: QuerySnapshot.Source = switch base?.source {
-        case .network: .network
-        case .cache: .cache
-        case nil: .overlayOnly
-        }
+        let source: QuerySnapshot.Source =
+            switch base?.source {
+            case .network: .network
+            case .cache: .cache
+            case nil: .overlayOnly
+            }
         return QuerySnapshot(
             data: pending.data,
             response: base?.response,

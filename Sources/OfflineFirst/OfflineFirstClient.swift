@@ -4,6 +4,7 @@ import Reachability
 import RequestEngine
 import ResilienceCore
 import ResponseCache
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -68,7 +69,8 @@ public final class OfflineFirstClient: Sendable {
             for await (sequence, change) in start.changes {
                 if case .removed(let entry, .delivered) = change {
                     // Every read a delivered write could have changed is stale now.
-                    let rules = optimisticUpdates.filter { $0.mutations(entry) }.map(\.reads)
+                    let rules =
+                        optimisticUpdates.filter { $0.mutations(entry) }.map(\.reads)
                         + invalidations.filter { $0.mutations(entry) }.map(\.reads)
                     if !rules.isEmpty {
                         reads.markStale { method, url in method == .get && rules.contains { $0(url) } }
@@ -153,13 +155,14 @@ public final class OfflineFirstClient: Sendable {
     private static func pendingWrites(_ mirror: QueueMirror) -> [PendingWrite] {
         mirror.entries.map { entry in
             // An offered request (sequence 0: not stored yet) is in its first attempt.
-            let state: PendingWrite.State = if mirror.sending.contains(entry.id) || entry.sequence == 0 {
-                .sending
-            } else if entry.attempts > 0 {
-                .retrying(attempts: entry.attempts, nextAttemptAt: entry.nextAttemptAt, lastError: entry.lastError)
-            } else {
-                .waiting
-            }
+            let state: PendingWrite.State =
+                if mirror.sending.contains(entry.id) || entry.sequence == 0 {
+                    .sending
+                } else if entry.attempts > 0 {
+                    .retrying(attempts: entry.attempts, nextAttemptAt: entry.nextAttemptAt, lastError: entry.lastError)
+                } else {
+                    .waiting
+                }
             return PendingWrite(entry: entry, state: state)
         }
     }
@@ -175,7 +178,8 @@ public final class OfflineFirstClient: Sendable {
         await progress.waitForListener(through: queue.store.changeSequence)
         let answer = try await reads.response(for: request, mode: mode, staleTime: staleTime)
         let reading = Set(optimisticUpdates.indices.filter { optimisticUpdates[$0].reads(request.url) })
-        let overlaid = reading.isEmpty
+        let overlaid =
+            reading.isEmpty
             ? Overlays.Result(data: answer.data)
             : Overlays.apply(progress.overlayingItems, to: Overlays.Result(data: answer.data), rules: optimisticUpdates, only: reading)
         return QuerySnapshot(
@@ -343,7 +347,6 @@ public final class OfflineFirstClient: Sendable {
 
         /// The pending writes some update applies to, in replay order, with those updates.
         var overlayingItems: [QueueMirror.Item] { state.withLock { $0.mirror.overlaying } }
-
 
         func listenerApplied(_ change: QueueChange, sequence: UInt64) {
             let ready = state.withLock { state in

@@ -2,6 +2,7 @@ import Foundation
 import OfflineQueue
 import RequestEngine
 import ResponseCache
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

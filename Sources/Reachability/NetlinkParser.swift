@@ -57,7 +57,7 @@ enum NetlinkParser {
     /// An RTM_NEWLINK message as a record, or `nil` if it is too short.
     static func parseLink(_ message: UnsafeMutablePointer<nlmsghdr>) -> NetlinkLink? {
         guard message.pointee.nlmsg_len >= cnetlink_nlmsg_length(UInt32(MemoryLayout<ifinfomsg>.size)),
-              let data = cnetlink_nlmsg_data(message)
+            let data = cnetlink_nlmsg_data(message)
         else { return nil }
         let info = UnsafeRawPointer(data).loadUnaligned(as: ifinfomsg.self)
         var link = NetlinkLink(index: info.ifi_index, name: "", flags: info.ifi_flags, operState: nil)
@@ -81,7 +81,7 @@ enum NetlinkParser {
     /// An RTM_NEWROUTE message as a record, or `nil` if it is too short.
     static func parseRoute(_ message: UnsafeMutablePointer<nlmsghdr>) -> NetlinkRoute? {
         guard message.pointee.nlmsg_len >= cnetlink_nlmsg_length(UInt32(MemoryLayout<rtmsg>.size)),
-              let data = cnetlink_nlmsg_data(message)
+            let data = cnetlink_nlmsg_data(message)
         else { return nil }
         let header = UnsafeRawPointer(data).loadUnaligned(as: rtmsg.self)
         var route = NetlinkRoute(

@@ -85,9 +85,9 @@ struct NetlinkSnapshot: Sendable, Hashable {
         guard !usable.isEmpty else { return false }
         return routes.contains { route in
             guard route.family == NetlinkRoute.familyIPv4 || route.family == NetlinkRoute.familyIPv6,
-                  route.type == NetlinkRoute.typeUnicast,
-                  route.table != NetlinkRoute.tableLocal,
-                  route.isDefault
+                route.type == NetlinkRoute.typeUnicast,
+                route.table != NetlinkRoute.tableLocal,
+                route.isDefault
             else { return false }
             if route.nextHops.isEmpty { return route.nextHopObjectID != nil }
             return route.nextHops.contains { hop in

@@ -1,4 +1,5 @@
 import ResilienceCore
+
 #if os(Linux)
 import CNetlink
 import Foundation

@@ -1,7 +1,8 @@
 import Foundation
 import RequestEngine
-import Retry
 import ResilienceCore
+import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -279,10 +280,13 @@ public actor NetworkReachabilityMonitor: ReachabilityMonitoring {
                 continuation.yield(.evaluated(path.status == .satisfied))
             }
             box.monitor.start(queue: DispatchQueue(label: "resilience.reachability.path"))
-            return (events, LinkLayerHandle {
-                box.monitor.cancel()
-                continuation.finish()
-            })
+            return (
+                events,
+                LinkLayerHandle {
+                    box.monitor.cancel()
+                    continuation.finish()
+                }
+            )
         #endif
         case .netlink(let namespacePath):
             let (events, continuation) = AsyncStream<LinkLayerEvent>.makeStream()

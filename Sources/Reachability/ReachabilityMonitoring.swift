@@ -1,5 +1,5 @@
-import Retry
 import ResilienceCore
+import Retry
 
 /// Tells the offline queue whether the network is usable, and when that changes.
 public protocol ReachabilityMonitoring: Actor {

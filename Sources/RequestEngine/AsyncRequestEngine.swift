@@ -1,6 +1,7 @@
 import Foundation
-import Retry
 import ResilienceCore
+import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -205,7 +206,8 @@ public final class AsyncRequestEngine: RequestSending {
         self.hostThrottles = options.retryThrottling.map { HostLimiters(throttling: $0) }
         self.hedgeSink = eventSink as? any HedgingEventSink
         self.throttleSink = eventSink as? any RetryThrottlingEventSink
-        self.perHost = circuitBreakers != nil || options.maxConcurrentPerHost != nil || options.rateLimitPerHost != nil
+        self.perHost =
+            circuitBreakers != nil || options.maxConcurrentPerHost != nil || options.rateLimitPerHost != nil
             || options.retryThrottling != nil || options.adaptiveConcurrencyPerHost != nil
         let time = TimeSource(clock)
         self.hostAdaptiveLimiters = options.adaptiveConcurrencyPerHost.map { HostLimiters($0, clock: clock) }
@@ -801,7 +803,7 @@ public final class AsyncRequestEngine: RequestSending {
             error = failure
         }
         guard mayRetry, error.isRetryable, !Task.isCancelled,
-              let seconds = retryPolicy?.delay(forAttempt: attempt)
+            let seconds = retryPolicy?.delay(forAttempt: attempt)
         else { return .fail(error, finalResponse) }
         var delay = RetryPolicyDelay.sanitized(seconds, maximum: options.maximumRetryDelay)
         if let retryAfter { delay = min(retryAfter, options.maximumRetryAfter) }
@@ -852,7 +854,7 @@ public final class AsyncRequestEngine: RequestSending {
             case .transport, .timedOut, .invalidResponse, .deadlineExceeded: return .failure
             case .httpError: return error.isRetryable ? .failure : .success
             case .noConnection, .cancelled, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying,
-                 .limited, .tooManyRedirects, .responseHeadersTooLarge:
+                .limited, .tooManyRedirects, .responseHeadersTooLarge:
                 // The last two: the host answered, with something this request cannot use.
                 return .ignored
             }
@@ -918,7 +920,7 @@ public final class AsyncRequestEngine: RequestSending {
         case .success(let (_, response)):
             if ResponseClassification.isRetryable(status: response.statusCode) { throttle.recordFailure() } else { throttle.recordSuccess() }
         case .failure(.cancelled), .failure(.deadlineExceeded), .failure(.limited), .failure(.circuitOpen), .failure(.invalidRequest),
-             .failure(.noConnection):  // the device is offline: nothing learnt of the host
+            .failure(.noConnection):  // the device is offline: nothing learnt of the host
             break
         case .failure(let error):
             if error.isRetryable { throttle.recordFailure() } else { throttle.recordSuccess() }

@@ -12,8 +12,8 @@ extension DeadlineWatchdog {
             guard registration.handle < state.positions.count else { return -1 }
             let position = state.positions[registration.handle]
             guard position >= 0,
-                  ObjectIdentifier(state.heap[position].call) == registration.call,
-                  state.heap[position].attempt == registration.attempt
+                ObjectIdentifier(state.heap[position].call) == registration.call,
+                state.heap[position].attempt == registration.attempt
             else { return -1 }
             return position
         }

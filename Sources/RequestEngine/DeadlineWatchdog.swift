@@ -1,5 +1,5 @@
-import Retry
 import ResilienceCore
+import Retry
 
 /// Times out attempts at deadlines on an injected clock, with **one** sleeping task per engine
 /// instead of a timer per request.
@@ -81,8 +81,8 @@ final class DeadlineWatchdog: Sendable {
             guard registration.handle < state.positions.count else { return }
             let position = state.positions[registration.handle]
             guard position >= 0,
-                  ObjectIdentifier(state.heap[position].call) == registration.call,
-                  state.heap[position].attempt == registration.attempt
+                ObjectIdentifier(state.heap[position].call) == registration.call,
+                state.heap[position].attempt == registration.attempt
             else { return }
             Self.remove(at: position, from: &state)
         }

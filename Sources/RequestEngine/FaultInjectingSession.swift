@@ -1,6 +1,7 @@
 import Foundation
 import ResilienceCore
 import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -18,9 +19,10 @@ public enum InjectedFault: Sendable, Hashable {
 
     /// The share of calls it applies to, clamped to 0 ... 1 (NaN → 0).
     public var rate: Double {
-        let rate = switch self {
-        case .latency(_, let rate), .transport(_, let rate), .status(_, let rate): rate
-        }
+        let rate =
+            switch self {
+            case .latency(_, let rate), .transport(_, let rate), .status(_, let rate): rate
+            }
         return rate.isNaN ? 0 : min(1, max(0, rate))
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import ResilienceCore
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -80,19 +81,21 @@ final class HedgeRace: Sendable {
         state.launched += 1
         state.pending += 1
         let elapsed = copy == 0 ? 0 : (time.now() - started).seconds
-        state.tasks.append(Task { [self] in
-            if copy > 0, let onHedge { await onHedge(copy, elapsed) }
-            answer(await send(copy))
-        })
+        state.tasks.append(
+            Task { [self] in
+                if copy > 0, let onHedge { await onHedge(copy, elapsed) }
+                answer(await send(copy))
+            })
         if state.launched < policy.maxAttempts { armTimer(&state) }
     }
 
     private func armTimer(_ state: inout State) {
         let delay = policy.delay
-        state.tasks.append(Task { [self, time] in
-            do { try await time.sleep(delay) } catch { return }
-            timerFired()
-        })
+        state.tasks.append(
+            Task { [self, time] in
+                do { try await time.sleep(delay) } catch { return }
+                timerFired()
+            })
     }
 
     /// `delay` passed since the last copy was sent without an acceptable answer.

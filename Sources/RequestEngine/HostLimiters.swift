@@ -1,6 +1,6 @@
 import Foundation
-import Retry
 import ResilienceCore
+import Retry
 
 /// One limiter per authority (`CircuitBreakerRegistry.authority(of:)`: host lower-cased, with its
 /// port), made on first use: the engine's `Options.maxConcurrentPerHost` (a `ConcurrencyLimiter`

@@ -1,5 +1,6 @@
 import Foundation
 import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -64,7 +65,7 @@ public enum NetworkError: Error, Sendable {
         case .transport(let failure):
             return failure != .secureConnectionFailed
         case .cancelled, .invalidResponse, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying,
-             .deadlineExceeded, .limited, .tooManyRedirects, .responseHeadersTooLarge:
+            .deadlineExceeded, .limited, .tooManyRedirects, .responseHeadersTooLarge:
             return false
         }
     }
@@ -120,8 +121,8 @@ extension NetworkError {
         case .cannotFindHost, .dnsLookupFailed:
             self = .transport(.dnsFailure)
         case .secureConnectionFailed, .serverCertificateUntrusted, .serverCertificateHasBadDate,
-             .serverCertificateNotYetValid, .serverCertificateHasUnknownRoot, .clientCertificateRejected,
-             .clientCertificateRequired:
+            .serverCertificateNotYetValid, .serverCertificateHasUnknownRoot, .clientCertificateRejected,
+            .clientCertificateRequired:
             self = .transport(.secureConnectionFailed)
         case .badServerResponse:
             // libcurl (Linux) reports a connection closed before any reply byte as "Empty reply from
@@ -141,7 +142,7 @@ extension NetworkError {
                 self = .underlying(urlError)
             }
         case .unsupportedURL, .cannotParseResponse, .zeroByteResource, .cannotDecodeRawData,
-             .cannotDecodeContentData:
+            .cannotDecodeContentData:
             // The engine validates URLs before sending, so unsupportedURL here means libcurl rejected
             // the reply (e.g. "Received HTTP/0.9 when not allowed" for non-HTTP bytes).
             self = .invalidResponse

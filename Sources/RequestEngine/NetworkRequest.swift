@@ -1,5 +1,6 @@
 import Foundation
 import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -168,15 +169,16 @@ enum HeaderValidation {
 
     /// RFC 9110 token characters.
     static func isValidName(_ name: String) -> Bool {
-        !name.isEmpty && name.utf8.allSatisfy { byte in
-            switch byte {
-            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-                 UInt8(ascii: "0")...UInt8(ascii: "9"):
-                return true
-            default:
-                return "!#$%&'*+-.^_`|~".utf8.contains(byte)
+        !name.isEmpty
+            && name.utf8.allSatisfy { byte in
+                switch byte {
+                case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                    UInt8(ascii: "0")...UInt8(ascii: "9"):
+                    return true
+                default:
+                    return "!#$%&'*+-.^_`|~".utf8.contains(byte)
+                }
             }
-        }
     }
 
     /// No CR, LF or NUL (which would let a value inject headers).

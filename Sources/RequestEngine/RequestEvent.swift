@@ -27,7 +27,7 @@ public enum RequestEvent: Sendable {
     public var traceID: UUID {
         switch self {
         case .started(let id, _, _), .retryScheduled(let id, _, _), .succeeded(let id, _, _, _),
-             .failed(let id, _, _), .deduplicated(let id, _, _):
+            .failed(let id, _, _), .deduplicated(let id, _, _):
             return id
         }
     }

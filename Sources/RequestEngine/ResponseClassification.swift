@@ -1,5 +1,6 @@
 import Foundation
 import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

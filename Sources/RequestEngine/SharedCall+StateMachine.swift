@@ -1,6 +1,7 @@
 import Foundation
-import Retry
 import ResilienceCore
+import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

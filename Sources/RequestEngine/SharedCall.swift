@@ -1,6 +1,7 @@
 import Foundation
-import Retry
 import ResilienceCore
+import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -229,7 +230,6 @@ struct Execution: Sendable {
     /// Nothing to hedge or limit: an attempt calls the session straight.
     var isDirect: Bool { hedging == nil && authority == nil }
 }
-
 
 /// An attempt whose timeout fired: the task the watchdog starts carries on from it.
 struct TimedOutAttempt: Sendable {

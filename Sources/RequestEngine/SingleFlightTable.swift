@@ -1,5 +1,5 @@
-import Retry
 import ResilienceCore
+import Retry
 
 /// The shared calls in flight, by request identity (deduplicated methods only).
 ///

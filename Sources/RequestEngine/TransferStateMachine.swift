@@ -1,4 +1,5 @@
 import Foundation
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -115,7 +116,8 @@ struct TransferStateMachine: Sendable {
     mutating func receive(response: URLResponse) -> Action {
         guard case .receiving(let continuation, let task, _, let body) = state else { return .none }
         if let limit, expectsBody, response.expectedContentLength > Int64(limit),
-           Self.statusAllowsBody(response) {
+            Self.statusAllowsBody(response)
+        {
             state = .answered
             return .answerAndCancel(continuation, .failure(NetworkError.responseTooLarge(limit: limit, statusCode: Self.status(response))), task)
         }

@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import ResilienceCore
 import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

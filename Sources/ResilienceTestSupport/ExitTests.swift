@@ -1,10 +1,11 @@
 import Foundation
+import ResilienceCore
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import ResilienceCore
 
 /// Swift Testing (6.3) waits for an exit test's child by reading its pipes synchronously on a
 /// thread of the cooperative pool, for as long as the child lives: one thread for the child's back

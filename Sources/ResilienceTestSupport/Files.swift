@@ -1,10 +1,11 @@
 import Foundation
+import ResilienceCore
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import ResilienceCore
 
 /// A fresh folder under the system temp directory,
 /// removed when the value is deinitialised.
@@ -35,7 +36,8 @@ package struct SmallFileSystem {
     package static let isAvailable: Bool = {
         let probe = TemporaryDirectory()
         guard (try? FileManager.default.createDirectory(at: probe.url, withIntermediateDirectories: true)) != nil,
-              let mounted = SmallFileSystem(at: probe.url.path, kilobytes: 16) else { return false }
+            let mounted = SmallFileSystem(at: probe.url.path, kilobytes: 16)
+        else { return false }
         mounted.unmount()
         return true
     }()

@@ -1,7 +1,8 @@
 import Foundation
 import RequestEngine
-import Retry
 import ResilienceCore
+import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -1,4 +1,5 @@
 import Foundation
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -271,10 +272,12 @@ final class LoopbackEventLoop {
                 connection.queue.append(.interim(Self.continueBytes))
             case .failure(let status):
                 connection.acceptsRequests = false
-                connection.queue.append(.response(LoopbackQueuedResponse(
-                    response: LoopbackResponse(status: status), isHEAD: false,
-                    closesConnection: true, confirmsKeepAlive: false, gate: .ready
-                )))
+                connection.queue.append(
+                    .response(
+                        LoopbackQueuedResponse(
+                            response: LoopbackResponse(status: status), isHEAD: false,
+                            closesConnection: true, confirmsKeepAlive: false, gate: .ready
+                        )))
             case .request(let parsed):
                 enqueueResponse(to: parsed, on: connection)
             }
@@ -287,10 +290,12 @@ final class LoopbackEventLoop {
             body: parsed.body, connectionID: connection.id
         )
         let (response, heldID) = state.respond(to: request)
-        let responseCloses = response.kind != .http || response.headers.contains { name, value in
-            name.lowercased() == "connection"
-                && value.split(separator: ",").contains { $0.trimmingCharacters(in: .whitespaces).lowercased() == "close" }
-        }
+        let responseCloses =
+            response.kind != .http
+            || response.headers.contains { name, value in
+                name.lowercased() == "connection"
+                    && value.split(separator: ",").contains { $0.trimmingCharacters(in: .whitespaces).lowercased() == "close" }
+            }
         let keepAlive = parsed.wantsKeepAlive && !responseCloses
         if !keepAlive { connection.acceptsRequests = false }
 
@@ -305,15 +310,17 @@ final class LoopbackEventLoop {
         } else {
             gate = .ready
         }
-        connection.queue.append(.response(LoopbackQueuedResponse(
-            response: response, isHEAD: parsed.method == "HEAD", closesConnection: !keepAlive,
-            confirmsKeepAlive: keepAlive && parsed.minorVersion == 0, gate: gate
-        )))
+        connection.queue.append(
+            .response(
+                LoopbackQueuedResponse(
+                    response: response, isHEAD: parsed.method == "HEAD", closesConnection: !keepAlive,
+                    confirmsKeepAlive: keepAlive && parsed.minorVersion == 0, gate: gate
+                )))
     }
 
     private func release(heldID: Int) {
         guard let connectionID = heldLocations.removeValue(forKey: heldID),
-              let connection = connections[connectionID]
+            let connection = connections[connectionID]
         else { return }
         for index in connection.queue.indices {
             guard case .response(var queued) = connection.queue[index], case .held(heldID) = queued.gate else { continue }
@@ -553,7 +560,8 @@ final class LoopbackEventLoop {
         let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
         let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
         func twoDigits(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
-        let text = "\(days[Int(parts.tm_wday) % 7]), \(twoDigits(parts.tm_mday)) \(months[Int(parts.tm_mon) % 12]) "
+        let text =
+            "\(days[Int(parts.tm_wday) % 7]), \(twoDigits(parts.tm_mday)) \(months[Int(parts.tm_mon) % 12]) "
             + "\(parts.tm_year + 1900) \(twoDigits(parts.tm_hour)):\(twoDigits(parts.tm_min)):\(twoDigits(parts.tm_sec)) GMT"
         cachedDate = (now, text)
         return text

@@ -1,4 +1,5 @@
 import Foundation
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -40,14 +41,15 @@ public final class LoopbackHTTPServer: Sendable {
 
         /// The failed call and the system's message for its `errno`.
         public var description: String {
-            let (call, code): (String, Int32) = switch self {
-            case .socket(let code): ("socket", code)
-            case .bind(let code): ("bind", code)
-            case .listen(let code): ("listen", code)
-            case .getsockname(let code): ("getsockname", code)
-            case .pipe(let code): ("pipe", code)
-            case .fcntl(let code): ("fcntl", code)
-            }
+            let (call, code): (String, Int32) =
+                switch self {
+                case .socket(let code): ("socket", code)
+                case .bind(let code): ("bind", code)
+                case .listen(let code): ("listen", code)
+                case .getsockname(let code): ("getsockname", code)
+                case .pipe(let code): ("pipe", code)
+                case .fcntl(let code): ("fcntl", code)
+                }
             return "LoopbackHTTPServer: \(call) failed: \(String(cString: strerror(code))) (errno \(code))"
         }
     }
@@ -113,7 +115,8 @@ public final class LoopbackHTTPServer: Sendable {
         var allowed = CharacterSet.urlPathAllowed
         allowed.insert(charactersIn: "?&=;%")
         if let encoded = suffix.addingPercentEncoding(withAllowedCharacters: allowed),
-           let url = URL(string: base + encoded) {
+            let url = URL(string: base + encoded)
+        {
             return url
         }
         return baseURL

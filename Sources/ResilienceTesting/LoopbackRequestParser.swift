@@ -126,7 +126,8 @@ struct LoopbackRequestParser {
         var headEnd: Int?
         while index + 3 < buffer.count {
             if buffer[index] == Self.cr && buffer[index + 1] == Self.lf
-                && buffer[index + 2] == Self.cr && buffer[index + 3] == Self.lf {
+                && buffer[index + 2] == Self.cr && buffer[index + 3] == Self.lf
+            {
                 headEnd = index
                 break
             }
@@ -145,8 +146,8 @@ struct LoopbackRequestParser {
         guard let requestLine = lines.first else { return fail(400) }
         let parts = requestLine.split(separator: " ", omittingEmptySubsequences: false)
         guard parts.count == 3,
-              !parts[0].isEmpty, parts[0].allSatisfy(Self.isTokenCharacter),
-              !parts[1].isEmpty, !parts[1].contains(where: { $0.isWhitespace || $0.isNewline })
+            !parts[0].isEmpty, parts[0].allSatisfy(Self.isTokenCharacter),
+            !parts[1].isEmpty, !parts[1].contains(where: { $0.isWhitespace || $0.isNewline })
         else { return fail(400) }
         let minorVersion: Int
         switch parts[2] {
@@ -154,7 +155,8 @@ struct LoopbackRequestParser {
         case "HTTP/1.0": minorVersion = 0
         default:
             let version = parts[2]
-            let isWellFormed = version.count == 8 && version.hasPrefix("HTTP/")
+            let isWellFormed =
+                version.count == 8 && version.hasPrefix("HTTP/")
                 && version.dropFirst(5).enumerated().allSatisfy { offset, character in
                     offset == 1 ? character == "." : character.isASCII && character.isNumber
                 }
@@ -165,7 +167,7 @@ struct LoopbackRequestParser {
         for line in lines.dropFirst() {
             // Obsolete line folding and lines without a colon are rejected (RFC 9112 §5.2).
             guard let colon = line.firstIndex(of: ":"),
-                  let first = line.first, first != " ", first != "\t"
+                let first = line.first, first != " ", first != "\t"
             else { return fail(400) }
             let name = line[..<colon]
             guard !name.isEmpty, name.allSatisfy(Self.isTokenCharacter) else { return fail(400) }
@@ -182,7 +184,8 @@ struct LoopbackRequestParser {
             method: String(parts[0]), target: String(parts[1]),
             minorVersion: minorVersion, headers: headers, body: Data()
         )
-        let expectsContinue = minorVersion >= 1
+        let expectsContinue =
+            minorVersion >= 1
             && headers["expect"]?.lowercased() == "100-continue"
             && bufferedByteCount == 0
 
@@ -196,7 +199,7 @@ struct LoopbackRequestParser {
         if let contentLength = headers["content-length"] {
             let values = Set(contentLength.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) })
             guard values.count == 1, let text = values.first, !text.isEmpty,
-                  text.allSatisfy({ $0.isASCII && $0.isNumber }), let length = Int(text)
+                text.allSatisfy({ $0.isASCII && $0.isNumber }), let length = Int(text)
             else { return fail(400) }
             if length == 0 {
                 state = .head
@@ -224,7 +227,7 @@ struct LoopbackRequestParser {
                 let sizeText = line.prefix { $0.isHexDigit }
                 let rest = line.dropFirst(sizeText.count).trimmingCharacters(in: CharacterSet(charactersIn: " \t"))
                 guard !sizeText.isEmpty, sizeText.count <= 15, rest.isEmpty || rest.hasPrefix(";"),
-                      let size = Int(sizeText, radix: 16)
+                    let size = Int(sizeText, radix: 16)
                 else { return fail(400) }
                 phase = size == 0 ? .trailers : .data(remaining: size)
             case .data(let remaining):
@@ -249,7 +252,7 @@ struct LoopbackRequestParser {
                     scanIndex = readIndex
                     return .request(request)
                 }
-                // Trailer fields are read and ignored.
+            // Trailer fields are read and ignored.
             }
         }
     }

@@ -1,5 +1,6 @@
 import Foundation
 import ResilienceCore
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -98,7 +99,7 @@ struct LoopbackServerFields {
     /// Advances the scripted route serving `path` and returns its response (404 when none applies).
     mutating func nextScriptedResponse(for path: String) -> LoopbackResponse {
         guard let key = routeKey(for: path), case .scripted(let responses, let served) = routes[key],
-              let last = responses.last
+            let last = responses.last
         else { return LoopbackResponse(status: 404) }
         routes[key] = .scripted(responses, served: min(served + 1, responses.count))
         return served < responses.count ? responses[served] : last

@@ -1,5 +1,5 @@
-import Retry
 import ResilienceCore
+import Retry
 
 /// A clock whose time moves only when a test calls `advance(by:)` or `advance(to:)`.
 ///

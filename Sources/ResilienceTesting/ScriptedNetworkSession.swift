@@ -1,7 +1,8 @@
 import Foundation
 import RequestEngine
-import Retry
 import ResilienceCore
+import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -51,7 +52,7 @@ public final class ScriptedNetworkSession: NetworkSession {
         var nextID: UInt64 = 0
         /// Resumed with `true` when released, `false` when cancelled.
         var suspended = WaiterList<Bool, Suspension>()
-        var releasedThrough: UInt64 = 0   // held calls with an id up to this one are released
+        var releasedThrough: UInt64 = 0  // held calls with an id up to this one are released
         /// Tagged with the call count they wait for.
         var callWatchers = WaiterList<Void, Int>()
         var idleWatchers = WaiterList<Void, Void>()

@@ -189,14 +189,15 @@ struct CacheControl: Equatable, Sendable {
 
     /// RFC 9110 §5.6.2 `token`: one or more tchar.
     private static func isToken(_ text: Substring) -> Bool {
-        !text.isEmpty && text.utf8.allSatisfy { byte in
-            switch byte {
-            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
-                return true
-            default:
-                return "!#$%&'*+-.^_`|~".utf8.contains(byte)
+        !text.isEmpty
+            && text.utf8.allSatisfy { byte in
+                switch byte {
+                case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+                    return true
+                default:
+                    return "!#$%&'*+-.^_`|~".utf8.contains(byte)
+                }
             }
-        }
     }
 
     /// The content of a whole quoted string (RFC 9110 §5.6.4), backslash escapes removed; nil

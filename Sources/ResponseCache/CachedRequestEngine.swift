@@ -1,8 +1,9 @@
 import Foundation
 import Reachability
 import RequestEngine
-import Retry
 import ResilienceCore
+import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -314,13 +315,14 @@ public final class CachedRequestEngine: RequestSending {
         var urls = [plan.request.url]
         for name in ["Location", "Content-Location"] {
             guard let value = HTTPCachePolicy.value(name, in: headers), let target = URL(string: value, relativeTo: plan.request.url)?.absoluteURL,
-                  Self.sameOrigin(target, plan.request.url)
+                Self.sameOrigin(target, plan.request.url)
             else { continue }
             urls.append(target)
         }
-        cache.markStale(urls.flatMap { url in
-            [HTTPMethod.get, .head].map { Plan.primaryKey(method: $0, url: url, partition: partitionDigest) }
-        })
+        cache.markStale(
+            urls.flatMap { url in
+                [HTTPMethod.get, .head].map { Plan.primaryKey(method: $0, url: url, partition: partitionDigest) }
+            })
     }
 
     /// RFC 6454 origins: scheme, host and port, a default port counting as written or not.
@@ -380,7 +382,8 @@ public final class CachedRequestEngine: RequestSending {
             // ran, and reaches here after it ended, starts an exchange of its own: the store may
             // hold a usable answer by now, and that needs no second request.
             if let staleTime, let current = self.lookup(plan, counting: false),
-               HTTPCachePolicy.reuse(current, request: plan.directives, staleTime: staleTime, now: self.now).isUsable {
+                HTTPCachePolicy.reuse(current, request: plan.directives, staleTime: staleTime, now: self.now).isUsable
+            {
                 return .foundFresh(current)
             }
             return await self.networkExchange(plan, cached: cached, epoch: epoch)
@@ -466,7 +469,7 @@ public final class CachedRequestEngine: RequestSending {
         if cached != nil, Self.serverFailures.contains(response.statusCode) { return .passed(data, response) }
         let control = HTTPCachePolicy.cacheControl(headers)
         guard !plan.directives.noStore, HTTPCachePolicy.mayStore(status: response.statusCode, headers: headers, control: control),
-              let varyNames = HTTPCachePolicy.varyNames(headers)
+            let varyNames = HTTPCachePolicy.varyNames(headers)
         else { return .passed(data, response) }
         let varyDigest = HTTPCachePolicy.varyDigest(names: varyNames, requestHeaders: plan.request.headers)
         var stored = StoredResponse(

@@ -2,6 +2,7 @@ import Foundation
 import RequestEngine
 import ResilienceCore
 import Retry
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -239,11 +240,13 @@ public final class DiskResponseCache: Sendable {
         let summaries = matchingSummaries(predicate)
         bumpStaleEpochs(Set(summaries.map(\.primaryKey)))
         let keys = summaries.map(\.key)
-        for key in keys { update(key) { stored in
-            var invalidated = stored
-            invalidated.isInvalidated = true
-            return invalidated
-        } }
+        for key in keys {
+            update(key) { stored in
+                var invalidated = stored
+                invalidated.isInvalidated = true
+                return invalidated
+            }
+        }
         return keys.count
     }
 
@@ -360,7 +363,11 @@ public final class DiskResponseCache: Sendable {
     /// The response under `key`: the one waiting to be written, else the decoded copy in
     /// memory, else its file. Marks it recently used.
     private func read(_ key: CacheDigest) -> StoredResponse? {
-        enum Found { case response(StoredResponse), disk(size: Int), none }
+        enum Found {
+            case response(StoredResponse)
+            case disk(size: Int)
+            case none
+        }
         let found = state.withLock { state -> Found in
             if let response = state.pending[key] ?? state.memory[key] {
                 state.memoryIndex.touch(key)

@@ -186,9 +186,9 @@ enum HTTPCachePolicy {
     static func matches(_ stored: StoredResponse, requestHeaders: [String: String]) -> Bool {
         if stored.varyDigest == varyDigest(names: stored.varyNames, requestHeaders: requestHeaders) { return true }
         guard stored.varyNames == ["accept-language"],
-              let language = stored.header("Content-Language")?.trimmingCharacters(in: .whitespaces).lowercased(),
-              !language.isEmpty, !language.contains(","),
-              let accepted = value("Accept-Language", in: requestHeaders)
+            let language = stored.header("Content-Language")?.trimmingCharacters(in: .whitespaces).lowercased(),
+            !language.isEmpty, !language.contains(","),
+            let accepted = value("Accept-Language", in: requestHeaders)
         else { return false }
         return preferredLanguage(accepted) == language
     }
@@ -251,7 +251,7 @@ enum HTTPCachePolicy {
     /// `maximumHeuristicLifetime`; nil when the response does not allow one.
     static func heuristicLifetime(_ headers: [String: String], status: Int, control: CacheControl, received: Date) -> Duration? {
         guard heuristicallyCacheable.contains(status) || control.isPublic,
-              let modified = value("Last-Modified", in: headers).flatMap({ HTTPDate.parse($0) })
+            let modified = value("Last-Modified", in: headers).flatMap({ HTTPDate.parse($0) })
         else { return nil }
         return .clamped(seconds: date(headers, received: received).timeIntervalSince(modified) / 10, upperBound: maximumHeuristicLifetime)
     }
@@ -340,7 +340,8 @@ enum HTTPCachePolicy {
         if let date = value("Date", in: headers).flatMap({ HTTPDate.parse($0) }) {
             apparentAge = min(cap, max(0, responseTime.timeIntervalSince(date)))
         }
-        let ageValue = value("Age", in: headers)
+        let ageValue =
+            value("Age", in: headers)
             .flatMap { $0.split(separator: ",", maxSplits: 1, omittingEmptySubsequences: false).first }
             .flatMap { CacheControl.deltaSeconds($0.trimmingCharacters(in: CharacterSet(charactersIn: " \t"))) } ?? 0
         let responseDelay = min(cap, max(0, responseTime.timeIntervalSince(requestTime)))
@@ -414,7 +415,8 @@ enum HTTPCachePolicy {
         }
         if let modified = value("Last-Modified", in: headHeaders), stored.header("Last-Modified") != modified { return false }
         if value("Content-Encoding", in: headHeaders) == nil, let length = value("Content-Length", in: headHeaders).flatMap(CacheControl.deltaSeconds),
-           length != stored.body.count {
+            length != stored.body.count
+        {
             return false
         }
         return true

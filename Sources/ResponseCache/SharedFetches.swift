@@ -1,7 +1,7 @@
 import Foundation
 import RequestEngine
-import Retry
 import ResilienceCore
+import Retry
 
 /// One network exchange per key at a time, shared by every reader that asks while it runs (so a
 /// thousand readers of one stale key cause one revalidation). The exchange runs in its own task and

@@ -166,18 +166,21 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         configuration.minLimit = max(1, configuration.minLimit)
         configuration.maxLimit = max(configuration.minLimit, configuration.maxLimit)
         configuration.maxWaiting = max(0, configuration.maxWaiting)
-        configuration.maxWaitingPerLimit = configuration.maxWaitingPerLimit.isNaN
+        configuration.maxWaitingPerLimit =
+            configuration.maxWaitingPerLimit.isNaN
             ? Configuration.defaultMaxWaitingPerLimit : max(0, configuration.maxWaitingPerLimit)
         configuration.initialLimit = min(configuration.maxLimit, max(configuration.minLimit, configuration.initialLimit))
         configuration.interactiveShare = configuration.interactiveShare.isNaN ? 0.25 : min(1, max(0, configuration.interactiveShare))
         self.configuration = configuration
         self.time = TimeSource(clock)
-        self.state = Locked(State(estimator: AdaptiveLimitEstimator(
-            algorithm: configuration.algorithm,
-            minLimit: configuration.minLimit,
-            maxLimit: configuration.maxLimit,
-            initialLimit: configuration.initialLimit
-        )))
+        self.state = Locked(
+            State(
+                estimator: AdaptiveLimitEstimator(
+                    algorithm: configuration.algorithm,
+                    minLimit: configuration.minLimit,
+                    maxLimit: configuration.maxLimit,
+                    initialLimit: configuration.initialLimit
+                )))
     }
 
     /// `AdaptiveConcurrencyLimiter(configuration: try Configuration(algorithm:minLimit:maxLimit:maxWaiting:))`.
@@ -323,7 +326,8 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         var ready: [WaiterList<Bool, Void>.Waiter] = []
         for priority in [RequestPriority.interactive, .background] {
             while hasPlace(for: priority, in: state, share: share) {
-                let handoff = priority == .interactive
+                let handoff =
+                    priority == .interactive
                     ? state.interactiveWaiters.resumeFirst(with: true)
                     : state.backgroundWaiters.resumeFirst(with: true)
                 guard let handoff else { break }

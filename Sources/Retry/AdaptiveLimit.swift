@@ -188,4 +188,3 @@ struct AdaptiveLimitEstimator: Sendable {
         windowPeakInFlight = 0
     }
 }
-

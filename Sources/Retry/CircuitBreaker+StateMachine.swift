@@ -103,7 +103,8 @@ struct CircuitBreakerStateMachine: Sendable {
             let failureRate = Double(tally.failures) / Double(tally.calls)
             let slowRate = Double(tally.slowCalls) / Double(tally.calls)
             if failureRate >= configuration.failureRateThreshold
-                || (configuration.slowCallDuration != nil && tally.slowCalls > 0 && slowRate >= configuration.slowCallRateThreshold) {
+                || (configuration.slowCallDuration != nil && tally.slowCalls > 0 && slowRate >= configuration.slowCallRateThreshold)
+            {
                 open(now: now)
             }
         case .open, .isolated:

@@ -1,4 +1,5 @@
 import ResilienceCore
+
 /// Stops calling a dependency that keeps failing, so it can recover and callers fail fast.
 ///
 /// - **closed**: calls pass; outcomes fill a sliding window — the last `windowSize` calls

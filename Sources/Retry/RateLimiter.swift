@@ -67,7 +67,8 @@ public final class RateLimiter: Sendable {
         self.permitsPerSecond = rate
         self.burst = max(1, burst)
         let nanosecondsPerToken = rate > 0 ? 1e9 / rate : .infinity
-        let interval: Int64 = nanosecondsPerToken < Double(Self.maximumInterval)
+        let interval: Int64 =
+            nanosecondsPerToken < Double(Self.maximumInterval)
             ? max(1, Int64(nanosecondsPerToken.rounded()))
             : Self.maximumInterval
         self.interval = interval

@@ -58,19 +58,21 @@ package enum HTTPDate {
         let asctimePadded = tokens.count == 6 && tokens[2].isEmpty && tokens[3].count == 1
         if asctimePadded { tokens.remove(at: 2) }
         if tokens.count == 6, tokens[0].hasSuffix(","), tokens[5] == "GMT",
-           shortDays.contains(tokens[0].dropLast().lowercased()) {
+            shortDays.contains(tokens[0].dropLast().lowercased())
+        {
             // IMF-fixdate: Sun, 06 Nov 1994 08:49:37 GMT
             guard tokens[1].count == 2, tokens[3].count == 4,
-                  let day = digits(tokens[1]), let month = month(tokens[2]), let year = digits(tokens[3])
+                let day = digits(tokens[1]), let month = month(tokens[2]), let year = digits(tokens[3])
             else { return nil }
             return date(year: year, month: month, day: day, time: tokens[4])
         }
         if tokens.count == 4, tokens[0].hasSuffix(","), tokens[3] == "GMT",
-           longDays.contains(tokens[0].dropLast().lowercased()) {
+            longDays.contains(tokens[0].dropLast().lowercased())
+        {
             // RFC 850: Sunday, 06-Nov-94 08:49:37 GMT
             let parts = tokens[1].split(separator: "-").map { String($0) }
             guard parts.count == 3, parts[0].count == 2, parts[2].count == 2,
-                  let day = digits(parts[0]), let month = month(parts[1]), let shortYear = digits(parts[2])
+                let day = digits(parts[0]), let month = month(parts[1]), let shortYear = digits(parts[2])
             else { return nil }
             // RFC 9110: a two-digit year more than 50 years in the future means the past century.
             let currentYear = Calendar(identifier: .gregorian).dateComponents(in: TimeZone(identifier: "UTC") ?? .current, from: now).year ?? 2000
@@ -81,7 +83,7 @@ package enum HTTPDate {
         if tokens.count == 5, shortDays.contains(tokens[0].lowercased()) {
             // asctime: Sun Nov  6 08:49:37 1994
             guard let month = month(tokens[1]), tokens[2].count == (asctimePadded ? 1 : 2), let day = digits(tokens[2]),
-                  tokens[4].count == 4, let year = digits(tokens[4])
+                tokens[4].count == 4, let year = digits(tokens[4])
             else { return nil }
             return date(year: year, month: month, day: day, time: tokens[3])
         }
@@ -130,9 +132,9 @@ package enum HTTPDate {
     private static func date(year: Int, month: Int, day: Int, time: String) -> Date? {
         let fields = time.split(separator: ":").map { String($0) }
         guard fields.count == 3, fields.allSatisfy({ $0.count == 2 }),
-              let hour = digits(fields[0]), let minute = digits(fields[1]), let second = digits(fields[2]),
-              (0...23).contains(hour), (0...59).contains(minute), (0...60).contains(second),
-              (1...daysInMonth(month, year: year)).contains(day)
+            let hour = digits(fields[0]), let minute = digits(fields[1]), let second = digits(fields[2]),
+            (0...23).contains(hour), (0...59).contains(minute), (0...60).contains(second),
+            (1...daysInMonth(month, year: year)).contains(day)
         else { return nil }
         let days = daysFromCivil(year: year, month: month, day: day)
         return Date(timeIntervalSince1970: TimeInterval(days * 86_400 + hour * 3_600 + minute * 60 + second))

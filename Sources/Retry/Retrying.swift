@@ -29,7 +29,7 @@ public func retrying<T>(
             return try await operation(attempt)
         } catch {
             guard shouldRetry(error), !Task.isCancelled,
-                  let seconds = policy.delay(forAttempt: attempt)
+                let seconds = policy.delay(forAttempt: attempt)
             else { throw error }
             let delay = RetryPolicyDelay.sanitized(seconds, maximum: maximumDelay)
             if delay > .zero {

@@ -1,7 +1,8 @@
 import Foundation
 import Resilience
-import ResilienceTesting
 import ResilienceCore
+import ResilienceTesting
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -54,7 +55,6 @@ enum Demo {
         Scenario(name: "drain-service cycles with a budget, SIGTERM stop", run: drainServiceCycles),
         Scenario(name: "metrics table and Prometheus text", run: metrics),
     ]
-
 
     /// What `work` returns, or `nil` when it takes longer than `limit`: a broken layer then fails
     /// its scenario instead of hanging the demo.
@@ -190,8 +190,9 @@ enum Demo {
             } catch {}
         }
         let hits = server.hits("/down")
-        return Outcome(passed: hits == 5 && fastFailures == 15 && breaker.state == .open,
-                       detail: "20 calls: \(hits) reached the server, \(fastFailures) failed fast (breaker \(breaker.state))")
+        return Outcome(
+            passed: hits == 5 && fastFailures == 15 && breaker.state == .open,
+            detail: "20 calls: \(hits) reached the server, \(fastFailures) failed fast (breaker \(breaker.state))")
     }
 
     static func garbageReply(_ server: LoopbackHTTPServer) async throws -> Outcome {
@@ -225,13 +226,14 @@ final class EventLog: RequestEventSink {
     var lines: [String] { state.withLock { $0.lines } }
 
     func record(_ event: RequestEvent) async {
-        let line: String? = switch event {
-        case .started(_, let url, let method): "→ \(method.rawValue) \(url.path)"
-        case .retryScheduled(_, let attempt, let delay): "↻ attempt \(attempt) failed, retrying in \(Int(delay * 1000)) ms"
-        case .succeeded(_, let status, let duration, let attempt): "✓ \(status) on attempt \(attempt) after \(Int(duration * 1000)) ms"
-        case .failed(_, let error, let attempt): "✗ \(error) on attempt \(attempt)"
-        case .deduplicated: nil
-        }
+        let line: String? =
+            switch event {
+            case .started(_, let url, let method): "→ \(method.rawValue) \(url.path)"
+            case .retryScheduled(_, let attempt, let delay): "↻ attempt \(attempt) failed, retrying in \(Int(delay * 1000)) ms"
+            case .succeeded(_, let status, let duration, let attempt): "✓ \(status) on attempt \(attempt) after \(Int(duration * 1000)) ms"
+            case .failed(_, let error, let attempt): "✗ \(error) on attempt \(attempt)"
+            case .deduplicated: nil
+            }
         let ready = state.withLock { state -> [WaiterList<Void, Int>.Waiter] in
             if let line, !quiet { state.lines.append(line) }
             guard case .deduplicated = event else { return [] }

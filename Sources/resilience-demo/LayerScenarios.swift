@@ -1,6 +1,7 @@
 import Foundation
 import Resilience
 import ResilienceTesting
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -10,9 +11,11 @@ extension Demo {
     /// 500 concurrent requests with an expired token: one refresh, every request succeeds.
     static func authStorm(_ server: LoopbackHTTPServer) async throws -> Outcome {
         let valid = ValidTokenBox("token-2")
-        server.route("/account/*", handler: { request in
-            request.header("authorization") == "Bearer " + valid.value ? .ok("{}") : .status(401)
-        })
+        server.route(
+            "/account/*",
+            handler: { request in
+                request.header("authorization") == "Bearer " + valid.value ? .ok("{}") : .status(401)
+            })
         let provider = StressTokenProvider(current: "token-1-expired", refreshed: valid.value)
         let api = AuthenticatedRequestEngine(
             requestEngine: AsyncRequestEngine(),
@@ -70,15 +73,16 @@ extension Demo {
         await monitor.setConnected(true)
         print("    network back: the queue drains by itself (the 503'd like waits out its backoff)")
         // Wait for four deliveries, or give up after 15 s.
-        let delivered = await within(.seconds(15)) { () -> Int? in
-            var delivered = 0
-            for await result in results {
-                print("      \(result)")
-                if case .delivered = result { delivered += 1 }
-                if delivered == 4 { break }
-            }
-            return delivered
-        } ?? 0
+        let delivered =
+            await within(.seconds(15)) { () -> Int? in
+                var delivered = 0
+                for await result in results {
+                    print("      \(result)")
+                    if case .delivered = result { delivered += 1 }
+                    if delivered == 4 { break }
+                }
+                return delivered
+            } ?? 0
         await queue.stop()
         let sentKeys = server.requestLog.filter { $0.path == "/comments" || $0.path == "/likes" }.compactMap { $0.header("idempotency-key") }
         let likeKeys = sentKeys.filter { $0 == "like-7" }.count
@@ -105,7 +109,9 @@ extension Demo {
             _ = try? await engine.send(DemoRequest(url: server.url(path), method: index % 6 >= 3 && index % 6 < 5 ? .put : .get))
         }
         let snapshot = await metrics.snapshot()
-        print("    " + "ENDPOINT".padding(toLength: 24, withPad: " ", startingAt: 0) + ["REQUESTS", "OK", "FAILED", "RETRIES", "p50 ms", "p95 ms", "p99 ms"].map { $0.padding(toLength: 12, withPad: " ", startingAt: 0) }.joined())
+        print(
+            "    " + "ENDPOINT".padding(toLength: 24, withPad: " ", startingAt: 0)
+                + ["REQUESTS", "OK", "FAILED", "RETRIES", "p50 ms", "p95 ms", "p99 ms"].map { $0.padding(toLength: 12, withPad: " ", startingAt: 0) }.joined())
         for endpoint in snapshot.endpoints.sorted(by: { $0.template < $1.template }) {
             let summary = endpoint.successDuration
             let cells = [
@@ -121,7 +127,8 @@ extension Demo {
         print("    Prometheus text (first lines of \(text.split(separator: "\n").count)):")
         for line in text.split(separator: "\n").prefix(12) { print("      \(line)") }
         let noSecrets = !text.contains("secret-")
-        let ok = snapshot.requestsStarted == 120 && snapshot.requestsSucceeded == 100 && snapshot.requestsFailed == 20 && noSecrets
+        let ok =
+            snapshot.requestsStarted == 120 && snapshot.requestsSucceeded == 100 && snapshot.requestsFailed == 20 && noSecrets
             && snapshot.endpoints.contains { $0.template == "/api/users/{id}" } && snapshot.endpoints.contains { $0.template == "/api/orders/{id}" }
         return Outcome(passed: ok, detail: "120 requests over 3 endpoint templates; p50/p95/p99 per endpoint; no query value in any label")
     }

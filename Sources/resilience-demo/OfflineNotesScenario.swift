@@ -1,8 +1,9 @@
 import Foundation
 import Resilience
 import ResilienceCore
-import ResilienceTesting
 import ResilienceTestSupport
+import ResilienceTesting
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -58,18 +59,20 @@ extension Demo {
 
     static func offlineNotes(_ server: LoopbackHTTPServer) async throws -> Outcome {
         let state = Locked((notes: ["buy milk"], keys: [String]()))
-        server.route("/notes", handler: { request in
-            if request.method == "POST" {
-                let key = request.header("idempotency-key") ?? ""
-                state.withLock { state in
-                    if !state.keys.contains(key) { state.notes.append(String(decoding: request.body, as: UTF8.self)) }
-                    state.keys.append(key)
+        server.route(
+            "/notes",
+            handler: { request in
+                if request.method == "POST" {
+                    let key = request.header("idempotency-key") ?? ""
+                    state.withLock { state in
+                        if !state.keys.contains(key) { state.notes.append(String(decoding: request.body, as: UTF8.self)) }
+                        state.keys.append(key)
+                    }
+                    return .status(201)
                 }
-                return .status(201)
-            }
-            let list = (try? JSONEncoder().encode(state.withLock { $0.notes })) ?? Data()
-            return .status(200, headers: ["Cache-Control": "max-age=60", "Content-Type": "application/json"], body: String(decoding: list, as: UTF8.self))
-        })
+                let list = (try? JSONEncoder().encode(state.withLock { $0.notes })) ?? Data()
+                return .status(200, headers: ["Cache-Control": "max-age=60", "Content-Type": "application/json"], body: String(decoding: list, as: UTF8.self))
+            })
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("resilience-demo-notes-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: folder) }
         let url = server.url("/notes")
@@ -98,9 +101,11 @@ extension Demo {
         print("    server: \(serverNotes), \(keys.count) POST(s) with \(Set(keys).count) Idempotency-Key(s)")
         steps.append(serverNotes == ["buy milk", "call mum"] && keys.count == 1)
         let passed = steps.allSatisfy { $0 }
-        return Outcome(passed: passed, detail: passed
-            ? "shown at once offline, in a relaunched process too, delivered once, refetched without flicker"
-            : "steps: \(steps)")
+        return Outcome(
+            passed: passed,
+            detail: passed
+                ? "shown at once offline, in a relaunched process too, delivered once, refetched without flicker"
+                : "steps: \(steps)")
     }
 
     /// Runs `resilience-demo notes-relaunch FOLDER URL`: a second process of the app.
@@ -142,7 +147,8 @@ enum NotesRelaunchCommand {
             print("reconnected: delivered, refetched → \(Demo.notes(last.data)) from the \(last.source), pending writes: \(last.hasPendingWrites)")
             let neverDropped = seen.allSatisfy { $0.contains("call mum") }
             print("the note was on screen in all \(seen.count) snapshots: \(neverDropped)")
-            let ok = Demo.notes(first.data) == ["buy milk", "call mum"] && first.hasPendingWrites
+            let ok =
+                Demo.notes(first.data) == ["buy milk", "call mum"] && first.hasPendingWrites
                 && Demo.notes(last.data) == ["buy milk", "call mum"] && neverDropped
             await client.queue.stop()
             return ok ? 0 : 1

@@ -1,6 +1,7 @@
 import Foundation
 import Resilience
 import ResilienceTesting
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -12,11 +13,13 @@ extension Demo {
     /// restart, still has it.
     static func offlineReads(_ server: LoopbackHTTPServer) async throws -> Outcome {
         let body = "[" + (1...50).map { "{\"post\":\($0)}" }.joined(separator: ",") + "]"
-        server.route("/feed", handler: { request in
-            request.header("if-none-match") == "\"feed-v1\""
-                ? .status(304, headers: ["ETag": "\"feed-v1\""])
-                : .status(200, headers: ["ETag": "\"feed-v1\"", "Content-Type": "application/json"], body: body)
-        })
+        server.route(
+            "/feed",
+            handler: { request in
+                request.header("if-none-match") == "\"feed-v1\""
+                    ? .status(304, headers: ["ETag": "\"feed-v1\""])
+                    : .status(200, headers: ["ETag": "\"feed-v1\"", "Content-Type": "application/json"], body: body)
+            })
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("resilience-demo-cache-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: folder) }
         let feedURL = server.url("/feed")
@@ -58,8 +61,10 @@ extension Demo {
         print("    restart, still offline: \(reopened.count) stored response(s), the feed → \(restored.source), \(restored.data.count) bytes")
         steps.append(restored.source == .cache && restored.data == Data(body.utf8))
         let passed = steps.allSatisfy { $0 }
-        return Outcome(passed: passed, detail: passed
-            ? "shown offline, paused read resumed with a 304, served stale when the server failed, kept across a restart"
-            : "steps: \(steps)")
+        return Outcome(
+            passed: passed,
+            detail: passed
+                ? "shown offline, paused read resumed with a 304, served stale when the server failed, kept across a restart"
+                : "steps: \(steps)")
     }
 }

@@ -70,9 +70,10 @@ enum QueueInspect {
         guard let first = rows.first else { return }
         let widths = (0..<first.count).map { column in rows.map { $0[column].count }.max() ?? 0 }
         for row in rows {
-            print(row.enumerated().map { index, cell in
-                index == row.count - 1 ? cell : cell.padding(toLength: widths[index], withPad: " ", startingAt: 0)
-            }.joined(separator: "  "))
+            print(
+                row.enumerated().map { index, cell in
+                    index == row.count - 1 ? cell : cell.padding(toLength: widths[index], withPad: " ", startingAt: 0)
+                }.joined(separator: "  "))
         }
     }
 }

@@ -1,8 +1,9 @@
 import Dispatch
 import Foundation
 import Resilience
-import ResilienceTesting
 import ResilienceCore
+import ResilienceTesting
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -98,7 +99,8 @@ enum Serve {
         mountMetrics(on: metricsServer, collector: collector)
 
         let metricsURL = metricsServer.url("/metrics")
-        say("""
+        say(
+            """
             resilience-demo serve
               workload: \(Workload.workers) workers against \(workload.current.baseURL) (200 / 404 / 503 / slow / dedup routes)
               metrics:  \(metricsURL)   (also \(metricsServer.url("/metrics.json")))
@@ -125,7 +127,9 @@ enum Serve {
                 try? await Task.sleep(for: .seconds(10))
                 if Task.isCancelled { break }
                 let stats = collector.currentSnapshot()
-                say("  \(Self.format(ContinuousClock.now - started)): \(stats.requestsStarted) started, \(stats.requestsSucceeded) ok, \(stats.requestsFailed) failed, \(stats.retriesScheduled) retries, \(stats.deduplicationsHit) deduplicated")
+                say(
+                    "  \(Self.format(ContinuousClock.now - started)): \(stats.requestsStarted) started, \(stats.requestsSucceeded) ok, \(stats.requestsFailed) failed, \(stats.retriesScheduled) retries, \(stats.deduplicationsHit) deduplicated"
+                )
             }
         }
         let timer = options.duration.map { duration in
@@ -177,11 +181,16 @@ enum Serve {
             guard let seconds else { return "-" }
             return String(format: "%.1f", seconds * 1000)
         }
-        var lines = ["", "Ran \(format(elapsed)): \(stats.requestsStarted) requests started, \(stats.requestsSucceeded) succeeded, \(stats.requestsFailed) failed, \(stats.retriesScheduled) retries, \(stats.deduplicationsHit) deduplicated, success rate \(stats.successRate.map { String(format: "%.1f %%", $0 * 100) } ?? "-")", ""]
+        var lines = [
+            "",
+            "Ran \(format(elapsed)): \(stats.requestsStarted) requests started, \(stats.requestsSucceeded) succeeded, \(stats.requestsFailed) failed, \(stats.retriesScheduled) retries, \(stats.deduplicationsHit) deduplicated, success rate \(stats.successRate.map { String(format: "%.1f %%", $0 * 100) } ?? "-")",
+            "",
+        ]
         let header = ["method", "endpoint", "started", "ok", "failed", "retries", "dedup", "p50 ms", "p95 ms", "p99 ms", "statuses"]
         var rows = [header]
         for endpoint in stats.endpoints {
-            let statuses = endpoint.statusCodes.sorted { $0.key < $1.key }.map { "\($0.key)×\($0.value)" }
+            let statuses =
+                endpoint.statusCodes.sorted { $0.key < $1.key }.map { "\($0.key)×\($0.value)" }
                 + endpoint.failureReasons.sorted { $0.key < $1.key }.map { "\($0.key)×\($0.value)" }
             rows.append([
                 endpoint.method, endpoint.template, String(endpoint.requestsStarted), String(endpoint.requestsSucceeded),
@@ -192,9 +201,11 @@ enum Serve {
         }
         let widths = header.indices.map { column in rows.map { $0[column].count }.max() ?? 0 }
         for row in rows {
-            lines.append("  " + row.enumerated().map { column, cell in
-                column == row.count - 1 ? cell : cell.padding(toLength: widths[column], withPad: " ", startingAt: 0)
-            }.joined(separator: "  "))
+            lines.append(
+                "  "
+                    + row.enumerated().map { column, cell in
+                        column == row.count - 1 ? cell : cell.padding(toLength: widths[column], withPad: " ", startingAt: 0)
+                    }.joined(separator: "  "))
         }
         say(lines.joined(separator: "\n"))
     }

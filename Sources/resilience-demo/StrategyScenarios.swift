@@ -1,7 +1,8 @@
 import Foundation
 import Resilience
-import ResilienceTesting
 import ResilienceCore
+import ResilienceTesting
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

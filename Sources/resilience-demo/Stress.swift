@@ -1,7 +1,8 @@
 import Foundation
 import Resilience
-import ResilienceTesting
 import ResilienceCore
+import ResilienceTesting
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -15,12 +16,12 @@ import Darwin
 /// with one machine-readable line of `key=value` pairs.
 enum Stress {
     static let usage = """
-    usage: resilience-demo stress dedup --callers N     N concurrent identical GETs through one engine
-           resilience-demo stress auth  --callers N [--max-concurrent M]
-                                                        N concurrent requests with an expired token
-                                                        (M: AuthenticatedRequestEngine's admission limit)
-           resilience-demo stress queue --entries N     N durable enqueues offline, restart, reconnect, drain
-    """
+        usage: resilience-demo stress dedup --callers N     N concurrent identical GETs through one engine
+               resilience-demo stress auth  --callers N [--max-concurrent M]
+                                                            N concurrent requests with an expired token
+                                                            (M: AuthenticatedRequestEngine's admission limit)
+               resilience-demo stress queue --entries N     N durable enqueues offline, restart, reconnect, drain
+        """
 
     /// Runs the stress named in `arguments`; returns the process exit code.
     static func run(_ arguments: [String]) async -> Int32 {
@@ -121,17 +122,20 @@ enum Stress {
         let server = try LoopbackHTTPServer()
         defer { server.shutdown() }
         let valid = ValidTokenBox("fresh-token")
-        server.route("/items/*", handler: { request in
-            request.header("authorization") == "Bearer " + valid.value ? .ok(request.path) : .status(401)
-        })
+        server.route(
+            "/items/*",
+            handler: { request in
+                request.header("authorization") == "Bearer " + valid.value ? .ok(request.path) : .status(401)
+            })
         let provider = StressTokenProvider(current: "expired-token", refreshed: valid.value)
         let engine = AuthenticatedRequestEngine(
             requestEngine: AsyncRequestEngine(session: URLSession(configuration: .ephemeral)),
             coordinator: TokenRefreshCoordinator(provider: provider),
             maxConcurrentRequests: maxConcurrent
         )
-        print("stress auth: \(callers) concurrent GETs of distinct URLs with an expired token"
-              + (maxConcurrent.map { ", admission limit \($0)" } ?? ""))
+        print(
+            "stress auth: \(callers) concurrent GETs of distinct URLs with an expired token"
+                + (maxConcurrent.map { ", admission limit \($0)" } ?? ""))
         let waits = Samples()
         let start = ContinuousClock.now
         let tasks = (0..<callers).map { index in
@@ -151,8 +155,10 @@ enum Stress {
         let wall = ContinuousClock.now - start
         let refreshes = provider.refreshCount
         print("succeeded: \(succeeded), failed: \(failed), refreshes: \(refreshes), requests the server saw: \(server.totalHits)")
-        print(line([("refreshes", "\(refreshes)"), ("callers", "\(callers)"), ("succeeded", "\(succeeded)"), ("upstream_calls", "\(server.totalHits)"), ("wall_s", seconds(wall))]
-                   + waits.percentiles() + [("peak_rss_mb", peakRSS())]))
+        print(
+            line(
+                [("refreshes", "\(refreshes)"), ("callers", "\(callers)"), ("succeeded", "\(succeeded)"), ("upstream_calls", "\(server.totalHits)"), ("wall_s", seconds(wall))]
+                    + waits.percentiles() + [("peak_rss_mb", peakRSS())]))
         return refreshes == 1 && succeeded == callers ? 0 : 1
     }
 
@@ -216,9 +222,12 @@ enum Stress {
         let lost = acknowledged.all.subtracting(received).count
         let remaining = await engine.pendingCount()
         print("delivered \(delivered) in \(seconds(drained)) s; server received \(received.count) distinct keys; lost \(lost); remaining \(remaining)")
-        print(line([("entries", "\(entries)"), ("acknowledged", "\(acknowledged.count)"), ("delivered", "\(delivered)"), ("lost", "\(lost)"),
-                    ("enqueue_s", seconds(enqueued)), ("reopen_s", seconds(reopened)), ("drain_s", seconds(drained)),
-                    ("wall_s", seconds(ContinuousClock.now - start)), ("peak_rss_mb", peakRSS())]))
+        print(
+            line([
+                ("entries", "\(entries)"), ("acknowledged", "\(acknowledged.count)"), ("delivered", "\(delivered)"), ("lost", "\(lost)"),
+                ("enqueue_s", seconds(enqueued)), ("reopen_s", seconds(reopened)), ("drain_s", seconds(drained)),
+                ("wall_s", seconds(ContinuousClock.now - start)), ("peak_rss_mb", peakRSS()),
+            ]))
         return lost == 0 && remaining == 0 && acknowledged.count == entries ? 0 : 1
     }
 

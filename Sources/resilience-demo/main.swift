@@ -1,6 +1,7 @@
 import Foundation
 import Resilience
 import ResilienceTesting
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -19,18 +20,19 @@ if arguments.first == "notes-relaunch" {
     exit(await NotesRelaunchCommand.run(Array(arguments.dropFirst())))
 }
 if arguments.contains("--help") || arguments.contains("-h") {
-    print("""
-    usage: resilience-demo                         run every scenario against the embedded loopback server
-           resilience-demo --list                  list the scenarios
-           resilience-demo stress dedup --callers N | auth --callers N | queue --entries N
-           resilience-demo queue inspect DIR       list an on-disk offline queue (read-only)
-           resilience-demo serve [--port N] [--duration S]
-                                                   steady workload with Prometheus metrics at /metrics
-           resilience-demo drain [--interval S] [--budget S] [--entries N]
-                                                   a drain service process; stops cleanly on SIGTERM/SIGINT
-           resilience-demo notes-relaunch FOLDER URL
-                                                   the offline-notes scenario's second process
-    """)
+    print(
+        """
+        usage: resilience-demo                         run every scenario against the embedded loopback server
+               resilience-demo --list                  list the scenarios
+               resilience-demo stress dedup --callers N | auth --callers N | queue --entries N
+               resilience-demo queue inspect DIR       list an on-disk offline queue (read-only)
+               resilience-demo serve [--port N] [--duration S]
+                                                       steady workload with Prometheus metrics at /metrics
+               resilience-demo drain [--interval S] [--budget S] [--entries N]
+                                                       a drain service process; stops cleanly on SIGTERM/SIGINT
+               resilience-demo notes-relaunch FOLDER URL
+                                                       the offline-notes scenario's second process
+        """)
     exit(0)
 }
 if arguments.contains("--list") {

@@ -1,8 +1,10 @@
 import Foundation
-import Testing
 import RequestEngine
 import ResilienceTesting
+import Testing
+
 @testable import Auth
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

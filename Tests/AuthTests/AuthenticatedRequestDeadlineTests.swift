@@ -1,9 +1,11 @@
 import Foundation
-import Testing
 import RequestEngine
-import ResilienceTesting
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
 @testable import Auth
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -1,10 +1,12 @@
 import Foundation
-import Testing
 import RequestEngine
-import ResilienceTesting
-@testable import Auth
 import ResilienceCore
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import Auth
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -26,9 +28,11 @@ struct AuthenticatedRequestEngineIntegrationTests {
         valid = ValidToken("never-issued")
         let valid = self.valid
         // 200 with the path as body for the token valid right now, else 401.
-        server.route("/items/*", handler: { request in
-            Self.isAuthorized(request, valid) ? .ok(request.path) : .status(401)
-        })
+        server.route(
+            "/items/*",
+            handler: { request in
+                Self.isAuthorized(request, valid) ? .ok(request.path) : .status(401)
+            })
     }
 
     static func isAuthorized(_ request: LoopbackRequest, _ valid: ValidToken) -> Bool {
@@ -129,9 +133,11 @@ struct AuthenticatedRequestEngineIntegrationTests {
 
     @Test func aLate401ArrivingAfterTheRefreshRetriesWithTheNewTokenAndRefreshesNothing() async throws {
         let valid = self.valid
-        server.route("/slow", handler: { request in
-            Self.isAuthorized(request, valid) ? .ok("/slow") : LoopbackResponse.status(401).held()
-        })
+        server.route(
+            "/slow",
+            handler: { request in
+                Self.isAuthorized(request, valid) ? .ok("/slow") : LoopbackResponse.status(401).held()
+            })
         let provider = TestTokenProvider(current: "expired", server: valid)
         let engine = engine(provider)
         let late = Task { try await engine.send(TestRequest(url: server.url("/slow"))) }
@@ -170,9 +176,11 @@ struct AuthenticatedRequestEngineIntegrationTests {
 
     func lateFailuresStorm() async throws {
         let valid = self.valid
-        server.route("/late/*", handler: { request in
-            Self.isAuthorized(request, valid) ? .ok(request.path) : LoopbackResponse.status(401).held()
-        })
+        server.route(
+            "/late/*",
+            handler: { request in
+                Self.isAuthorized(request, valid) ? .ok(request.path) : LoopbackResponse.status(401).held()
+            })
         let gate = Gate()
         let provider = TestTokenProvider(current: "expired", behaviour: .fail(id: 7), server: valid, gate: gate)
         let engine = engine(provider)

@@ -1,11 +1,12 @@
 import Foundation
-import Testing
-import Retry
-import RequestEngine
 import OfflineQueue
-import ResilienceTesting
-@testable import Auth
+import RequestEngine
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import Auth
 
 /// `AuthenticatedRequestEngine` as the offline queue's sender (Docs/Auth.md, "As the offline
 /// queue's sender"): what a drain pass does when the token cannot be refreshed.

@@ -1,9 +1,11 @@
 import Foundation
 import RequestEngine
-import Retry
-@testable import Auth
 import ResilienceCore
 import ResilienceTestSupport
+import Retry
+
+@testable import Auth
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

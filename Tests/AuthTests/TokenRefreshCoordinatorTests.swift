@@ -1,8 +1,9 @@
 import Foundation
-import Testing
-import ResilienceTesting
-@testable import Auth
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import Auth
 
 /// The coordinator with real tasks: one provider call per storm, failure and cancellation
 /// delivered to every waiter, the loop guard and expiry on a ManualClock.

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import Auth
 
 /// Every transition of the coordinator's logic, by hand: no network, no clock, no tasks.
@@ -253,7 +254,7 @@ struct TokenRefreshStateMachineTests {
         var machine = Self.machineWithOldToken()
         let stamp = Machine.Stamp(generation: 1, epoch: 0)
         guard case .startRefreshAndWait(let first, _) = machine.unauthorized(stamp, now: .zero),
-              case .wait(let second) = machine.unauthorized(stamp, now: .zero)
+            case .wait(let second) = machine.unauthorized(stamp, now: .zero)
         else { Issue.record("setup"); return }
         let leftOnce = machine.waiterLeft(first)
         let leftTwice = machine.waiterLeft(first)

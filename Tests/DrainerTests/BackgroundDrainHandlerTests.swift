@@ -1,11 +1,12 @@
 import Dispatch
 import Foundation
-import Testing
-import Retry
 import OfflineQueue
-import ResilienceTesting
-@testable import Drainer
 import ResilienceCore
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import Drainer
 
 /// A `BackgroundTaskScheduling` for tests: records registrations and submitted requests, and
 /// launches tasks by hand — what SwiftResilience's protocols made possible without a device.
@@ -53,12 +54,13 @@ final class FakeBackgroundScheduler: BackgroundTaskScheduling {
         let processing = taskRequest as? BackgroundProcessingTaskRequest
         try state.withLock { state in
             if let refusal = state.refusal { throw refusal }
-            state.submitted.append(Submitted(
-                identifier: taskRequest.identifier,
-                requiresNetworkConnectivity: processing?.requiresNetworkConnectivity ?? false,
-                requiresExternalPower: processing?.requiresExternalPower ?? false,
-                earliestBeginDate: taskRequest.earliestBeginDate
-            ))
+            state.submitted.append(
+                Submitted(
+                    identifier: taskRequest.identifier,
+                    requiresNetworkConnectivity: processing?.requiresNetworkConnectivity ?? false,
+                    requiresExternalPower: processing?.requiresExternalPower ?? false,
+                    earliestBeginDate: taskRequest.earliestBeginDate
+                ))
         }
     }
 
@@ -147,8 +149,12 @@ struct BackgroundDrainHandlerTests {
         #expect(scheduler.registeredIdentifiers == ["com.example.queue-drain"])
         #expect(scheduler.registeredQueues.count == 1 && scheduler.registeredQueues[0] == nil)
         try drainer.schedule()
-        #expect(scheduler.submitted == [.init(identifier: "com.example.queue-drain", requiresNetworkConnectivity: true,
-                                              requiresExternalPower: false, earliestBeginDate: nil)])
+        #expect(
+            scheduler.submitted == [
+                .init(
+                    identifier: "com.example.queue-drain", requiresNetworkConnectivity: true,
+                    requiresExternalPower: false, earliestBeginDate: nil)
+            ])
 
         let later = handler(h, scheduler: scheduler, earliestBeginInterval: 900, requiresExternalPower: true)
         let before = Date()

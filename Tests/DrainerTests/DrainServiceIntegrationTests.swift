@@ -1,10 +1,12 @@
 import Foundation
-import Testing
-import RequestEngine
 import OfflineQueue
-import ResilienceTesting
-@testable import Drainer
+import RequestEngine
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import Drainer
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import Drainer
 
 @Suite("DrainServiceStateMachine: the drain service's lifecycle, transition by transition")

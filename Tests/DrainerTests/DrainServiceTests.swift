@@ -1,12 +1,13 @@
 import Foundation
-import Testing
-import Retry
-import RequestEngine
 import OfflineQueue
-import ResilienceTesting
-@testable import Drainer
+import RequestEngine
 import ResilienceCore
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import Drainer
 
 @Suite("DrainService on a manual clock", .timeLimit(.minutes(1)))
 struct DrainServiceTests {

@@ -1,11 +1,13 @@
 import Foundation
-import Testing
-import Retry
-import RequestEngine
 import OfflineQueue
-import ResilienceTesting
-@testable import Drainer
+import RequestEngine
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import Drainer
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -97,5 +99,5 @@ struct DrainHarness {
         return flush
     }
 
-        var sentKeys: [String?] { session.requests.map { $0.value(forHTTPHeaderField: "Idempotency-Key") } }
+    var sentKeys: [String?] { session.requests.map { $0.value(forHTTPHeaderField: "Idempotency-Key") } }
 }

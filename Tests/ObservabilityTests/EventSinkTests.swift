@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 import RequestEngine
+import Testing
+
 @testable import Observability
 
 /// Records what it saw, tagged with its name, into a shared journal.
@@ -72,13 +73,14 @@ struct EventSinkTests {
         await sink.record(.deduplicated(traceID: id, url: secretURL, method: .post))
 
         let trace = "trace=00000000-0000-0000-0000-00000000002A"
-        #expect(lines.value == [
-            "app event=started \(trace) method=GET url=https://api.example.com:8443/v1/users/42",
-            "app event=retry_scheduled \(trace) attempt=0 delay=0.250",
-            "app event=succeeded \(trace) status=200 attempt=1 duration=0.318",
-            "app event=failed \(trace) attempt=2 error=\"HTTP 503 (11 body bytes)\"",
-            "app event=deduplicated \(trace) method=POST url=https://api.example.com:8443/v1/users/42",
-        ])
+        #expect(
+            lines.value == [
+                "app event=started \(trace) method=GET url=https://api.example.com:8443/v1/users/42",
+                "app event=retry_scheduled \(trace) attempt=0 delay=0.250",
+                "app event=succeeded \(trace) status=200 attempt=1 duration=0.318",
+                "app event=failed \(trace) attempt=2 error=\"HTTP 503 (11 body bytes)\"",
+                "app event=deduplicated \(trace) method=POST url=https://api.example.com:8443/v1/users/42",
+            ])
         let all = lines.value.joined(separator: "\n")
         for secret in ["bob", "PA55W0RD", "SESSION9", "T0KEN", "access_token", "FRAG", "secret body"] {
             #expect(!all.contains(secret), "\(secret) leaked into the log")

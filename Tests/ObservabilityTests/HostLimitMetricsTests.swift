@@ -1,9 +1,10 @@
 import Foundation
-import Testing
 import Observability
 import RequestEngine
 import ResilienceTestSupport
 import ResilienceTesting
+import Testing
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -1,7 +1,8 @@
 import Foundation
-import Testing
-@testable import Observability
 import ResilienceTesting
+import Testing
+
+@testable import Observability
 
 @Suite("LogLinearHistogram and duration buckets")
 struct LogLinearHistogramTests {

@@ -1,10 +1,12 @@
 import Foundation
-import Testing
 import RequestEngine
-import ResilienceTesting
-import ResilienceTestSupport
-@testable import Observability
 import ResilienceCore
+import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import Observability
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

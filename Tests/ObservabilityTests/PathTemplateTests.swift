@@ -1,8 +1,9 @@
 import Foundation
-import Testing
-@testable import Observability
-import ResilienceTesting
 import ResilienceCore
+import ResilienceTesting
+import Testing
+
+@testable import Observability
 
 @Suite("PathTemplate: identifiers collapsed, secrets never part of a template")
 struct PathTemplateTests {

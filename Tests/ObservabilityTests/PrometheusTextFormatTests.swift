@@ -1,9 +1,10 @@
 import Foundation
-import Testing
 import RequestEngine
-import ResilienceTesting
-@testable import Observability
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import Observability
 
 /// One parsed sample line.
 struct Sample: Equatable {
@@ -24,7 +25,9 @@ struct ExpositionParser {
     enum Failure: Error, CustomStringConvertible {
         case line(Int, String)
         var description: String {
-            switch self { case .line(let number, let reason): "line \(number): \(reason)" }
+            switch self {
+            case .line(let number, let reason): "line \(number): \(reason)"
+            }
         }
     }
 
@@ -153,11 +156,12 @@ struct PrometheusTextFormatTests {
         let parsed = try ExpositionParser(text)
         let stats = collector.currentSnapshot()
 
-        #expect(parsed.familyOrder == [
-            "http_client_requests_total", "http_client_request_duration_seconds",
-            "http_client_requests_started_total", "http_client_retries_total",
-            "http_client_deduplicated_requests_total",
-        ])
+        #expect(
+            parsed.familyOrder == [
+                "http_client_requests_total", "http_client_request_duration_seconds",
+                "http_client_requests_started_total", "http_client_retries_total",
+                "http_client_deduplicated_requests_total",
+            ])
         for family in parsed.familyOrder {
             #expect(!(parsed.help[family] ?? "").isEmpty, "\(family) has HELP text")
         }

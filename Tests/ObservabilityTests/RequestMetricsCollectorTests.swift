@@ -1,8 +1,9 @@
 import Foundation
-import Testing
 import RequestEngine
-@testable import Observability
 import ResilienceTesting
+import Testing
+
+@testable import Observability
 
 @Suite("RequestMetricsCollector: counting, derived values, reset, bounded memory")
 struct RequestMetricsCollectorTests {
@@ -74,10 +75,11 @@ struct RequestMetricsCollectorTests {
         }
         let endpoint = collector.currentSnapshot().endpoint("GET", "/v1/users/{id}")
         #expect(endpoint?.statusCodes == [503: 2, 404: 1])
-        #expect(endpoint?.failureReasons == [
-            "timed_out": 1, "cancelled": 1, "cannot_connect": 1, "connection_lost": 1, "dns_failure": 1,
-            "tls_failure": 1, "invalid_response": 1, "circuit_open": 1, "invalid_request": 1, "other": 1,
-        ])
+        #expect(
+            endpoint?.failureReasons == [
+                "timed_out": 1, "cancelled": 1, "cannot_connect": 1, "connection_lost": 1, "dns_failure": 1,
+                "tls_failure": 1, "invalid_response": 1, "circuit_open": 1, "invalid_request": 1, "other": 1,
+            ])
         #expect(endpoint?.requestsFailed == errors.count)
     }
 

@@ -1,8 +1,9 @@
 import Foundation
 import Observation
-import Testing
 import ResilienceCore
 import ResilienceTestSupport
+import Testing
+
 @testable import OfflineFirst
 
 @Suite("LiveQuery: an observable live read", .timeLimit(.minutes(1)))

@@ -1,12 +1,13 @@
 import Foundation
-import Testing
 import OfflineQueue
 import Reachability
 import RequestEngine
-import ResilienceTesting
-@testable import OfflineFirst
-import ResponseCache
 import ResilienceTestSupport
+import ResilienceTesting
+import ResponseCache
+import Testing
+
+@testable import OfflineFirst
 
 /// The state table of Docs/OfflineFirst.md, row by row, on a manual clock, a manual monitor and a
 /// fake origin: pending, delivered and refetching, delivered and settled, rejected — online and
@@ -229,12 +230,13 @@ struct OfflineFirstClientTests {
         }
         let shown = await reader.waitFor { !$0.rejectedWrites.isEmpty }
         #expect(Notes.decode(shown.data) ?? [] == [] && !shown.hasPendingWrites, "\(kind)")
-        let expected: String = switch kind {
-        case "expired": "expired"
-        case "cancelled": "cancelled"
-        case "dead-lettered": "deadLettered(attempts: 1)"
-        default: "rejected(statusCode: Optional(400))"
-        }
+        let expected: String =
+            switch kind {
+            case "expired": "expired"
+            case "cancelled": "cancelled"
+            case "dead-lettered": "deadLettered(attempts: 1)"
+            default: "rejected(statusCode: Optional(400))"
+            }
         #expect("\(shown.rejectedWrites[0].reason)" == expected)
         await reader.cancel()
     }

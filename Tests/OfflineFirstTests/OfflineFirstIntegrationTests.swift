@@ -1,13 +1,15 @@
 import Foundation
-import Testing
 import OfflineQueue
 import Reachability
 import RequestEngine
 import ResilienceCore
-import ResilienceTesting
-@testable import OfflineFirst
-import ResponseCache
 import ResilienceTestSupport
+import ResilienceTesting
+import ResponseCache
+import Testing
+
+@testable import OfflineFirst
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -29,18 +31,20 @@ struct OfflineFirstIntegrationTests {
         init(notes: [String]) throws {
             server = try LoopbackHTTPServer()
             state.withLock { $0.notes = notes }
-            server.route("/notes", handler: { [state] request in
-                if request.method == "POST" {
-                    let key = request.header("idempotency-key") ?? ""
-                    state.withLock { state in
-                        if !state.keys.contains(key) { state.notes.append(String(decoding: request.body, as: UTF8.self)) }
-                        state.keys.append(key)
+            server.route(
+                "/notes",
+                handler: { [state] request in
+                    if request.method == "POST" {
+                        let key = request.header("idempotency-key") ?? ""
+                        state.withLock { state in
+                            if !state.keys.contains(key) { state.notes.append(String(decoding: request.body, as: UTF8.self)) }
+                            state.keys.append(key)
+                        }
+                        return .status(201)
                     }
-                    return .status(201)
-                }
-                let body = String(decoding: Notes.encode(state.withLock { $0.notes }), as: UTF8.self)
-                return .status(200, headers: ["Cache-Control": "max-age=60", "Content-Type": "application/json"], body: body)
-            })
+                    let body = String(decoding: Notes.encode(state.withLock { $0.notes }), as: UTF8.self)
+                    return .status(200, headers: ["Cache-Control": "max-age=60", "Content-Type": "application/json"], body: body)
+                })
         }
 
         var notes: [String] { state.withLock { $0.notes } }

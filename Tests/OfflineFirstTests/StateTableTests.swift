@@ -1,10 +1,11 @@
 import Foundation
-import Testing
 import OfflineQueue
 import RequestEngine
-import ResilienceTesting
-@testable import OfflineFirst
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import OfflineFirst
 
 /// The state table of Docs/OfflineFirst.md, one test per cell, each on a `ScriptedNetworkSession`
 /// that plays the exchanges in order (and records what was sent), a `ManualClock` and a

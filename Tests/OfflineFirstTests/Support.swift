@@ -1,13 +1,15 @@
 import Foundation
-import Testing
 import OfflineQueue
 import Reachability
 import RequestEngine
 import ResilienceCore
-import ResilienceTesting
-@testable import OfflineFirst
-import ResponseCache
 import ResilienceTestSupport
+import ResilienceTesting
+import ResponseCache
+import Testing
+
+@testable import OfflineFirst
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -46,7 +48,9 @@ final class NotesOrigin: NetworkSession {
     func holdReads(_ on: Bool) { state.withLock { $0.holdReads = on } }
 
     func releaseReads() {
-        for gate in state.withLock({ state -> [Gate] in defer { state.heldReads = [] }; return state.heldReads }) { gate.open() }
+        for gate in state.withLock({ state -> [Gate] in
+            defer { state.heldReads = [] }; return state.heldReads
+        }) { gate.open() }
     }
 
     /// Waits until `count` reads are held (or the test's time limit cancels it).
@@ -58,7 +62,9 @@ final class NotesOrigin: NetworkSession {
     func holdWrites(_ on: Bool) { state.withLock { $0.holdWrites = on } }
 
     func releaseWrites() {
-        for gate in state.withLock({ state -> [Gate] in defer { state.heldWrites = [] }; return state.heldWrites }) { gate.open() }
+        for gate in state.withLock({ state -> [Gate] in
+            defer { state.heldWrites = [] }; return state.heldWrites
+        }) { gate.open() }
     }
 
     func waitForHeldWrites(_ count: Int) async {
@@ -163,8 +169,10 @@ final class OfflineFirstHarness: Sendable {
     let reads: CachedRequestEngine
     let client: OfflineFirstClient
 
-    init(notes: [String] = [], session: (any NetworkSession)? = nil, connected: Bool = true, updates: [OptimisticUpdate] = [appendNote], invalidations: [Invalidation] = [],
-         configuration: OfflineQueueEngine.Configuration = .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10))) throws {
+    init(
+        notes: [String] = [], session: (any NetworkSession)? = nil, connected: Bool = true, updates: [OptimisticUpdate] = [appendNote], invalidations: [Invalidation] = [],
+        configuration: OfflineQueueEngine.Configuration = .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10))
+    ) throws {
         origin = NotesOrigin(notes: notes)
         monitor = ManualReachabilityMonitor(isConnected: connected)
         cache = try DiskResponseCache(directory: directory.url.appendingPathComponent("cache"), maxBytes: 1 << 20)
@@ -202,7 +210,9 @@ final class SnapshotReader: Sendable {
         while true {
             if let latest = log.values.last, condition(latest) { return latest }
             if Task.isCancelled {
-                Issue.record("the snapshot never came: \(log.values.map { "\(Notes.decode($0.data) ?? []) \($0.source) settling \($0.settlingEntryIDs.count) pending \($0.pendingEntryIDs.count) fetching \($0.isFetching) stale \($0.isStale) error \(String(describing: $0.lastFetchError))" })", sourceLocation: sourceLocation)
+                Issue.record(
+                    "the snapshot never came: \(log.values.map { "\(Notes.decode($0.data) ?? []) \($0.source) settling \($0.settlingEntryIDs.count) pending \($0.pendingEntryIDs.count) fetching \($0.isFetching) stale \($0.isStale) error \(String(describing: $0.lastFetchError))" })",
+                    sourceLocation: sourceLocation)
                 return log.values.last ?? QuerySnapshot.empty
             }
             await Task.yield()

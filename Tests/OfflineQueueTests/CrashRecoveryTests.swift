@@ -1,9 +1,11 @@
 import Foundation
-import Testing
 import RequestEngine
-import ResilienceTesting
-@testable import OfflineQueue
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import OfflineQueue
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -144,8 +146,9 @@ struct CrashRecoveryTests {
                 #expect(survivors.count == 1, "round \(round), \(key): \(survivors.count) entries")
                 guard let survivor = survivors.first else { continue }
                 let value = String(decoding: survivor.body ?? Data(), as: UTF8.self).split(separator: ":").compactMap { Int($0) }
-                #expect(value.count == 2 && (value[0], value[1]) >= (acked.round, acked.n),
-                        "round \(round), \(key): newest acknowledged edit \(acked) lost, found \(value)")
+                #expect(
+                    value.count == 2 && (value[0], value[1]) >= (acked.round, acked.n),
+                    "round \(round), \(key): newest acknowledged edit \(acked) lost, found \(value)")
             }
         }
         #expect(acknowledgedEdits > 0)

@@ -1,10 +1,12 @@
 import Foundation
-import Testing
 import RequestEngine
 import ResilienceCore
-import ResilienceTesting
-@testable import OfflineQueue
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import OfflineQueue
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

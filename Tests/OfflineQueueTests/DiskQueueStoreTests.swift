@@ -1,10 +1,12 @@
 import Foundation
-import Testing
-import Retry
 import RequestEngine
-import ResilienceTesting
-@testable import OfflineQueue
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import OfflineQueue
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)

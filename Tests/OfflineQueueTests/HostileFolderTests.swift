@@ -1,10 +1,12 @@
 import Foundation
-import Testing
-import Retry
 import RequestEngine
-import ResilienceTesting
-@testable import OfflineQueue
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import OfflineQueue
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -80,7 +82,9 @@ struct HostileFolderTests {
         try attemptsFile.data.write(to: directory.url.appendingPathComponent(attemptsFile.name))
         // A coalesced entry whose revision is Int.max, then an edit of its key.
         let revisionEntry = QueueEntry(
-            request: { var m = Mutation("/profile", body: "old"); m.coalescingKey = "profile"; return m }(),
+            request: {
+                var m = Mutation("/profile", body: "old"); m.coalescingKey = "profile"; return m
+            }(),
             idempotencyKey: "k2", enqueuedAt: Date(), sequence: 2, revision: 5
         )
         var revisionText = String(decoding: try QueueEntry.makeEncoder().encode(revisionEntry), as: UTF8.self)

@@ -1,10 +1,12 @@
 import Foundation
-import Testing
-import Retry
 import RequestEngine
-import ResilienceTesting
-@testable import OfflineQueue
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import OfflineQueue
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -101,10 +103,11 @@ struct OfflineQueueEngineTests {
         for index in 0..<7 { ids.append(try #require(try await h.engine.enqueue(Mutation("/\(index)")).queuedID)) }
         await h.monitor.setConnected(true)
         let report = await h.engine.flush()
-        #expect(report.results.map(\.name) == [
-            "delivered(200)", "failed(404)", "kept(HTTP 503 (0 body bytes),1)", "kept(HTTP 408 (0 body bytes),1)",
-            "kept(HTTP 429 (0 body bytes),1)", "kept(timed out,1)", "kept(transport failure: cannotConnectToHost,1)",
-        ])
+        #expect(
+            report.results.map(\.name) == [
+                "delivered(200)", "failed(404)", "kept(HTTP 503 (0 body bytes),1)", "kept(HTTP 408 (0 body bytes),1)",
+                "kept(HTTP 429 (0 body bytes),1)", "kept(timed out,1)", "kept(transport failure: cannotConnectToHost,1)",
+            ])
         #expect(report.remaining == 5)
         #expect(h.store.entry(id: ids[0]) == nil)
         #expect(h.store.entry(id: ids[1]) == nil)
@@ -372,8 +375,9 @@ struct OfflineQueueEngineTests {
 
     @Test func aStartedQueueThatLearnedItIsOfflineTriesAgainAfterTheRecheckInterval() async throws {
         // The monitor keeps saying "connected" while sends find no network.
-        let h = try QueueHarness([.urlError(.notConnectedToInternet), .urlError(.notConnectedToInternet), .ok()],
-                                 configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10), offlineRecheckInterval: .seconds(30)))
+        let h = try QueueHarness(
+            [.urlError(.notConnectedToInternet), .urlError(.notConnectedToInternet), .ok()],
+            configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10), offlineRecheckInterval: .seconds(30)))
         let collector = StreamCollector(await h.engine.results)
         _ = try await h.engine.enqueue(Mutation("/a"))  // noConnection: queued
         await h.engine.start()  // the start pass finds no network again and arms the re-check

@@ -1,7 +1,8 @@
 import Foundation
-import Testing
 import RequestEngine
 import ResilienceTesting
+import Testing
+
 @testable import OfflineQueue
 
 @Suite("OfflineQueueEngine.pendingCounts: the count at once, then every change", .timeLimit(.minutes(1)))

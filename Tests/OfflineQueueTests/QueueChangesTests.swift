@@ -1,7 +1,8 @@
 import Foundation
-import Testing
 import RequestEngine
 import ResilienceTesting
+import Testing
+
 @testable import OfflineQueue
 
 /// `DiskQueueStore.changes`: every change to the entries, in order, with why an entry left.
@@ -37,15 +38,16 @@ struct QueueChangesTests {
             guard let change = await changes.next() else { break }
             seen.append(Self.describe(change))
         }
-        #expect(seen == [
-            "stored /profile",
-            "stored /profile replacing",
-            "stored /doomed",
-            "stored /posted",
-            "removed /doomed cancelled",
-            "attempt started", "updated /profile attempts 1", "attempt ended",
-            "attempt started", "removed /posted delivered(statusCode: 200)", "attempt ended",
-        ])
+        #expect(
+            seen == [
+                "stored /profile",
+                "stored /profile replacing",
+                "stored /doomed",
+                "stored /posted",
+                "removed /doomed cancelled",
+                "attempt started", "updated /profile attempts 1", "attempt ended",
+                "attempt started", "removed /posted delivered(statusCode: 200)", "attempt ended",
+            ])
     }
 
     @Test func aRequestSentAtOnceIsOfferedThenDeliveredStoredOrRejectedUnderOneID() async throws {
@@ -61,11 +63,12 @@ struct QueueChangesTests {
             seen.append(Self.describe(change))
             ids.append(change.entryID)
         }
-        #expect(seen == [
-            "offered /sent", "removed /sent delivered(statusCode: 200)",
-            "offered /kept", "stored /kept",
-            "offered /rejected", "removed /rejected rejected(statusCode: Optional(422))",
-        ])
+        #expect(
+            seen == [
+                "offered /sent", "removed /sent delivered(statusCode: 200)",
+                "offered /kept", "stored /kept",
+                "offered /rejected", "removed /rejected rejected(statusCode: Optional(422))",
+            ])
         #expect(ids[0] == ids[1] && ids[2] == kept && ids[3] == kept && ids[4] == ids[5])
     }
 

@@ -1,27 +1,33 @@
 import Foundation
-import Testing
 import RequestEngine
+import Testing
+
 @testable import OfflineQueue
 
 @Suite("QueueEntryDecoder: the fast reader agrees with JSONDecoder")
 struct QueueEntryDecoderTests {
-    func entry(headers: [String: String] = [:], body: Data? = nil, timeout: TimeInterval = 30, ttl: TimeInterval = 86_400,
-               orderingKey: String? = nil, coalescingKey: String? = nil, nextAttemptAt: Date? = nil, lastError: String? = nil) -> QueueEntry {
-        var request = QueuedRequest(method: .patch, url: URL(string: "https://api.example.test/a/b?q=%20x&y=é")!, headers: headers, body: body,
-                                    timeout: timeout, ttl: ttl, priority: .critical, idempotencyKey: "key \"quoted\" \\ / ü 🚀",
-                                    orderingKey: orderingKey, coalescingKey: coalescingKey)
+    func entry(
+        headers: [String: String] = [:], body: Data? = nil, timeout: TimeInterval = 30, ttl: TimeInterval = 86_400,
+        orderingKey: String? = nil, coalescingKey: String? = nil, nextAttemptAt: Date? = nil, lastError: String? = nil
+    ) -> QueueEntry {
+        var request = QueuedRequest(
+            method: .patch, url: URL(string: "https://api.example.test/a/b?q=%20x&y=é")!, headers: headers, body: body,
+            timeout: timeout, ttl: ttl, priority: .critical, idempotencyKey: "key \"quoted\" \\ / ü 🚀",
+            orderingKey: orderingKey, coalescingKey: coalescingKey)
         request.headers = headers
-        return QueueEntry(request: request, idempotencyKey: request.idempotencyKey, enqueuedAt: Date(timeIntervalSinceReferenceDate: 815_000_000.125),
-                          sequence: 42, revision: 3, attempts: 7, nextAttemptAt: nextAttemptAt, lastError: lastError)
+        return QueueEntry(
+            request: request, idempotencyKey: request.idempotencyKey, enqueuedAt: Date(timeIntervalSinceReferenceDate: 815_000_000.125),
+            sequence: 42, revision: 3, attempts: 7, nextAttemptAt: nextAttemptAt, lastError: lastError)
     }
 
     @Test func everyFieldRoundTripsThroughTheFastReader() throws {
         let samples = [
             entry(),
-            entry(headers: ["X-Quote": "say \"hi\"\n\t", "Accept": "*/*", "X-Emoji": "😀", "X-Control": "\u{1}\u{1F}"],
-                  body: Data((0..<300).map { UInt8($0 % 256) }), timeout: .infinity, ttl: .infinity,
-                  orderingKey: "doc/1", coalescingKey: "profile", nextAttemptAt: Date(timeIntervalSinceReferenceDate: 815_000_060.5),
-                  lastError: "HTTP 503 (0 body bytes)"),
+            entry(
+                headers: ["X-Quote": "say \"hi\"\n\t", "Accept": "*/*", "X-Emoji": "😀", "X-Control": "\u{1}\u{1F}"],
+                body: Data((0..<300).map { UInt8($0 % 256) }), timeout: .infinity, ttl: .infinity,
+                orderingKey: "doc/1", coalescingKey: "profile", nextAttemptAt: Date(timeIntervalSinceReferenceDate: 815_000_060.5),
+                lastError: "HTTP 503 (0 body bytes)"),
             entry(body: Data()),
         ]
         for sample in samples {

@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 import RequestEngine
+import Testing
+
 @testable import OfflineQueue
 
 /// `QueueEntryLifecycle` and `FirstAttemptRace.StateMachine`, one transition at a time.

@@ -1,11 +1,13 @@
 import Foundation
-import Testing
-import Retry
 import RequestEngine
-import ResilienceTesting
-@testable import OfflineQueue
 import ResilienceCore
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import OfflineQueue
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -45,9 +47,13 @@ struct QueueHardeningTests {
                 for index in 0..<5 {
                     group.addTask {
                         let body = "v\(index)"
-                        ticks.withLock { $0.now += 1; $0.started[body] = $0.now }
+                        ticks.withLock {
+                            $0.now += 1; $0.started[body] = $0.now
+                        }
                         guard (try? await engine.enqueue(edit(body)))?.queuedID != nil else { return }
-                        ticks.withLock { $0.now += 1; $0.acknowledged[body] = $0.now }
+                        ticks.withLock {
+                            $0.now += 1; $0.acknowledged[body] = $0.now
+                        }
                     }
                     if index == 2 { await Task.yield() }  // some edits start after others were acknowledged
                 }

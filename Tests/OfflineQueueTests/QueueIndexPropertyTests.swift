@@ -1,9 +1,10 @@
 import Foundation
-import Testing
 import RequestEngine
-import ResilienceTesting
-@testable import OfflineQueue
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import OfflineQueue
 
 /// Random sequences of saves, re-saves with another priority, removals and reopens, checked after
 /// every step against a model that is too simple to be wrong: a dictionary of live entries, each
@@ -148,7 +149,8 @@ struct QueueIndexPropertyTests {
             let loaded = await store.load().map(\.id)
             let count = await store.count()
             guard ordered.map(\.id) == model.order, loaded == model.order, count == model.count,
-                  ordered.allSatisfy({ model.entries[$0.id]?.priority == $0.priority }) else {
+                ordered.allSatisfy({ model.entries[$0.id]?.priority == $0.priority })
+            else {
                 Issue.record("step \(step) (roll \(roll)): replay order has \(ordered.count) entries, load() \(loaded.count), count() \(count); the model has \(model.count)")
                 return
             }

@@ -1,11 +1,13 @@
 import Foundation
-import Testing
-import Retry
 import RequestEngine
-import ResilienceTesting
-@testable import OfflineQueue
-import ResilienceTestSupport
 import ResilienceCore
+import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import OfflineQueue
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -85,7 +87,8 @@ struct QueuedDeadlineTests {
     }
 
     @Test func anEntryFileWithANonPositiveDeadlineIsNotTrusted() throws {
-        let text = #"{"id":"6F9619FF-8B86-D011-B42D-00C04FC964FF","url":"https:\/\/api.example.test\/a","method":"POST","headers":{},"timeout":30,"enqueuedAt":0,"ttl":60,"priority":0,"idempotencyKey":"k","sequence":1,"attempts":0,"revision":0,"formatVersion":1,"deadlineSeconds":-2}"#
+        let text =
+            #"{"id":"6F9619FF-8B86-D011-B42D-00C04FC964FF","url":"https:\/\/api.example.test\/a","method":"POST","headers":{},"timeout":30,"enqueuedAt":0,"ttl":60,"priority":0,"idempotencyKey":"k","sequence":1,"attempts":0,"revision":0,"formatVersion":1,"deadlineSeconds":-2}"#
         #expect(QueueEntryDecoder.decode(Data(text.utf8)) == nil)
         #expect(QueueEntryDecoder.decode(Data(text.replacingOccurrences(of: "-2", with: "2.5").utf8))?.deadline == .milliseconds(2_500))
     }

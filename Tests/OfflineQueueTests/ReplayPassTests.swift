@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import OfflineQueue
 
 @Suite("ReplayPass: one pass's decisions — ordering keys, expiry, backoff, rescans")
@@ -19,9 +20,13 @@ struct ReplayPassTests {
     @Test func theFirstScanAlwaysRunsAndAnotherOnlyAfterSomethingLeftTheQueue() {
         var pass = ReplayPass(connected: true)
         var reads = 0
-        let r1 = pass.nextScan { reads += 1; return [] }
+        let r1 = pass.nextScan {
+            reads += 1; return []
+        }
         #expect(r1 != nil)
-        let r2 = pass.nextScan { reads += 1; return [] }
+        let r2 = pass.nextScan {
+            reads += 1; return []
+        }
         #expect(r2 == nil, "nothing removed: the pass is over")
         #expect(reads == 1, "the queue is not read for a scan that does not happen")
 

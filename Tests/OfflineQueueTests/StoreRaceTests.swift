@@ -1,12 +1,13 @@
 import Dispatch
 import Foundation
-import Testing
 import RequestEngine
-import Retry
 import ResilienceCore
-import ResilienceTesting
-@testable import OfflineQueue
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import OfflineQueue
 
 /// Writes that race removals, ordered by hand: the store's only I/O thread is held until the test
 /// has done what must happen while a write waits.

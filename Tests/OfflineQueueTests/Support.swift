@@ -1,10 +1,12 @@
 import Foundation
-import Testing
-import Retry
 import RequestEngine
-import ResilienceTesting
-@testable import OfflineQueue
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import OfflineQueue
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -39,8 +41,10 @@ struct QueueHarness {
     let engine: OfflineQueueEngine
     let store: DiskQueueStore
 
-    init(_ steps: [ScriptedNetworkSession.Step], connected: Bool = true, maxQueueSize: Int = 500,
-         configuration: OfflineQueueEngine.Configuration = .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10))) throws {
+    init(
+        _ steps: [ScriptedNetworkSession.Step], connected: Bool = true, maxQueueSize: Int = 500,
+        configuration: OfflineQueueEngine.Configuration = .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10))
+    ) throws {
         session = ScriptedNetworkSession(steps)
         monitor = ManualReachabilityMonitor(isConnected: connected)
         store = try DiskQueueStore(directory: directory.url)

@@ -1,10 +1,12 @@
 import Foundation
-import Testing
-import Retry
 import RequestEngine
-import ResilienceTesting
-@testable import OfflineQueue
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import OfflineQueue
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -257,9 +259,11 @@ struct SwiftResilienceCompatibilityTests {
         put.method = .put
         #expect(key != put.derivedIdempotencyKey)
         // The documented bytes: method, NUL, absolute URL, NUL, body.
-        #expect(IdempotencyKey.derived(method: .post, url: URL(string: "https://api.example.com/orders")!, body: Data("{\"id\":1}".utf8))
+        #expect(
+            IdempotencyKey.derived(method: .post, url: URL(string: "https://api.example.com/orders")!, body: Data("{\"id\":1}".utf8))
                 == "0b4b53e050497bc832439f32998f51dbba0f72aef2917b747628aa7657107195")
-        #expect(IdempotencyKey.derived(method: .delete, url: request.url, body: nil)
+        #expect(
+            IdempotencyKey.derived(method: .delete, url: request.url, body: nil)
                 == IdempotencyKey.derived(method: .delete, url: request.url, body: Data()))
     }
 

@@ -1,9 +1,11 @@
 import Foundation
-import Testing
 import RequestEngine
-import ResilienceTesting
-@testable import Reachability
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import Reachability
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -354,12 +356,15 @@ struct NetlinkReachabilityTests {
         #expect(parsed.isDone)
         #expect(parsed.errno == nil)
         #expect(parsed.links == [NetlinkLink(index: 3, name: "veth0", flags: 0x41, operState: 6)])
-        #expect(parsed.routes == [
-            NetlinkRoute(family: 2, destinationLength: 0, table: 1000, type: 1,
-                         nextHops: [.init(interfaceIndex: 3, flags: 0x10)], nextHopObjectID: nil),
-            NetlinkRoute(family: 10, destinationLength: 0, table: 254, type: 1,
-                         nextHops: [.init(interfaceIndex: 3, flags: 0), .init(interfaceIndex: 4, flags: 1)], nextHopObjectID: nil),
-        ])
+        #expect(
+            parsed.routes == [
+                NetlinkRoute(
+                    family: 2, destinationLength: 0, table: 1000, type: 1,
+                    nextHops: [.init(interfaceIndex: 3, flags: 0x10)], nextHopObjectID: nil),
+                NetlinkRoute(
+                    family: 10, destinationLength: 0, table: 254, type: 1,
+                    nextHops: [.init(interfaceIndex: 3, flags: 0), .init(interfaceIndex: 4, flags: 1)], nextHopObjectID: nil),
+            ])
     }
 
     @Test func parserReportsKernelErrorsAndSkipsTruncatedMessages() {

@@ -1,9 +1,11 @@
 import Foundation
-import Testing
-@testable import RequestEngine
 import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
+import Testing
+
+@testable import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -17,9 +19,10 @@ struct AdaptiveConcurrencyEngineTests {
     static func engine(_ session: ScriptedNetworkSession, initial: Int, backoff: Double = 0.5, clock: ManualClock = ManualClock()) throws -> AsyncRequestEngine {
         AsyncRequestEngine(
             session: session,
-            options: .init(adaptiveConcurrencyPerHost: try .init(
-                algorithm: .aimd(backoff: backoff), minLimit: 1, maxLimit: 50, maxWaiting: 10, initialLimit: initial, interactiveShare: 0
-            )),
+            options: .init(
+                adaptiveConcurrencyPerHost: try .init(
+                    algorithm: .aimd(backoff: backoff), minLimit: 1, maxLimit: 50, maxWaiting: 10, initialLimit: initial, interactiveShare: 0
+                )),
             clock: clock
         )
     }
@@ -132,9 +135,10 @@ struct AdaptiveConcurrencyEngineTests {
         // Four places, two kept for interactive calls: two background calls run, a third waits.
         let engine = AsyncRequestEngine(
             session: session,
-            options: .init(adaptiveConcurrencyPerHost: try .init(
-                algorithm: .aimd(), minLimit: 4, maxLimit: 4, maxWaiting: 10, initialLimit: 4, interactiveShare: 0.5
-            ))
+            options: .init(
+                adaptiveConcurrencyPerHost: try .init(
+                    algorithm: .aimd(), minLimit: 4, maxLimit: 4, maxWaiting: 10, initialLimit: 4, interactiveShare: 0.5
+                ))
         )
         let background = (0..<3).map { number in Task { try await engine.send(Prioritised(number: number, requestPriority: .background)) } }
         await session.waitForCalls(2)

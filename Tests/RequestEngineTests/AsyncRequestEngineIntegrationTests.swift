@@ -1,9 +1,10 @@
 import Foundation
-import Testing
-import Retry
-import ResilienceTesting
 import RequestEngine
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -228,9 +229,11 @@ struct AsyncRequestEngineIntegrationTests {
     }
 
     @Test func headersAndBodyReachTheServer() async throws {
-        server.route("/echo", handler: { request in
-            .init(status: 200, headers: ["X-Method": request.method], body: request.body)
-        })
+        server.route(
+            "/echo",
+            handler: { request in
+                .init(status: 200, headers: ["X-Method": request.method], body: request.body)
+            })
         let engine = AsyncRequestEngine(session: session)
         let payload = Data((0..<50_000).map { UInt8($0 % 251) })
         var request = TestRequest(url: server.url("/echo"), method: .put, headers: ["Content-Type": "application/octet-stream"])

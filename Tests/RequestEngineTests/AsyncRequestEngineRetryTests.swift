@@ -1,9 +1,11 @@
 import Foundation
-import Testing
-import Retry
-import ResilienceTesting
-@testable import RequestEngine
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -312,8 +314,9 @@ struct AsyncRequestEngineRetryTests {
     @Test func responseForReturnsTheFinalNonSuccessResponseWithItsHeaders() async throws {
         let session = ScriptedNetworkSession([.status(503, headers: ["Retry-After": "120"])])
         let recorder = EventRecorder()
-        let engine = AsyncRequestEngine(session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0), eventSink: recorder,
-                                        options: .init(honorsRetryAfter: false), clock: ManualClock())
+        let engine = AsyncRequestEngine(
+            session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0), eventSink: recorder,
+            options: .init(honorsRetryAfter: false), clock: ManualClock())
         for method in [HTTPMethod.get, .put] {  // deduplicated and direct paths
             let (_, response) = try await engine.response(for: TestRequest(method: method))
             #expect(response.statusCode == 503)

@@ -1,10 +1,12 @@
 import Foundation
-import Testing
-import Retry
-import ResilienceTesting
-@testable import RequestEngine
 import ResilienceCore
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -516,4 +518,3 @@ struct AsyncRequestEngineStrategiesReviewTests {
         #expect(extra !== limiters.limiter(forAuthority: "one-more"))  // not kept
     }
 }
-

@@ -1,10 +1,12 @@
 import Foundation
-import Testing
-import Retry
-import ResilienceTesting
-@testable import RequestEngine
 import ResilienceCore
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -172,7 +174,11 @@ struct AsyncRequestEngineTimeoutHandOffTests {
         harness.fireTimeout()
         // Were the retry's deadline lost, the request would wait forever: the suite's time limit
         // cancels this test, which cancels the request, so the test fails instead of hanging.
-        let outcome = await withTaskCancellationHandler { await task.value } onCancel: { task.cancel() }
+        let outcome = await withTaskCancellationHandler {
+            await task.value
+        } onCancel: {
+            task.cancel()
+        }
         #expect(outcome?.caseName == "timedOut")
         #expect(harness.recorder.timeline == ["started", "retry(0,0.0)", "failed(timed out,1)"])
         #expect(harness.engine.inFlightCount == 0)
@@ -190,7 +196,9 @@ struct AsyncRequestEngineTimeoutHandOffTests {
         let other = SharedCall.unstarted()
         let (handedOff, continuation) = AsyncStream.makeStream(of: Void.self)
         other.open(attempt: 3)
-        other.timeOut(attempt: 3, priority: nil) { _ in continuation.yield(); continuation.finish() }
+        other.timeOut(attempt: 3, priority: nil) { _ in
+            continuation.yield(); continuation.finish()
+        }
         #expect(!other.claim(attempt: 3))
         for await _ in handedOff {}
         other.open(attempt: 4)

@@ -1,9 +1,10 @@
 import Foundation
-import Testing
-import Retry
-import ResilienceTesting
-@testable import RequestEngine
 import ResilienceCore
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import RequestEngine
 
 /// The watchdog's registrations on their own: each registration's handle indexes the watchdog's
 /// own table of heap positions, so these pin that bookkeeping (handles reused, never confused)

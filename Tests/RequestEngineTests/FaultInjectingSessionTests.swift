@@ -3,7 +3,9 @@ import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
 import Testing
+
 @testable import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -1,8 +1,10 @@
 import Foundation
-import Testing
-import ResilienceTesting
-@testable import RequestEngine
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -33,10 +35,12 @@ struct NetworkErrorTests {
 
     /// What libcurl-based URLSession reports, verbatim, when the connection closes before the body
     /// is complete: a body shorter than its `Content-Length`, a chunked body without its last chunk.
-    @Test(.enabled(if: runsOnCorelibsFoundation, "libcurl's messages, Linux only"), arguments: [
-        "transfer closed with 500 bytes remaining to read",
-        "transfer closed with outstanding read data remaining",
-    ])
+    @Test(
+        .enabled(if: runsOnCorelibsFoundation, "libcurl's messages, Linux only"),
+        arguments: [
+            "transfer closed with 500 bytes remaining to read",
+            "transfer closed with outstanding read data remaining",
+        ])
     func aBodyCutShortIsARetryableConnectionLoss(message: String) {
         let error = NetworkError(mapping: URLError(.unknown, userInfo: [NSLocalizedDescriptionKey: message]))
         #expect(error.caseName == "transport(connectionLost)")
@@ -45,10 +49,12 @@ struct NetworkErrorTests {
 
     /// What libcurl-based URLSession reports, verbatim, for a response header block it refuses:
     /// 300 KiB in all, or one line over its 100 KiB buffer.
-    @Test(.enabled(if: runsOnCorelibsFoundation, "libcurl's messages, Linux only"), arguments: [
-        "Too large response headers: 307233 > 307200",
-        "Out of memory",
-    ])
+    @Test(
+        .enabled(if: runsOnCorelibsFoundation, "libcurl's messages, Linux only"),
+        arguments: [
+            "Too large response headers: 307233 > 307200",
+            "Out of memory",
+        ])
     func headersLibcurlRefusesAreResponseHeadersTooLarge(message: String) {
         let error = NetworkError(mapping: URLError(.unknown, userInfo: [NSLocalizedDescriptionKey: message]))
         #expect(error.caseName == "responseHeadersTooLarge")
@@ -98,8 +104,9 @@ struct NetworkErrorTests {
         let request = TestRequest(url: try #require(URL(string: url)))
         #expect(await networkError { try await engine.send(request) }?.caseName == "invalidRequest")
         #expect(session.callCount == 0)
-        #expect(recorder.timeline == ["started", "failed(invalid request: URL scheme must be http or https,0)"]
-            || recorder.timeline == ["started", "failed(invalid request: URL has no host,0)"])
+        #expect(
+            recorder.timeline == ["started", "failed(invalid request: URL scheme must be http or https,0)"]
+                || recorder.timeline == ["started", "failed(invalid request: URL has no host,0)"])
     }
 
     @Test(arguments: ["http://127.0.0.1:99999/x", "https://api.example.test:65536/", "http://api.example.test:4294967297/"])

@@ -1,7 +1,7 @@
 import Foundation
-import Testing
 import RequestEngine
 import ResilienceCore
+import Testing
 
 /// The one request value the layers pass down: each property read once, headers set without
 /// leaving a second copy under another letter case.
@@ -26,13 +26,16 @@ struct PreparedRequestTests {
     @Test func everyPropertyIsReadOnceAndKept() {
         let source = CountingRequest()
         let prepared = PreparedRequest(source)
-        #expect(source.reads.withLock { $0 } == [
-            "url": 1, "method": 1, "headers": 1, "body": 1, "timeout": 1, "maximumResponseBodySize": 1, "deadline": 1,
-        ])
-        #expect(prepared == PreparedRequest(
-            url: URL(string: "https://api.example.test/a")!, method: .post, headers: ["X-A": "1"], body: Data("b".utf8),
-            timeout: 5, maximumResponseBodySize: 100, deadline: .seconds(9)
-        ))
+        #expect(
+            source.reads.withLock { $0 } == [
+                "url": 1, "method": 1, "headers": 1, "body": 1, "timeout": 1, "maximumResponseBodySize": 1, "deadline": 1,
+            ])
+        #expect(
+            prepared
+                == PreparedRequest(
+                    url: URL(string: "https://api.example.test/a")!, method: .post, headers: ["X-A": "1"], body: Data("b".utf8),
+                    timeout: 5, maximumResponseBodySize: 100, deadline: .seconds(9)
+                ))
         #expect(PreparedRequest(prepared) == prepared)
     }
 

@@ -1,10 +1,12 @@
 import Foundation
-import Testing
-import Retry
-import ResilienceTesting
-@testable import RequestEngine
 import ResilienceCore
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -190,8 +192,10 @@ struct TransferStateMachineTests {
     @Test func aContentLengthDoesNotFailAResponseWithoutABody() async {
         for (status, expectsBody) in [(200, false), (204, true), (304, true)] {
             let outcome = await Self.run(limit: 10, expectsBody: expectsBody) { machine in
-                [machine.receive(response: Self.response(status: status, contentLength: 1_000_000)),
-                 machine.complete(data: nil, response: nil, error: nil)]
+                [
+                    machine.receive(response: Self.response(status: status, contentLength: 1_000_000)),
+                    machine.complete(data: nil, response: nil, error: nil),
+                ]
             }
             #expect((try? outcome.result.get()) == Data(), "status \(status), HEAD \(!expectsBody)")
         }
@@ -199,12 +203,14 @@ struct TransferStateMachineTests {
 
     @Test func theChunkThatCrossesTheLimitFailsTheTransferAndLaterBytesAreDropped() async {
         let outcome = await Self.run(limit: 25) { machine in
-            [machine.receive(response: Self.response()),
-             machine.receive(data: Data(count: 10)),
-             machine.receive(data: Data(count: 15)),  // exactly 25: still fine
-             machine.receive(data: Data(count: 1)),   // 26: over
-             machine.receive(data: Data(count: 1_000)),
-             machine.complete(data: nil, response: nil, error: URLError(.cancelled))]
+            [
+                machine.receive(response: Self.response()),
+                machine.receive(data: Data(count: 10)),
+                machine.receive(data: Data(count: 15)),  // exactly 25: still fine
+                machine.receive(data: Data(count: 1)),  // 26: over
+                machine.receive(data: Data(count: 1_000)),
+                machine.complete(data: nil, response: nil, error: URLError(.cancelled)),
+            ]
         }
         #expect(Self.limitError(outcome.result) == 25)
         #expect(outcome.actions == ["makeTask", "resume", "none", "none", "none", "answerAndCancel", "none", "none"])
@@ -213,21 +219,25 @@ struct TransferStateMachineTests {
 
     @Test func aBodyOfExactlyTheLimitCompletes() async {
         let outcome = await Self.run(limit: 25) { machine in
-            [machine.receive(response: Self.response(contentLength: 25)),
-             machine.receive(data: Data(count: 25)),
-             machine.complete(data: nil, response: nil, error: nil)]
+            [
+                machine.receive(response: Self.response(contentLength: 25)),
+                machine.receive(data: Data(count: 25)),
+                machine.complete(data: nil, response: nil, error: nil),
+            ]
         }
         #expect((try? outcome.result.get())?.count == 25)
     }
 
     @Test func aCancelledTransferAnswersAtOnceAndDropsEverythingAfter() async {
         let outcome = await Self.run(limit: nil) { machine in
-            [machine.receive(response: Self.response()),
-             machine.receive(data: Data(count: 10)),
-             machine.cancel(),
-             machine.receive(data: Data(count: 1_000_000)),
-             machine.cancel(),
-             machine.complete(data: nil, response: nil, error: URLError(.cancelled))]
+            [
+                machine.receive(response: Self.response()),
+                machine.receive(data: Data(count: 10)),
+                machine.cancel(),
+                machine.receive(data: Data(count: 1_000_000)),
+                machine.cancel(),
+                machine.complete(data: nil, response: nil, error: URLError(.cancelled)),
+            ]
         }
         #expect((outcome.result.failure as? URLError)?.code == .cancelled)
         #expect(outcome.actions == ["makeTask", "resume", "none", "none", "answerAndCancel", "none", "none", "none"])

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import RequestEngine
 
 @Suite("ResponseClassification: the one status table of retries, breaker and queue replay")
@@ -8,9 +9,11 @@ struct ResponseClassificationTests {
         for status in 100...599 {
             let kind = ResponseClassification(status: status, retryAfterHeader: nil).kind
             let expected: ResponseClassification.Kind =
-                (200...299).contains(status) ? .success
-                : ((500...599).contains(status) && status != 501 || status == 408 || status == 429) ? .retryable
-                : .permanent
+                (200...299).contains(status)
+                ? .success
+                : ((500...599).contains(status) && status != 501 || status == 408 || status == 429)
+                    ? .retryable
+                    : .permanent
             #expect(kind == expected, "\(status)")
             #expect(NetworkError.httpError(statusCode: status, data: nil).isRetryable == (kind == .retryable), "\(status)")
         }
@@ -33,8 +36,16 @@ struct ResponseClassificationTests {
 
     @Test func theHeaderIsNotReadForStatusesThatNeverUseIt() {
         var reads = 0
-        _ = ResponseClassification(status: 500, retryAfterHeader: { reads += 1; return "1" }())
-        _ = ResponseClassification(status: 200, retryAfterHeader: { reads += 1; return "1" }())
+        _ = ResponseClassification(
+            status: 500,
+            retryAfterHeader: {
+                reads += 1; return "1"
+            }())
+        _ = ResponseClassification(
+            status: 200,
+            retryAfterHeader: {
+                reads += 1; return "1"
+            }())
         #expect(reads == 0)
     }
 }

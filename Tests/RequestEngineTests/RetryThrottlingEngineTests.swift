@@ -1,9 +1,10 @@
 import Foundation
-import Testing
 import RequestEngine
 import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
+import Testing
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

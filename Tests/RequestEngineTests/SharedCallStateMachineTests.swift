@@ -1,6 +1,8 @@
 import Foundation
 import Testing
+
 @testable import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -9,8 +11,12 @@ import FoundationNetworking
 struct SharedCallStateMachineTests {
     typealias Machine = SharedCallStateMachine
 
-    private let ok: Machine.Outcome = .success((Data("ok".utf8), HTTPURLResponse(
-        url: URL(string: "https://api.example.test/")!, statusCode: 200, httpVersion: nil, headerFields: nil)!))
+    private let ok: Machine.Outcome = .success(
+        (
+            Data("ok".utf8),
+            HTTPURLResponse(
+                url: URL(string: "https://api.example.test/")!, statusCode: 200, httpVersion: nil, headerFields: nil)!
+        ))
 
     private func task() -> Task<Void, Never> { Task {} }
 

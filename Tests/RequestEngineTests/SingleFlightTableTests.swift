@@ -1,8 +1,9 @@
 import Foundation
-import Testing
-import ResilienceTesting
 import ResilienceCore
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
 @testable import RequestEngine
 
 @Suite("SingleFlightTable: one shared call per identity, replaced once it ends", .timeLimit(.minutes(1)))

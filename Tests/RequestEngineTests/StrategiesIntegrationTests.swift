@@ -1,9 +1,11 @@
 import Foundation
-import Testing
-import Retry
-import ResilienceTesting
-@testable import RequestEngine
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

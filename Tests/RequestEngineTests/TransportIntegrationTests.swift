@@ -1,9 +1,11 @@
 import Foundation
-import Testing
-import Retry
-import ResilienceTesting
-@testable import RequestEngine
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -208,7 +210,9 @@ struct TransportIntegrationTests {
         let request = URLRequest(url: server.url("/x"))
         let caller = Task { [transport] in try await transport?.data(for: request, maximumBodySize: nil) }
         await withCheckedContinuation { continuation in
-            Thread { entered.wait(); continuation.resume() }.start()  // not a cooperative thread
+            Thread {
+                entered.wait(); continuation.resume()
+            }.start()  // not a cooperative thread
         }
         caller.cancel()
         _ = await caller.result  // answered at once, the make still pending

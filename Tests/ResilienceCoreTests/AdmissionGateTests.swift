@@ -1,6 +1,7 @@
-import Testing
 import ResilienceTestSupport
 import ResilienceTesting
+import Testing
+
 @testable import ResilienceCore
 
 /// A latch a test opens by hand, and that tells when someone waits on it.
@@ -59,12 +60,12 @@ struct AdmissionGateTests {
         try await gate.enter()  // the only place is taken
         let second = Task { try await gate.enter() }
         await latch.waitForArrivals(1)  // it decided to wait and stands just before its line
-        gate.leave()                    // the place comes back in that window
+        gate.leave()  // the place comes back in that window
         latch.open()
-        try await second.value          // before the fix: waits forever, with the place free
+        try await second.value  // before the fix: waits forever, with the place free
         #expect(gate.waiterCount == 0)
         gate.leave()
-        try await gate.enter()          // and the place is free again afterwards
+        try await gate.enter()  // and the place is free again afterwards
         gate.leave()
     }
 
@@ -113,11 +114,12 @@ struct AdmissionGateTests {
         let served = Locked<[Int]>([])
         var tasks: [Task<Void, any Error>] = []
         for index in 0..<10_000 {
-            tasks.append(Task {
-                try await gate.enter()
-                served.withLock { $0.append(index) }
-                gate.leave()
-            })
+            tasks.append(
+                Task {
+                    try await gate.enter()
+                    served.withLock { $0.append(index) }
+                    gate.leave()
+                })
             while gate.waiterCount < index + 1 { await Task.yield() }  // each in line before the next
         }
         for index in stride(from: 1, to: 10_000, by: 2) { tasks[index].cancel() }
@@ -184,11 +186,13 @@ struct AdmissionGateTimeoutTests {
         let timer = DeadlineTimer(time: TimeSource(clock))
         defer { timer.shutdown() }
         let gateBox = Locked<AdmissionGate?>(nil)
-        let gate = AdmissionGate(limit: 1, beforeWaiting: {
-            await clock.waitForSleepers(1)  // the timeout's sleeper
-            clock.advance(by: .seconds(5))
-            await yieldUntil { gateBox.withLock { $0 }?.waiterCount == 0 }  // handed TimedOut
-        })
+        let gate = AdmissionGate(
+            limit: 1,
+            beforeWaiting: {
+                await clock.waitForSleepers(1)  // the timeout's sleeper
+                clock.advance(by: .seconds(5))
+                await yieldUntil { gateBox.withLock { $0 }?.waiterCount == 0 }  // handed TimedOut
+            })
         gateBox.withLock { $0 = gate }
         try await gate.enter()
         #expect(await thrownError { try await gate.enter(timeout: .seconds(5), on: timer) } is AdmissionGate.TimedOut)
@@ -204,13 +208,19 @@ struct AdmissionGateTimeoutTests {
         let timer = DeadlineTimer(time: TimeSource(clock))
         defer { timer.shutdown() }
         let gateBox = Locked<AdmissionGate?>(nil)
-        let gate = AdmissionGate(limit: 1, beforeWaiting: {
-            guard let gate = gateBox.withLock({ box in defer { box = nil }; return box }) else { return }  // the first caller only
-            await clock.waitForSleepers(1)
-            gate.leave()  // the holder leaves: the place goes to this caller
-            clock.advance(by: .seconds(5))  // and then its timeout passes
-            await yieldUntil { timer.pendingCount == 0 }
-        })
+        let gate = AdmissionGate(
+            limit: 1,
+            beforeWaiting: {
+                guard
+                    let gate = gateBox.withLock({ box in
+                        defer { box = nil }; return box
+                    })
+                else { return }  // the first caller only
+                await clock.waitForSleepers(1)
+                gate.leave()  // the holder leaves: the place goes to this caller
+                clock.advance(by: .seconds(5))  // and then its timeout passes
+                await yieldUntil { timer.pendingCount == 0 }
+            })
         gateBox.withLock { $0 = gate }
         try await gate.enter()
         try await gate.enter(timeout: .seconds(5), on: timer)  // admitted

@@ -1,7 +1,7 @@
-import Testing
 import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
+import Testing
 
 @Suite("DeadlineTimer: many deadlines, one sleeper", .timeLimit(.minutes(1)))
 struct DeadlineTimerTests {

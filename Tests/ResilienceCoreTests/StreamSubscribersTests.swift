@@ -1,4 +1,5 @@
 import Testing
+
 @testable import ResilienceCore
 
 @Suite("StreamSubscribers: the streams one publisher hands out", .timeLimit(.minutes(1)))

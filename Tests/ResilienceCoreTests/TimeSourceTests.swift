@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 import ResilienceTesting
+import Testing
+
 @testable import ResilienceCore
 
 @Suite("TimeSource: a type-erased clock", .timeLimit(.minutes(1)))

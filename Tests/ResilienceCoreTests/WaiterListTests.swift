@@ -1,4 +1,5 @@
 import Testing
+
 @testable import ResilienceCore
 
 /// A minimal owner of a waiting line: callers wait for a value `resumeFirst` or `open` gives them.

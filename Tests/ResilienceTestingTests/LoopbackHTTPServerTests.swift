@@ -1,9 +1,10 @@
 import Foundation
+import ResilienceTesting
+import Testing
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
-import ResilienceTesting
-import Testing
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)

@@ -1,8 +1,8 @@
 import Foundation
-import Testing
-import Retry
-import ResilienceTesting
 import ResilienceCore
+import ResilienceTesting
+import Retry
+import Testing
 
 @Suite("ManualClock", .timeLimit(.minutes(1)))
 struct ManualClockTests {

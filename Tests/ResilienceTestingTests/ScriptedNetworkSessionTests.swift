@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 import ResilienceTesting
+import Testing
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

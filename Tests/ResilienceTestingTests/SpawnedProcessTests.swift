@@ -1,9 +1,10 @@
 import Foundation
-import Retry
-import ResilienceTesting
-import Testing
 import ResilienceCore
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -172,10 +173,11 @@ struct SpawnedProcessTests {
         func targets(_ process: String, from first: Int) -> Set<String>? {
             let folder = "/proc/\(process)/fd"
             guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return nil }
-            return Set(names.compactMap { name -> String? in
-                guard let fd = Int(name), fd >= first else { return nil }
-                return try? FileManager.default.destinationOfSymbolicLink(atPath: "\(folder)/\(name)")
-            }.filter { $0.hasPrefix("pipe:") || $0.hasPrefix("socket:") })
+            return Set(
+                names.compactMap { name -> String? in
+                    guard let fd = Int(name), fd >= first else { return nil }
+                    return try? FileManager.default.destinationOfSymbolicLink(atPath: "\(folder)/\(name)")
+                }.filter { $0.hasPrefix("pipe:") || $0.hasPrefix("socket:") })
         }
         guard let child = targets(String(pid), from: 3), let mine = targets("self", from: 0) else { return nil }
         return child.intersection(mine)

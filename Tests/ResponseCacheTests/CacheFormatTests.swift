@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import ResponseCache
 
 @Suite("ResponseCache building blocks: digest, file format, index, Cache-Control")

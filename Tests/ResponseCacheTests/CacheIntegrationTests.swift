@@ -1,10 +1,12 @@
 import Foundation
-import Testing
 import Reachability
 import RequestEngine
-import ResilienceTesting
-@testable import ResponseCache
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import ResponseCache
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -35,11 +37,13 @@ struct CacheIntegrationTests {
     @Test func aStaleFeedIsRevalidatedByTheServerWithA304AndItsBodyIsNotSentAgain() async throws {
         let server = try LoopbackHTTPServer()
         defer { server.shutdown() }
-        server.route("/feed", handler: { request in
-            request.header("if-none-match") == "\"v1\""
-                ? .status(304, headers: ["ETag": "\"v1\"", "Cache-Control": "max-age=0"])
-                : .status(200, headers: ["ETag": "\"v1\"", "Cache-Control": "max-age=0"], body: "the feed")
-        })
+        server.route(
+            "/feed",
+            handler: { request in
+                request.header("if-none-match") == "\"v1\""
+                    ? .status(304, headers: ["ETag": "\"v1\"", "Cache-Control": "max-age=0"])
+                    : .status(200, headers: ["ETag": "\"v1\"", "Cache-Control": "max-age=0"], body: "the feed")
+            })
         let folder = TemporaryDirectory()
         let engine = try Self.engine(folder.url)
         let first = try await engine.response(for: Feed(url: server.url("/feed")), mode: .online, staleTime: .zero)
@@ -74,13 +78,15 @@ struct CacheIntegrationTests {
     @Test func aCallersNotModifiedForAnotherTagNeverRelabelsTheStoredResponse_Section4_3_4() async throws {
         let server = try LoopbackHTTPServer()
         defer { server.shutdown() }
-        server.route("/doc", handler: { request in
-            switch request.header("if-none-match") {
-            case "\"X\"": .status(304, headers: ["ETag": "\"X\"", "Cache-Control": "max-age=600"])
-            case "\"Y\"": .status(304, headers: ["ETag": "\"Y\"", "Cache-Control": "max-age=0"])
-            default: .status(200, headers: ["ETag": "\"Y\"", "Cache-Control": "max-age=0"], body: "body Y")
-            }
-        })
+        server.route(
+            "/doc",
+            handler: { request in
+                switch request.header("if-none-match") {
+                case "\"X\"": .status(304, headers: ["ETag": "\"X\"", "Cache-Control": "max-age=600"])
+                case "\"Y\"": .status(304, headers: ["ETag": "\"Y\"", "Cache-Control": "max-age=0"])
+                default: .status(200, headers: ["ETag": "\"Y\"", "Cache-Control": "max-age=0"], body: "body Y")
+                }
+            })
         let folder = TemporaryDirectory()
         let engine = try Self.engine(folder.url, monitor: ManualReachabilityMonitor(isConnected: true))
         let url = server.url("/doc")
@@ -134,11 +140,13 @@ struct CacheIntegrationTests {
     @Test func aHEADResponseFreshensTheStoredGET_Section4_3_5() async throws {
         let server = try LoopbackHTTPServer()
         defer { server.shutdown() }
-        server.route("/doc", handler: { request in
-            request.method == "HEAD"
-                ? .status(200, headers: ["ETag": "\"v1\"", "Cache-Control": "max-age=600", "X-Version": "2"], body: "the body")
-                : .status(200, headers: ["ETag": "\"v1\"", "Cache-Control": "max-age=0", "X-Version": "1"], body: "the body")
-        })
+        server.route(
+            "/doc",
+            handler: { request in
+                request.method == "HEAD"
+                    ? .status(200, headers: ["ETag": "\"v1\"", "Cache-Control": "max-age=600", "X-Version": "2"], body: "the body")
+                    : .status(200, headers: ["ETag": "\"v1\"", "Cache-Control": "max-age=0", "X-Version": "1"], body: "the body")
+            })
         let folder = TemporaryDirectory()
         let engine = try Self.engine(folder.url, monitor: ManualReachabilityMonitor(isConnected: true))
         let url = server.url("/doc")
@@ -219,8 +227,9 @@ struct CacheIntegrationTests {
                 let body = String(decoding: response.body, as: UTF8.self)
                 let stamp = body.split(separator: ";", omittingEmptySubsequences: false).first.map { $0 + ";" } ?? ""
                 #expect(stamp.hasPrefix("item \(item) round "), "round \(round): item \(item) served another's body")
-                #expect(!stamp.isEmpty && body == String(repeating: String(stamp), count: body.utf8.count / max(1, stamp.utf8.count)),
-                        "round \(round): item \(item) served a torn body of \(body.utf8.count) bytes")
+                #expect(
+                    !stamp.isEmpty && body == String(repeating: String(stamp), count: body.utf8.count / max(1, stamp.utf8.count)),
+                    "round \(round): item \(item) served a torn body of \(body.utf8.count) bytes")
             }
             #expect(cache.totalBytes <= 4 << 20)
         }

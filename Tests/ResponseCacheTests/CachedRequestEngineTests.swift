@@ -1,11 +1,13 @@
 import Foundation
-import Testing
 import Reachability
 import RequestEngine
+import ResilienceTestSupport
 import ResilienceTesting
 import Retry
+import Testing
+
 @testable import ResponseCache
-import ResilienceTestSupport
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -1,12 +1,14 @@
-import Foundation
-import Testing
 import Auth
+import Foundation
 import Observability
 import Reachability
 import RequestEngine
-import ResilienceTesting
-@testable import ResponseCache
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import ResponseCache
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

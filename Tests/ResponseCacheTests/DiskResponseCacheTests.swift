@@ -1,8 +1,10 @@
 import Foundation
-import Testing
-import ResilienceTesting
-@testable import ResponseCache
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import ResponseCache
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)

@@ -1,6 +1,7 @@
 import Foundation
-import Testing
 import Retry
+import Testing
+
 @testable import ResponseCache
 
 /// RFC 9111's rules as pure functions: directive parsing, freshness, age, validation, `Vary`.
@@ -42,11 +43,13 @@ struct HTTPCachePolicyTests {
         // A quoted string is one directive, whatever commas or names it holds.
         #expect(CacheControl("extension=\"max-age=100, no-store\", max-age=1").maxAge == .value(1))
         #expect(!CacheControl("private=\"a, no-store\"").noStore)
-        #expect(CacheControl(",,, , =, max-age") == {
-            var control = CacheControl()
-            control.maxAge = .invalid
-            return control
-        }())
+        #expect(
+            CacheControl(",,, , =, max-age")
+                == {
+                    var control = CacheControl()
+                    control.maxAge = .invalid
+                    return control
+                }())
     }
 
     @Test func anInvalidOrConflictingMaxAgeIsInvalidNotAbsent_Section4_2_1() {
@@ -101,7 +104,8 @@ struct HTTPCachePolicyTests {
         let noCache = Self.stored(["Cache-Control": "no-cache, max-age=600"])
         func lifetime(_ stored: StoredResponse, _ staleTime: StaleTime) -> Duration { HTTPCachePolicy.freshnessLifetime(stored, staleTime: staleTime) }
         #expect([lifetime(long, .http), lifetime(silent, .http), lifetime(heuristic, .http), lifetime(noCache, .http)] == [.seconds(600), .zero, .seconds(86_400), .zero])
-        #expect([lifetime(long, .seconds(60)), lifetime(silent, .seconds(60)), lifetime(heuristic, .seconds(60)), lifetime(noCache, .seconds(60))] == [.seconds(60), .seconds(60), .seconds(60), .zero])
+        #expect(
+            [lifetime(long, .seconds(60)), lifetime(silent, .seconds(60)), lifetime(heuristic, .seconds(60)), lifetime(noCache, .seconds(60))] == [.seconds(60), .seconds(60), .seconds(60), .zero])
         #expect([lifetime(long, .http(atMost: .seconds(60))), lifetime(silent, .http(atMost: .seconds(60))), lifetime(heuristic, .http(atMost: .seconds(60)))] == [.seconds(60), .zero, .seconds(60)])
         #expect(lifetime(long, .zero) == .zero)
     }
@@ -224,7 +228,8 @@ struct HTTPCachePolicyTests {
             #expect(!reuse.mayServeStale && !reuse.mayServeOnError, "\(directive)")
         }
         // proxy-revalidate and s-maxage are for shared caches.
-        let shared = HTTPCachePolicy.reuse(Self.stored(["Cache-Control": "max-age=1, proxy-revalidate, s-maxage=1"]), request: CacheControl(), staleTime: .http, now: Self.received.addingTimeInterval(30))
+        let shared = HTTPCachePolicy.reuse(
+            Self.stored(["Cache-Control": "max-age=1, proxy-revalidate, s-maxage=1"]), request: CacheControl(), staleTime: .http, now: Self.received.addingTimeInterval(30))
         #expect(shared.mayServeStale)
     }
 

@@ -1,11 +1,13 @@
 import Foundation
-import Testing
 import Reachability
 import RequestEngine
-import Retry
-import ResilienceTesting
-@testable import ResponseCache
 import ResilienceTestSupport
+import ResilienceTesting
+import Retry
+import Testing
+
+@testable import ResponseCache
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

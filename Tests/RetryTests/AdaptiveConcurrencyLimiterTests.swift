@@ -2,6 +2,7 @@ import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
 import Testing
+
 @testable import Retry
 
 /// The algorithms as values: samples in, a limit out, no clock.
@@ -154,7 +155,10 @@ struct AdaptiveLimitEstimatorTests {
 @Suite("AdaptiveConcurrencyLimiter", .timeLimit(.minutes(1)))
 struct AdaptiveConcurrencyLimiterTests {
     /// A limiter whose line only `waiting` bounds, unless `perLimit` says otherwise.
-    static func limiter(min: Int = 1, max: Int = 100, initial: Int, waiting: Int = 100, perLimit: Double = .infinity, share: Double = 0.25, algorithm: AdaptiveLimitAlgorithm = .aimd(), clock: ManualClock = ManualClock()) throws -> AdaptiveConcurrencyLimiter {
+    static func limiter(
+        min: Int = 1, max: Int = 100, initial: Int, waiting: Int = 100, perLimit: Double = .infinity, share: Double = 0.25, algorithm: AdaptiveLimitAlgorithm = .aimd(),
+        clock: ManualClock = ManualClock()
+    ) throws -> AdaptiveConcurrencyLimiter {
         AdaptiveConcurrencyLimiter(
             configuration: try .init(
                 algorithm: algorithm, minLimit: min, maxLimit: max, maxWaiting: waiting, maxWaitingPerLimit: perLimit,
@@ -234,7 +238,13 @@ struct AdaptiveConcurrencyLimiterTests {
         // Interactive calls find their share free at once, background calls still waiting.
         let interactive = Gate()
         let ran = Log<Int>()
-        let calls = (0..<2).map { index in Task { try await limiter.withPermit { ran.append(index); await interactive.wait() } } }
+        let calls = (0..<2).map { index in
+            Task {
+                try await limiter.withPermit {
+                    ran.append(index); await interactive.wait()
+                }
+            }
+        }
         await yieldUntil { ran.values.count == 2 }
         #expect(limiter.inFlight == 8 && limiter.waiting == 4)
         interactive.open()
@@ -253,7 +263,11 @@ struct AdaptiveConcurrencyLimiterTests {
         let order = Log<String>()
         let background = Task { try await limiter.withPermit(priority: .background) { order.append("background") } }
         await yieldUntil { limiter.waiting == 1 }
-        let interactive = Task { try await limiter.withPermit { order.append("interactive"); await hold.wait() } }
+        let interactive = Task {
+            try await limiter.withPermit {
+                order.append("interactive"); await hold.wait()
+            }
+        }
         await yieldUntil { limiter.waiting == 2 }
         limiter.release(permits[0], outcome: .ignored)
         await yieldUntil { order.values.count == 1 }

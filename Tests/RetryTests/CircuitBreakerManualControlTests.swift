@@ -1,6 +1,7 @@
 import ResilienceTestSupport
 import ResilienceTesting
 import Testing
+
 @testable import Retry
 
 /// Manual control (`isolate()`, `reset()`) and the state-change stream.
@@ -104,31 +105,32 @@ struct CircuitBreakerManualControlTests {
     @Test func theStreamReportsEachTransitionInOrder() async throws {
         let breaker = breaker()
         let changes = StreamCollector(breaker.stateChanges)
-        try fail(breaker, times: 2)                  // closed → open
+        try fail(breaker, times: 2)  // closed → open
         clock.advance(by: .seconds(30))
-        #expect(breaker.state == .halfOpen)          // seen by `state`, not reported yet
+        #expect(breaker.state == .halfOpen)  // seen by `state`, not reported yet
         let probe = try #require(breaker.acquire())  // open → half-open, when the probe goes through
-        breaker.record(.failure, for: probe)         // half-open → open
+        breaker.record(.failure, for: probe)  // half-open → open
         clock.advance(by: .seconds(30))
-        let second = try #require(breaker.acquire()) // open → half-open
-        breaker.record(.success, for: second)        // half-open → closed
+        let second = try #require(breaker.acquire())  // open → half-open
+        breaker.record(.success, for: second)  // half-open → closed
         await changes.wait(for: 5)
-        #expect(changes.items == [
-            change(.closed, .open),
-            change(.open, .halfOpen),
-            change(.halfOpen, .open),
-            change(.open, .halfOpen),
-            change(.halfOpen, .closed),
-        ])
+        #expect(
+            changes.items == [
+                change(.closed, .open),
+                change(.open, .halfOpen),
+                change(.halfOpen, .open),
+                change(.open, .halfOpen),
+                change(.halfOpen, .closed),
+            ])
     }
 
     @Test func manualControlIsReportedAndNoOpsAreNot() async throws {
         let breaker = breaker()
         let changes = StreamCollector(breaker.stateChanges)
-        breaker.reset()    // closed already: nothing
+        breaker.reset()  // closed already: nothing
         breaker.isolate()  // closed → open
         breaker.isolate()  // open already: nothing
-        breaker.reset()    // open → closed
+        breaker.reset()  // open → closed
         try fail(breaker, times: 2)
         breaker.isolate()  // open (by failures) → open (isolated): still open, nothing
         breaker.reset()

@@ -2,6 +2,7 @@ import Foundation
 import ResilienceTestSupport
 import ResilienceTesting
 import Testing
+
 @testable import Retry
 
 @Suite("CircuitBreakerRegistry", .timeLimit(.minutes(1)))
@@ -89,11 +90,12 @@ struct CircuitBreakerRegistryTests {
         registry.isolate(host: "b.example:81")
         registry.reset(host: "a.example")
         await changes.wait(for: 3)
-        #expect(changes.items == [
-            CircuitBreakerStateChange(host: "a.example", from: .closed, to: .open),
-            CircuitBreakerStateChange(host: "b.example:81", from: .closed, to: .open),
-            CircuitBreakerStateChange(host: "a.example", from: .open, to: .closed),
-        ])
+        #expect(
+            changes.items == [
+                CircuitBreakerStateChange(host: "a.example", from: .closed, to: .open),
+                CircuitBreakerStateChange(host: "b.example:81", from: .closed, to: .open),
+                CircuitBreakerStateChange(host: "a.example", from: .open, to: .closed),
+            ])
     }
 
     @Test func aBreakersOwnStreamCarriesItsHostToo() async {

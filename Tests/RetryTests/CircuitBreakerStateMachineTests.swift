@@ -1,29 +1,30 @@
 import Testing
+
 @testable import Retry
 
 private typealias Machine = CircuitBreakerStateMachine
 private typealias Permit = CircuitBreaker.Permit
 
-private extension CircuitBreakerStateMachine.Decision {
-    var permit: CircuitBreaker.Permit? {
+extension CircuitBreakerStateMachine.Decision {
+    fileprivate var permit: CircuitBreaker.Permit? {
         if case .allowed(let permit) = self { permit } else { nil }
     }
 }
 
-private extension CircuitBreakerStateMachine {
+extension CircuitBreakerStateMachine {
     /// Acquires a permit that must be granted.
-    mutating func permit(at now: Duration, sourceLocation: SourceLocation = #_sourceLocation) throws -> CircuitBreaker.Permit {
+    fileprivate mutating func permit(at now: Duration, sourceLocation: SourceLocation = #_sourceLocation) throws -> CircuitBreaker.Permit {
         try #require(acquire(now: now).permit, sourceLocation: sourceLocation)
     }
 
     /// One whole call: acquire (must be granted) and record `outcome` at the same instant.
-    mutating func call(_ outcome: CircuitBreaker.Outcome, at now: Duration, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    fileprivate mutating func call(_ outcome: CircuitBreaker.Outcome, at now: Duration, sourceLocation: SourceLocation = #_sourceLocation) throws {
         let permit = try permit(at: now, sourceLocation: sourceLocation)
         record(outcome, for: permit, now: now)
     }
 
     /// Records `outcomes` one call each, all at `now`.
-    mutating func calls(_ outcomes: [CircuitBreaker.Outcome], at now: Duration, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    fileprivate mutating func calls(_ outcomes: [CircuitBreaker.Outcome], at now: Duration, sourceLocation: SourceLocation = #_sourceLocation) throws {
         for outcome in outcomes {
             try call(outcome, at: now, sourceLocation: sourceLocation)
         }
@@ -39,13 +40,14 @@ struct CircuitBreakerStateMachineTests {
         openDuration: Duration = .seconds(30),
         halfOpenProbes: Int = 1
     ) -> Machine {
-        Machine(configuration: .init(
-            windowSize: windowSize,
-            minimumCalls: minimumCalls,
-            failureRateThreshold: failureRateThreshold,
-            openDuration: openDuration,
-            halfOpenProbes: halfOpenProbes
-        ))
+        Machine(
+            configuration: .init(
+                windowSize: windowSize,
+                minimumCalls: minimumCalls,
+                failureRateThreshold: failureRateThreshold,
+                openDuration: openDuration,
+                halfOpenProbes: halfOpenProbes
+            ))
     }
 
     /// A machine opened at `t = 0` by `minimumCalls` failures.

@@ -1,7 +1,8 @@
+import ResilienceTestSupport
 import ResilienceTesting
 import Testing
+
 @testable import Retry
-import ResilienceTestSupport
 
 @Suite("CircuitBreaker")
 struct CircuitBreakerTests {

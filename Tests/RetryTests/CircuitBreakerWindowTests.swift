@@ -1,5 +1,6 @@
 import ResilienceTesting
 import Testing
+
 @testable import Retry
 
 /// The time-based window and the slow-call threshold, beside the count window.
@@ -162,9 +163,10 @@ struct CircuitBreakerWindowTests {
     }
 
     @Test func aSlowFailureCountsInBothShares() {
-        var machine = CircuitBreakerStateMachine(configuration: .init(
-            windowSize: 10, minimumCalls: 10, slowCallDuration: .seconds(1), slowCallRateThreshold: 1
-        ))
+        var machine = CircuitBreakerStateMachine(
+            configuration: .init(
+                windowSize: 10, minimumCalls: 10, slowCallDuration: .seconds(1), slowCallRateThreshold: 1
+            ))
         guard case .allowed(let permit) = machine.acquire(now: .zero) else { Issue.record("refused"); return }
         machine.record(.failure, for: permit, now: .seconds(5))
         #expect(machine.windowTally(now: .seconds(5)) == .init(calls: 1, failures: 1, slowCalls: 1))

@@ -2,6 +2,7 @@ import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
 import Testing
+
 @testable import Retry
 
 @Suite("ConcurrencyLimiter", .timeLimit(.minutes(1)))

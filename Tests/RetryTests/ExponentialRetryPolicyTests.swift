@@ -1,7 +1,8 @@
-import Testing
-@testable import Retry
-import ResilienceTesting
 import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import Retry
 
 @Suite("ExponentialRetryPolicy")
 struct ExponentialRetryPolicyTests {

@@ -1,6 +1,7 @@
 import ResilienceTestSupport
 import ResilienceTesting
 import Testing
+
 @testable import Retry
 
 @Suite("RateLimiter", .timeLimit(.minutes(1)))
@@ -37,7 +38,7 @@ struct RateLimiterTests {
         #expect(!ran)
         clock.advance(by: .milliseconds(200))
         #expect(await take(limiter) == .milliseconds(300))  // counts down on the clock
-        #expect(limiter.availablePermits == 0)              // a rejection takes nothing
+        #expect(limiter.availablePermits == 0)  // a rejection takes nothing
     }
 
     @Test func tokensRefillAtTheRateInWholeTokens() async {

@@ -1,5 +1,6 @@
 import ResilienceTesting
 import Testing
+
 @testable import Retry
 
 @Suite("RetryBudget")

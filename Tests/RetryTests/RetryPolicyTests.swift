@@ -1,4 +1,5 @@
 import Testing
+
 @testable import Retry
 
 @Suite("FixedIntervalRetryPolicy and NoRetryPolicy")

@@ -1,5 +1,6 @@
-@testable import Retry
 import ResilienceCore
+
+@testable import Retry
 
 /// Errors thrown by operations under test.
 enum TestError: Error, Equatable {

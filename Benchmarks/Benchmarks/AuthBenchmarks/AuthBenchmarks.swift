@@ -1,12 +1,13 @@
 import Auth
 import Benchmark
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import RequestEngine
 import ResilienceTesting
 import Synchronization
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -39,7 +40,8 @@ let benchmarks: @Sendable () -> Void = {
                 results[kind] = try await fixture.batch(requests: 10_000, kind: kind)
             }
             guard let valid = results[.valid], let storm = results[.storm401], let known = results[.knownExpiry],
-                  let admission = results[.storm401Admission] else { return }
+                let admission = results[.storm401Admission]
+            else { return }
             // The point of the coordinator: 10 000 rejected requests, one refresh.
             precondition(storm.refreshes == 1, "401 storm: \(storm.refreshes) refreshes (want 1)")
             precondition(known.refreshes == 1, "known expiry: \(known.refreshes) refreshes (want 1)")
@@ -146,13 +148,15 @@ final class AuthFixture: Sendable {
         engine = AsyncRequestEngine(session: session)
         let serverToken = self.serverToken
         let counters = self.counters
-        server.route("/auth/*", handler: { request in
-            if request.header("authorization") == "Bearer " + serverToken.value {
-                return .ok(authItemBody)
-            }
-            counters.withLock { $0.rejected += 1 }
-            return .status(401)
-        })
+        server.route(
+            "/auth/*",
+            handler: { request in
+                if request.header("authorization") == "Bearer " + serverToken.value {
+                    return .ok(authItemBody)
+                }
+                counters.withLock { $0.rejected += 1 }
+                return .status(401)
+            })
     }
 
     func shutdown() {
@@ -351,7 +355,8 @@ final class AuthStormReport: Sendable {
         let known = all.map(\.knownExpiry.duration).sorted()
         let knownRatios = all.map(\.knownRatioPermille).sorted()
         let admissionRatios = all.map(\.admissionRatioPermille).sorted()
-        Swift.print("""
+        Swift.print(
+            """
             auth 401 storm vs valid token (10 000 requests each, \(all.count) interleaved iterations, warm-up included)
               valid token: median \(valid[valid.count / 2].authMilliseconds) ms per batch; 401 storm: median \(storm[storm.count / 2].authMilliseconds) ms
               storm/valid wall: median \(Double(ratios[ratios.count / 2]) / 1000), min \(Double(ratios[0]) / 1000), max \(Double(ratios[ratios.count - 1]) / 1000)

@@ -136,16 +136,17 @@ enum EventStream {
 
     static func randomURL(_ random: inout SplitMix64) -> URL {
         let id = random.next() % 1_000_000
-        let path = switch random.next() % 8 {
-        case 0: "/v1/users/\(id)"
-        case 1: "/v1/users/\(id)/orders?page=\(id % 7)&access_token=secret"
-        case 2: "/v1/orders/\(uuid(&random).uuidString.lowercased())"
-        case 3: "/v1/catalog/items/\(id)/images/\(id % 13)"
-        case 4: "/v1/search?q=term\(id)"
-        case 5: "/v2/feed"
-        case 6: "/v1/accounts/\(id)/settings/notifications"
-        default: "/health"
-        }
+        let path =
+            switch random.next() % 8 {
+            case 0: "/v1/users/\(id)"
+            case 1: "/v1/users/\(id)/orders?page=\(id % 7)&access_token=secret"
+            case 2: "/v1/orders/\(uuid(&random).uuidString.lowercased())"
+            case 3: "/v1/catalog/items/\(id)/images/\(id % 13)"
+            case 4: "/v1/search?q=term\(id)"
+            case 5: "/v2/feed"
+            case 6: "/v1/accounts/\(id)/settings/notifications"
+            default: "/health"
+            }
         return URL(string: "https://api.example.com" + path) ?? URL(fileURLWithPath: "/")
     }
 
@@ -153,8 +154,11 @@ enum EventStream {
     static func uuid(_ random: inout SplitMix64) -> UUID {
         let high = random.next(), low = random.next()
         return withUnsafeBytes(of: (high, low)) { bytes in
-            UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6] & 0x0F | 0x40, bytes[7],
-                        bytes[8] & 0x3F | 0x80, bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
+            UUID(
+                uuid: (
+                    bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6] & 0x0F | 0x40, bytes[7],
+                    bytes[8] & 0x3F | 0x80, bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]
+                ))
         }
     }
 }

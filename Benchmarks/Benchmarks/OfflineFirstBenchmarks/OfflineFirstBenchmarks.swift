@@ -1,8 +1,5 @@
 import Benchmark
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import OfflineFirst
 import OfflineQueue
 import Reachability
@@ -10,6 +7,10 @@ import RequestEngine
 import ResilienceTesting
 import ResponseCache
 import Synchronization
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -64,15 +65,19 @@ let benchmarks: @Sendable () -> Void = {
                     }
                 }
             }
-            overlayReport.withLock { $0.snapshots += snapshots; $0.hits += hits }
+            overlayReport.withLock {
+                $0.snapshots += snapshots; $0.hits += hits
+            }
             benchmark.measurement(.custom("snapshot p50 / hit p50 (x100)", useScalingFactor: false), Int((100 * (percentile(snapshots, 0.5) / percentile(hits, 0.5))).rounded()))
         } teardown: {
             let (snapshots, hits) = overlayReport.withLock { $0 }
             guard !snapshots.isEmpty else { return }
-            print(String(format: "snapshot with 100 overlays (%@) p50 %.1f µs (p99 %.1f), plain cache hit p50 %.1f µs (p99 %.1f): %.2fx, %d samples each",
-                         name, percentile(snapshots, 0.5).microseconds, percentile(snapshots, 0.99).microseconds,
-                         percentile(hits, 0.5).microseconds, percentile(hits, 0.99).microseconds,
-                         percentile(snapshots, 0.5) / percentile(hits, 0.5), snapshots.count))
+            print(
+                String(
+                    format: "snapshot with 100 overlays (%@) p50 %.1f µs (p99 %.1f), plain cache hit p50 %.1f µs (p99 %.1f): %.2fx, %d samples each",
+                    name, percentile(snapshots, 0.5).microseconds, percentile(snapshots, 0.99).microseconds,
+                    percentile(hits, 0.5).microseconds, percentile(hits, 0.99).microseconds,
+                    percentile(snapshots, 0.5) / percentile(hits, 0.5), snapshots.count))
         }
     }
 
@@ -103,16 +108,20 @@ let benchmarks: @Sendable () -> Void = {
         }
         while shown.values.withLock({ $0.min() ?? 0 }) < 200 { await Task.yield() }  // every reader received the last one
         for reader in readers { reader.cancel() }
-        fanOut.withLock { $0.watched += watched; $0.alone += alone }
+        fanOut.withLock {
+            $0.watched += watched; $0.alone += alone
+        }
         benchmark.measurement(.custom("p99 (µs)", useScalingFactor: false), Int(percentile(watched, 0.99).microseconds))
     } teardown: {
         let (watched, alone) = fanOut.withLock { $0 }
         guard !watched.isEmpty else { return }
-        print(String(format: "mutate until 100 live reads showed it: p50 %.2f ms, p99 %.2f ms, max %.2f ms over %d writes; the same mutate unwatched (interleaved): p50 %.2f ms, p99 %.2f ms, max %.2f ms",
-                     percentile(watched, 0.5).microseconds / 1000, percentile(watched, 0.99).microseconds / 1000,
-                     (watched.max() ?? .zero).microseconds / 1000, watched.count,
-                     percentile(alone, 0.5).microseconds / 1000, percentile(alone, 0.99).microseconds / 1000,
-                     (alone.max() ?? .zero).microseconds / 1000))
+        print(
+            String(
+                format: "mutate until 100 live reads showed it: p50 %.2f ms, p99 %.2f ms, max %.2f ms over %d writes; the same mutate unwatched (interleaved): p50 %.2f ms, p99 %.2f ms, max %.2f ms",
+                percentile(watched, 0.5).microseconds / 1000, percentile(watched, 0.99).microseconds / 1000,
+                (watched.max() ?? .zero).microseconds / 1000, watched.count,
+                percentile(alone, 0.5).microseconds / 1000, percentile(alone, 0.99).microseconds / 1000,
+                (alone.max() ?? .zero).microseconds / 1000))
     }
 
     // MARK: 3. Memory over 10 000 mutate-and-deliver cycles
@@ -198,13 +207,15 @@ final class Stack: Sendable {
         let engine = AsyncRequestEngine(session: InstantOrigin())
         reads = CachedRequestEngine(requestEngine: engine, cache: try DiskResponseCache(directory: folder.appendingPathComponent("cache"), maxBytes: 64 << 20), reachabilityMonitor: monitor)
         queue = OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: try DiskQueueStore(directory: folder.appendingPathComponent("queue")), maxQueueSize: 100_000)
-        client = OfflineFirstClient(reads: reads, queue: queue, optimisticUpdates: [
-            OptimisticUpdate(
-                mutations: { $0.url.path == "/notes" },
-                reads: { $0.path == "/notes" },
-                apply: apply
-            ),
-        ])
+        client = OfflineFirstClient(
+            reads: reads, queue: queue,
+            optimisticUpdates: [
+                OptimisticUpdate(
+                    mutations: { $0.url.path == "/notes" },
+                    reads: { $0.path == "/notes" },
+                    apply: apply
+                )
+            ])
     }
 
     func remove() { try? FileManager.default.removeItem(at: folder) }

@@ -1,12 +1,13 @@
 import Benchmark
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import OfflineQueue
 import RequestEngine
 import ResilienceTesting
 import Synchronization
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -175,7 +176,8 @@ let benchmarks: @Sendable () -> Void = {
         // Replay: open the folder and drain it.
         let replayOnce = { () async throws -> Duration in
             let start = ContinuousClock.now
-            let queue = OfflineQueueEngine(requestEngine: sender, reachabilityMonitor: ManualReachabilityMonitor(isConnected: true), store: try DiskQueueStore(directory: sourceFolder), maxQueueSize: 1_000_000)
+            let queue = OfflineQueueEngine(
+                requestEngine: sender, reachabilityMonitor: ManualReachabilityMonitor(isConnected: true), store: try DiskQueueStore(directory: sourceFolder), maxQueueSize: 1_000_000)
             let report = await queue.flush()
             let time = ContinuousClock.now - start
             precondition(report.delivered.count == 10_000 && report.remaining == 0, "replay delivered \(report.delivered.count)")
@@ -350,7 +352,7 @@ final class PreparedFolder: Sendable {
         _ = try await engine.enqueue(QueuedRequest(method: .post, url: baseURL.appendingPathComponent("template"), body: Data("{\"n\":1}".utf8)), attemptFirst: false)
         let names = try FileManager.default.contentsOfDirectory(atPath: folder.url.path).filter { $0.hasSuffix(".json") }
         guard let name = names.first,
-              let object = try JSONSerialization.jsonObject(with: Data(contentsOf: folder.url.appendingPathComponent(name))) as? [String: Any]
+            let object = try JSONSerialization.jsonObject(with: Data(contentsOf: folder.url.appendingPathComponent(name))) as? [String: Any]
         else { throw BenchmarkFailure.setup("no template entry") }
         return object
     }
@@ -379,7 +381,9 @@ final class RatioReport: Sendable {
         let median = ratios[ratios.count / 2]
         let total = all.reduce((Duration.zero, Duration.zero)) { ($0.0 + $1.0, $0.1 + $1.1) }
         let pooled = invert ? total.1 / total.0 : total.0 / total.1
-        Swift.print(String(format: "%@: median %.3f, pooled %.3f, min %.3f, max %.3f over %d iterations",
-                           label, median, pooled, ratios.first ?? 0, ratios.last ?? 0, all.count))
+        Swift.print(
+            String(
+                format: "%@: median %.3f, pooled %.3f, min %.3f, max %.3f over %d iterations",
+                label, median, pooled, ratios.first ?? 0, ratios.last ?? 0, all.count))
     }
 }

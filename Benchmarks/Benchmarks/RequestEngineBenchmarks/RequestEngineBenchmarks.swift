@@ -1,11 +1,12 @@
 import Benchmark
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import RequestEngine
 import ResilienceTesting
 import Synchronization
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -367,7 +368,8 @@ final class InterleavedReport: Sendable {
         guard !all.raw.wall.isEmpty else { return }
         let raw = all.raw.wall.sorted()
         let engine = all.engine.wall.sorted()
-        Swift.print("""
+        Swift.print(
+            """
             \(label): \(raw.count) raw and \(engine.count) engine operations (one \(unit) each, warm-up included)
               wall p50: raw \(raw.nearestRank(0.5).microseconds) µs, engine \(engine.nearestRank(0.5).microseconds) µs, \
             engine/raw \(String(format: "%.3f", Double(all.p50RatioPermille) / 1000))
@@ -553,7 +555,8 @@ final class StormReport: Sendable {
         let p50s = all.map(\.waitP50).sorted()
         let maxima = all.map(\.waitMax).sorted()
         let upstream = Set(all.map(\.upstreamCalls)).sorted()
-        Swift.print("""
+        Swift.print(
+            """
             dedup storm 10 000: \(all.count) storms (warm-up included), upstream calls per storm: \(upstream)
               per-caller wait p50: median \(p50s.nearestRank(0.5).formattedMilliseconds) over the storms
               per-caller wait p99: median \(p99s.nearestRank(0.5).formattedMilliseconds), \

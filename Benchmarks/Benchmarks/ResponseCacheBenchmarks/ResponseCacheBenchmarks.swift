@@ -1,13 +1,14 @@
 import Benchmark
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import Reachability
 import RequestEngine
 import ResilienceTesting
 import ResponseCache
 import Synchronization
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -112,11 +113,13 @@ let benchmarks: @Sendable () -> Void = {
     ) { benchmark in
         let server = try LoopbackHTTPServer()
         defer { server.shutdown() }
-        server.route("/feed", handler: { request in
-            request.header("if-none-match") == "\"v1\""
-                ? LoopbackResponse.status(304, headers: ["ETag": "\"v1\""]).delayed(by: .milliseconds(50))
-                : .status(200, headers: ["ETag": "\"v1\""], body: "the feed")
-        })
+        server.route(
+            "/feed",
+            handler: { request in
+                request.header("if-none-match") == "\"v1\""
+                    ? LoopbackResponse.status(304, headers: ["ETag": "\"v1\""]).delayed(by: .milliseconds(50))
+                    : .status(200, headers: ["ETag": "\"v1\""], body: "the feed")
+            })
         let folder = Folder()
         defer { folder.remove() }
         let engine = CachedRequestEngine(
@@ -225,16 +228,20 @@ final class LatencyReport: Sendable {
     private let samples = Mutex<(hits: [Duration], trips: [Duration])>(([], []))
 
     func add(hits: [Duration], trips: [Duration]) {
-        samples.withLock { $0.hits += hits; $0.trips += trips }
+        samples.withLock {
+            $0.hits += hits; $0.trips += trips
+        }
     }
 
     func print() {
         let (hits, trips) = samples.withLock { $0 }
         guard !hits.isEmpty, !trips.isEmpty else { return }
         let hitP50 = percentile(hits, 0.5), tripP50 = percentile(trips, 0.5)
-        Swift.print(String(format: "fresh hit p50 %.1f µs (p99 %.1f), loopback round trip through the engine p50 %.1f µs (p99 %.1f): %.1fx, %d samples each",
-                           hitP50.microseconds, percentile(hits, 0.99).microseconds, tripP50.microseconds, percentile(trips, 0.99).microseconds,
-                           tripP50 / hitP50, hits.count))
+        Swift.print(
+            String(
+                format: "fresh hit p50 %.1f µs (p99 %.1f), loopback round trip through the engine p50 %.1f µs (p99 %.1f): %.1fx, %d samples each",
+                hitP50.microseconds, percentile(hits, 0.99).microseconds, tripP50.microseconds, percentile(trips, 0.99).microseconds,
+                tripP50 / hitP50, hits.count))
     }
 }
 

@@ -4,6 +4,7 @@ import RequestEngine
 import ResilienceAsyncHTTPClient
 import ResilienceTesting
 import Synchronization
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -127,11 +128,12 @@ func runLoad(
         while !Task.isCancelled {
             let now = (clock.now - start).seconds
             let adaptive = engine.adaptiveConcurrencyLimiter(for: workURL)
-            let limit: Int? = switch limiting {
-            case .none: nil
-            case .fixed(let limit): limit
-            case .gradient, .aimd: adaptive?.currentLimit ?? AdaptiveConcurrencyLimiter.Configuration().initialLimit
-            }
+            let limit: Int? =
+                switch limiting {
+                case .none: nil
+                case .fixed(let limit): limit
+                case .gradient, .aimd: adaptive?.currentLimit ?? AdaptiveConcurrencyLimiter.Configuration().initialLimit
+                }
             let inFlight = record.outstanding.load(ordering: .relaxed)
             limits.append(LimitSample(time: now, limit: limit, inFlight: inFlight, waiting: adaptive?.waiting ?? 0))
             try? await Task.sleep(for: .milliseconds(50))

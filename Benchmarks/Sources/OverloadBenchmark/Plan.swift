@@ -81,7 +81,8 @@ struct BenchmarkPlan {
                 let summary = RunSummary(result, from: warmUp, to: duration)
                 summaries[load, default: []].append(summary)
                 log("load \(load)x  \(limiting): goodput \(Int(summary.goodput))/s, p99 \(ms(summary.p99)), \(summary.errors)")
-                if case .fixed = limiting {} else {
+                if case .fixed = limiting {
+                } else {
                     try write(result, to: outputFolder.appendingPathComponent("load-\(load)-\(limiting.fileName)"))
                 }
                 try await Task.sleep(for: .milliseconds(500))  // the upstream's line empties
@@ -135,9 +136,10 @@ struct BenchmarkPlan {
         let elapsed = Date().timeIntervalSince(started)
         lines.append("# Overload benchmark")
         lines.append("")
-        lines.append("Upstream: \(workers) workers x \(serviceMilliseconds) ms, 503 after \(queueMilliseconds) ms in line: capacity \(Int(capacity)) requests/s. "
-            + "Arrivals: Poisson, seed \(seed). Runs of \(Int(duration)) s, the first \(Int(warmUp)) s not measured. "
-            + "Static sweep: \(staticLimits.map(String.init).joined(separator: ", ")). Took \(Int(elapsed)) s; load average \(loadAverage()).")
+        lines.append(
+            "Upstream: \(workers) workers x \(serviceMilliseconds) ms, 503 after \(queueMilliseconds) ms in line: capacity \(Int(capacity)) requests/s. "
+                + "Arrivals: Poisson, seed \(seed). Runs of \(Int(duration)) s, the first \(Int(warmUp)) s not measured. "
+                + "Static sweep: \(staticLimits.map(String.init).joined(separator: ", ")). Took \(Int(elapsed)) s; load average \(loadAverage()).")
         lines.append("")
         lines.append("| Load | Limiting | Goodput /s | vs best static | p50 | p99 | Mean limit | Errors |")
         lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
@@ -153,8 +155,9 @@ struct BenchmarkPlan {
                 if run.limiting == .gradient || run.limiting == .aimd, ratio < 0.95 { goodputTarget[run.limiting] = false }
                 p99ByLimiting[run.limiting, default: [:]][load] = run.p99
                 let name = isBest ? "\(run.limiting) (best static)" : run.limiting.description
-                lines.append("| \(load)x | \(name) | \(Int(run.goodput)) | \(String(format: "%.1f %%", ratio * 100)) | \(ms(run.p50)) | \(ms(run.p99)) | "
-                    + "\(run.meanLimit.map { String(format: "%.1f", $0) } ?? "-") | \(run.errors.isEmpty ? "-" : run.errors) |")
+                lines.append(
+                    "| \(load)x | \(name) | \(Int(run.goodput)) | \(String(format: "%.1f %%", ratio * 100)) | \(ms(run.p50)) | \(ms(run.p99)) | "
+                        + "\(run.meanLimit.map { String(format: "%.1f", $0) } ?? "-") | \(run.errors.isEmpty ? "-" : run.errors) |")
             }
         }
         lines.append("")
@@ -178,7 +181,9 @@ struct BenchmarkPlan {
             if let calm = p99s[0.5] {
                 let at2 = (p99s[2] ?? 0) / calm
                 let at4 = (p99s[4] ?? 0) / calm
-                lines.append("- \(limiting): p99 at 2x is \(String(format: "%.2f", at2))x and at 4x \(String(format: "%.2f", at4))x the p99 at 0.5x (\(ms(calm))); target at most 3x: \(max(at2, at4) <= 3 ? "met" : "MISSED").")
+                lines.append(
+                    "- \(limiting): p99 at 2x is \(String(format: "%.2f", at2))x and at 4x \(String(format: "%.2f", at4))x the p99 at 0.5x (\(ms(calm))); target at most 3x: \(max(at2, at4) <= 3 ? "met" : "MISSED")."
+                )
             }
         }
         if let calm = p99ByLimiting[.none]?[0.5] {

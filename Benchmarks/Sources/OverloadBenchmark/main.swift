@@ -4,6 +4,7 @@ import NIOCore
 import NIOPosix
 import RequestEngine
 import ResilienceAsyncHTTPClient
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

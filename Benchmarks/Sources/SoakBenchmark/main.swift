@@ -3,6 +3,7 @@ import Foundation
 import RequestEngine
 import ResilienceAsyncHTTPClient
 import Synchronization
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -166,10 +167,13 @@ let steady = points.filter { $0.requests >= total / 10 }
 let n = Double(steady.count)
 let meanX = steady.map { Double($0.requests) }.reduce(0, +) / n
 let meanY = steady.map { Double($0.bytes) }.reduce(0, +) / n
-let slope = steady.map { (Double($0.requests) - meanX) * (Double($0.bytes) - meanY) }.reduce(0, +)
+let slope =
+    steady.map { (Double($0.requests) - meanX) * (Double($0.bytes) - meanY) }.reduce(0, +)
     / steady.map { (Double($0.requests) - meanX) * (Double($0.requests) - meanX) }.reduce(0, +)
 func mb(_ bytes: Int) -> String { String(format: "%.1f MB", Double(bytes) / 1_048_576) }
-print("soak-benchmark \(transport): \(total) requests, \(inFlight) in flight, \(url.absoluteString), \(String(format: "%.0f", Double(total) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18))) req/s")
+print(
+    "soak-benchmark \(transport): \(total) requests, \(inFlight) in flight, \(url.absoluteString), \(String(format: "%.0f", Double(total) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18))) req/s"
+)
 print("RSS: \(mb(points.first?.bytes ?? 0)) at the start, \(mb(steady.first?.bytes ?? 0)) after 10 %, \(mb(points.last?.bytes ?? 0)) at the end; peak \(mb(points.map(\.bytes).max() ?? 0))")
 print(String(format: "growth after the first 10 %%: %.1f bytes per request (least squares over %d samples)", slope, steady.count))
 print("samples (requests, RSS MB): " + points.map { "\($0.requests) \(String(format: "%.1f", Double($0.bytes) / 1_048_576))" }.joined(separator: ", "))

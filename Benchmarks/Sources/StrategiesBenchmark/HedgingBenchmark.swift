@@ -1,10 +1,11 @@
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import RequestEngine
 import ResilienceTesting
 import Synchronization
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 
 /// Issue 18: "against a loopback server where 1 request in 20 takes 200 ms, hedging after the
 /// endpoint's p95 cuts p99 latency at least 5× for at most 10 % extra requests".
@@ -40,11 +41,12 @@ enum HedgingBenchmark {
     static let slowDelay = Duration.milliseconds(200)
 
     static func run(transport: Transport, requests: Int, warmUp: Int) async throws {
-        let endpoint: any SlowEndpoint = switch transport {
-        case .loopback: try LoopbackEndpoint(transport: nil)
-        case .loopbackWithoutCache: try LoopbackEndpoint(transport: .withoutCache)
-        case .stub: StubEndpoint()
-        }
+        let endpoint: any SlowEndpoint =
+            switch transport {
+            case .loopback: try LoopbackEndpoint(transport: nil)
+            case .loopbackWithoutCache: try LoopbackEndpoint(transport: .withoutCache)
+            case .stub: StubEndpoint()
+            }
         defer { endpoint.shutdown() }
         print("hedging over \(endpoint.name): \(warmUp) warm-up and \(requests) measured requests per variant, 1 in \(slowEvery) slow by \(slowDelay)")
         print("started \(timestamp()), load average \(loadAverage())")
@@ -71,7 +73,9 @@ enum HedgingBenchmark {
             Array(settled[$0..<($0 + window)]).sorted().nearestRank(0.95)
         }.sorted()
         let p95 = windowP95s.isEmpty ? pooled.nearestRank(0.95) : windowP95s[(windowP95s.count - 1) / 2]
-        print("warm-up (unhedged, \(settled.count) requests after the first \(warm.count - settled.count)): p50 \(pooled.nearestRank(0.5).milliseconds), p95 \(pooled.nearestRank(0.95).milliseconds), p99 \(pooled.nearestRank(0.99).milliseconds); p95 per window of \(window): \(windowP95s.map(\.milliseconds).joined(separator: ", "))")
+        print(
+            "warm-up (unhedged, \(settled.count) requests after the first \(warm.count - settled.count)): p50 \(pooled.nearestRank(0.5).milliseconds), p95 \(pooled.nearestRank(0.95).milliseconds), p99 \(pooled.nearestRank(0.99).milliseconds); p95 per window of \(window): \(windowP95s.map(\.milliseconds).joined(separator: ", "))"
+        )
         print("hedging delay = median window p95 = \(p95.milliseconds)")
 
         // 2. Measured, interleaved.
@@ -134,19 +138,23 @@ enum HedgingBenchmark {
         for (name, samples, served) in [("unhedged", plain, plainServed), ("hedged", hedged, hedgedServed)] {
             let sorted = samples.wall.sorted()
             let cpu = samples.cpu.sum.microseconds / Double(samples.cpu.count)
-            print(row([
-                name,
-                sorted.nearestRank(0.5).milliseconds, sorted.nearestRank(0.95).milliseconds,
-                sorted.nearestRank(0.99).milliseconds, sorted.nearestRank(0.999).milliseconds,
-                sorted.last?.milliseconds ?? "-", "\(served)", String(format: "%.0f µs", cpu),
-            ], widths: widths))
+            print(
+                row(
+                    [
+                        name,
+                        sorted.nearestRank(0.5).milliseconds, sorted.nearestRank(0.95).milliseconds,
+                        sorted.nearestRank(0.99).milliseconds, sorted.nearestRank(0.999).milliseconds,
+                        sorted.last?.milliseconds ?? "-", "\(served)", String(format: "%.0f µs", cpu),
+                    ], widths: widths))
         }
         let plainP99 = plain.wall.sorted().nearestRank(0.99)
         let hedgedP99 = hedged.wall.sorted().nearestRank(0.99)
         let cut = hedgedP99 > .zero ? plainP99 / hedgedP99 : 0
         let extra = plainServed > 0 ? Double(hedgedServed) / Double(plainServed) - 1 : 0
-        print(String(format: "p99 cut: %.1f× (target ≥ 5×); extra requests: %+.1f %% (hedged %d / unhedged %d served for %d each; target ≤ 10 %%)",
-                     cut, extra * 100, hedgedServed, plainServed, requests))
+        print(
+            String(
+                format: "p99 cut: %.1f× (target ≥ 5×); extra requests: %+.1f %% (hedged %d / unhedged %d served for %d each; target ≤ 10 %%)",
+                cut, extra * 100, hedgedServed, plainServed, requests))
 
         // The same figures per quarter of the run, to show how steady they are.
         let quarters = 4

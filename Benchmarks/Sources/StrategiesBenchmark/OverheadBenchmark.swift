@@ -1,8 +1,9 @@
 import Foundation
+import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
-import RequestEngine
 
 /// Issue 18: "the engine with deadline, per-host breaker and limiter all on costs at most 3 µs CPU
 /// per request over the plain engine".
@@ -150,13 +151,15 @@ enum OverheadBenchmark {
                 let figures = cpu[shape]?[variant] ?? []
                 let added = zip(figures, plain).map { $0 - $1 }
                 let ratios = zip(figures, plain).map { $0 / $1 }
-                print(row([
-                    shape.rawValue, variant.rawValue,
-                    String(format: "%.2f µs", figures.median),
-                    String(format: "%.2f µs", (wall[shape]?[variant] ?? []).median),
-                    variant == .plain ? "—" : String(format: "%+.2f (%+.2f…%+.2f) µs", added.median, added.min() ?? 0, added.max() ?? 0),
-                    String(format: "%.3f", ratios.median),
-                ], widths: widths))
+                print(
+                    row(
+                        [
+                            shape.rawValue, variant.rawValue,
+                            String(format: "%.2f µs", figures.median),
+                            String(format: "%.2f µs", (wall[shape]?[variant] ?? []).median),
+                            variant == .plain ? "—" : String(format: "%+.2f (%+.2f…%+.2f) µs", added.median, added.min() ?? 0, added.max() ?? 0),
+                            String(format: "%.3f", ratios.median),
+                        ], widths: widths))
             }
         }
         print("medians over \(rounds) rounds of process CPU (all threads) per request; \"added\" is variant − plain within a round. Targets: strategies ≤ +3 µs, adaptive ≤ +1 µs")
@@ -183,7 +186,7 @@ final class InstantSession: NetworkSession {
     init(boundsEachCall: Bool = false) {
         honorsTimeoutAndCancellation = boundsEachCall
         guard let url = URL(string: "http://127.0.0.1:8080/item"),
-              let response = HTTPURLResponse(url: url, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: ["Content-Length": "\(itemBody.count)"])
+            let response = HTTPURLResponse(url: url, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: ["Content-Length": "\(itemBody.count)"])
         else { fatalError("could not build the prebuilt response") }
         self.response = response
     }

@@ -1,8 +1,9 @@
 import Foundation
+import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
-import RequestEngine
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)

@@ -1,10 +1,11 @@
+import Dispatch
 import Foundation
+import RequestEngine
+import Synchronization
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
-import Dispatch
-import RequestEngine
-import Synchronization
 
 // Issue 18's two measurements of the strategies beyond retry, as a plain executable (no benchmark
 // framework: each mode prints its own table). See ../../README.md, "Strategies beyond retry
@@ -28,7 +29,8 @@ func argument(_ index: Int, default value: Int) -> Int {
 }
 
 func usage() -> Never {
-    print("""
+    print(
+        """
         usage: strategies-benchmark hedging [requests = 2000] [warm-up = 1000]
                strategies-benchmark hedging-nocache [requests = 2000] [warm-up = 1000]
                strategies-benchmark hedging-stub [requests = 2000] [warm-up = 1000]
@@ -53,8 +55,8 @@ case "overhead":
     runBlocking { try await OverheadBenchmark.run(rounds: rounds, requests: requests) }
 case "count":
     guard arguments.count == 4,
-          let variant = OverheadBenchmark.Variant(rawValue: arguments[1]),
-          let shape = OverheadBenchmark.Shape(rawValue: arguments[2])
+        let variant = OverheadBenchmark.Variant(rawValue: arguments[1]),
+        let shape = OverheadBenchmark.Shape(rawValue: arguments[2])
     else { usage() }
     let requests = argument(3, default: 1)
     runBlocking { try await OverheadBenchmark.count(variant, shape, requests: requests) }

@@ -5,6 +5,7 @@ import NIOHTTP1
 import NIOPosix
 import NIOSSL
 import RequestEngine
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -72,7 +73,7 @@ extension NetworkError {
         case .cancelled, .requestStreamCancelled:
             return .cancelled
         case .readTimeout, .writeTimeout, .connectTimeout, .deadlineExceeded, .getConnectionFromPoolTimeout,
-             .socksHandshakeTimeout, .httpProxyHandshakeTimeout:
+            .socksHandshakeTimeout, .httpProxyHandshakeTimeout:
             return .timedOut
         case .tlsHandshakeTimeout:
             return .transport(.secureConnectionFailed)

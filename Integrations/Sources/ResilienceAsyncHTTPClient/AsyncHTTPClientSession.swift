@@ -3,6 +3,7 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

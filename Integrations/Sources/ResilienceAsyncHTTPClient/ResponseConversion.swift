@@ -4,6 +4,7 @@ import NIOCore
 import NIOHTTP1
 import RequestEngine
 import Synchronization
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

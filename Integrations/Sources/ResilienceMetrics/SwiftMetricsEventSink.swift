@@ -160,7 +160,8 @@ final class MetricHandles: Sendable {
         timers.withLock { timers in
             if let timer = timers[labels] { return timer }
             let dimensions = [("method", labels.method), ("endpoint", labels.endpoint)]
-            let timer = factory.map { CoreMetrics.Timer(label: SwiftMetricsEventSink.Name.duration, dimensions: dimensions, factory: $0) }
+            let timer =
+                factory.map { CoreMetrics.Timer(label: SwiftMetricsEventSink.Name.duration, dimensions: dimensions, factory: $0) }
                 ?? CoreMetrics.Timer(label: SwiftMetricsEventSink.Name.duration, dimensions: dimensions)
             timers[labels] = timer
             return timer
@@ -202,7 +203,8 @@ final class MetricHandles: Sendable {
             if let counter = counters[key] { return counter }
             var dimensions = [("method", key.labels.method), ("endpoint", key.labels.endpoint)]
             if !key.status.isEmpty { dimensions += [("status", key.status), ("outcome", key.outcome)] }
-            let counter = factory.map { Counter(label: key.name, dimensions: dimensions, factory: $0) }
+            let counter =
+                factory.map { Counter(label: key.name, dimensions: dimensions, factory: $0) }
                 ?? Counter(label: key.name, dimensions: dimensions)
             counters[key] = counter
             return counter

@@ -4,6 +4,7 @@ import Observability
 import RequestEngine
 import ServiceContextModule
 import Tracing
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -6,6 +6,7 @@ import ResilienceBridgeSupport
 import ServiceContextModule
 import Synchronization
 import Tracing
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -98,10 +99,13 @@ public struct TracingEventSink: RequestEventSink {
         case .retryScheduled(let traceID, let attempt, let delay):
             // Retries after a timeout run in a task of their own: found by trace id, not task-local.
             guard let logical = requests.value(for: traceID) ?? LogicalRequest.current else { return }
-            logical.span.addEvent(SpanEvent(name: "retry_scheduled", attributes: [
-                "attempt": .int64(Int64(attempt)),
-                "delay_seconds": .double(delay),
-            ]))
+            logical.span.addEvent(
+                SpanEvent(
+                    name: "retry_scheduled",
+                    attributes: [
+                        "attempt": .int64(Int64(attempt)),
+                        "delay_seconds": .double(delay),
+                    ]))
         case .deduplicated:
             // In the joining caller's own task.
             guard let logical = LogicalRequest.current else { return }

@@ -38,7 +38,8 @@ struct CacheConformanceGateway {
         let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration)
 
         do {
-            let folder = arguments.cacheDirectory
+            let folder =
+                arguments.cacheDirectory
                 ?? FileManager.default.temporaryDirectory.appendingPathComponent("cache-conformance-\(UUID().uuidString)")
             // One user, as a browser profile is: requests with cookies or credentials are cached
             // under this partition, as an app with a signed-in user configures it.

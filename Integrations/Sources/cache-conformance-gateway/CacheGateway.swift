@@ -4,6 +4,7 @@ import NIOHTTP1
 import NIOPosix
 import RequestEngine
 import ResponseCache
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

@@ -4,6 +4,7 @@ import NIOCore
 import RequestEngine
 import ResilienceAsyncHTTPClient
 import ResilienceTesting
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -125,7 +126,7 @@ enum Variant: String, CaseIterable {
         var fields: [String: String] = [:]
         for (name, value) in response.headers { fields[name] = value }
         guard let http = HTTPURLResponse(url: url, statusCode: Int(response.status.code), httpVersion: "HTTP/1.1", headerFields: fields),
-              http.statusCode == 200, bytes.withUnsafeReadableBytes({ Data($0) }).count == bodySize
+            http.statusCode == 200, bytes.withUnsafeReadableBytes({ Data($0) }).count == bodySize
         else { fatalError("bad response") }
     }
 }
@@ -141,7 +142,7 @@ func cpuSeconds() -> Double {
 /// else ran meanwhile (the external server, other people's builds).
 func machineBusySeconds() -> Double {
     guard let stat = try? String(contentsOfFile: "/proc/stat", encoding: .utf8),
-          let line = stat.split(separator: "\n").first, line.hasPrefix("cpu ")
+        let line = stat.split(separator: "\n").first, line.hasPrefix("cpu ")
     else { return .nan }
     let ticks = line.split(separator: " ").dropFirst().compactMap { Double($0) }
     guard ticks.count >= 8 else { return .nan }
@@ -156,7 +157,7 @@ func median(_ values: [Double]) -> Double {
 }
 
 struct Round {
-    var p50: Double = 0         // µs
+    var p50: Double = 0  // µs
     var throughput: Double = 0  // requests/s
     var cpuPerRequest: Double = 0  // µs
     var others: Double = 0  // CPUs' worth of work by other processes meanwhile (0 to 2 on this machine)
@@ -265,8 +266,9 @@ func quantile(_ values: [Double], _ fraction: Double) -> Double {
 
 /// "median (quartiles q1–q3; range min–max)" of per-round values.
 func spread(_ values: [Double], _ format: String) -> String {
-    String(format: "\(format) (quartiles \(format)–\(format); range \(format)–\(format))",
-           median(values), quantile(values, 0.25), quantile(values, 0.75), values.min() ?? .nan, values.max() ?? .nan)
+    String(
+        format: "\(format) (quartiles \(format)–\(format); range \(format)–\(format))",
+        median(values), quantile(values, 0.25), quantile(values, 0.75), values.min() ?? .nan, values.max() ?? .nan)
 }
 
 func summary(_ name: String, _ results: [Variant: [Round]]) {
@@ -277,8 +279,9 @@ func summary(_ name: String, _ results: [Variant: [Round]]) {
         func line(_ values: [Double], _ format: String = "%8.1f (%.1f–%.1f)") -> String {
             String(format: format, median(values), values.min() ?? .nan, values.max() ?? .nan)
         }
-        print(variant.rawValue.padding(toLength: 24, withPad: " ", startingAt: 0), line(r.map(\.p50)), line(r.map(\.throughput)),
-              line(r.map(\.cpuPerRequest)), line(r.map(\.others), "%5.2f (%.2f–%.2f)"))
+        print(
+            variant.rawValue.padding(toLength: 24, withPad: " ", startingAt: 0), line(r.map(\.p50)), line(r.map(\.throughput)),
+            line(r.map(\.cpuPerRequest)), line(r.map(\.others), "%5.2f (%.2f–%.2f)"))
     }
     // Ratios per round (same round, adjacent runs), then their median and spread.
     let engine = results[.engineAHC] ?? [], raw = results[.rawAHC] ?? [], urlSession = results[.engineURLSession] ?? []
@@ -286,8 +289,9 @@ func summary(_ name: String, _ results: [Variant: [Round]]) {
     let cpuRatios = zip(engine, raw).map { $0.cpuPerRequest / $1.cpuPerRequest }
     let rawThroughputRatios = zip(engine, raw).map { $0.throughput / $1.throughput }
     let throughputRatios = zip(engine, urlSession).map { $0.throughput / $1.throughput }
-    print("engine/raw AHC p50:", spread(p50Ratios, "%.3f"),
-          String(format: "; ratio of medians %.3f", median(engine.map(\.p50)) / median(raw.map(\.p50))))
+    print(
+        "engine/raw AHC p50:", spread(p50Ratios, "%.3f"),
+        String(format: "; ratio of medians %.3f", median(engine.map(\.p50)) / median(raw.map(\.p50))))
     print("engine/raw AHC CPU per request:", spread(cpuRatios, "%.3f"))
     print("engine/raw AHC throughput:", spread(rawThroughputRatios, "%.3f"))
     let floor = results[.rawAHCResponse] ?? [], unshared = results[.unsharedEngineAHC] ?? []
@@ -295,11 +299,13 @@ func summary(_ name: String, _ results: [Variant: [Round]]) {
     print("engine/(raw AHC + HTTPURLResponse) CPU per request:", spread(zip(engine, floor).map { $0.cpuPerRequest / $1.cpuPerRequest }, "%.3f"))
     let adapter = results[.sessionAHC] ?? []
     print("AsyncHTTPClientSession/(raw AHC + HTTPURLResponse) p50:", spread(zip(adapter, floor).map { $0.p50 / $1.p50 }, "%.3f"))
-    print("AsyncHTTPClientSession/(raw AHC + HTTPURLResponse) CPU per request:",
-          spread(zip(adapter, floor).map { $0.cpuPerRequest / $1.cpuPerRequest }, "%.3f"))
+    print(
+        "AsyncHTTPClientSession/(raw AHC + HTTPURLResponse) CPU per request:",
+        spread(zip(adapter, floor).map { $0.cpuPerRequest / $1.cpuPerRequest }, "%.3f"))
     print("engine in the caller's task/(raw AHC + HTTPURLResponse) p50:", spread(zip(unshared, floor).map { $0.p50 / $1.p50 }, "%.3f"))
-    print("engine in the caller's task/(raw AHC + HTTPURLResponse) CPU per request:",
-          spread(zip(unshared, floor).map { $0.cpuPerRequest / $1.cpuPerRequest }, "%.3f"))
+    print(
+        "engine in the caller's task/(raw AHC + HTTPURLResponse) CPU per request:",
+        spread(zip(unshared, floor).map { $0.cpuPerRequest / $1.cpuPerRequest }, "%.3f"))
     print("engine over AHC / engine over URLSession throughput:", spread(throughputRatios, "%.2f"))
 }
 
@@ -307,7 +313,9 @@ func loadAverage() -> String {
     (try? String(contentsOfFile: "/proc/loadavg", encoding: .utf8))?.split(separator: " ").prefix(3).joined(separator: " ") ?? "?"
 }
 
-print("integrations-benchmark: \(rounds) rounds; \(sequentialPerRound) sequential and \(concurrentPerRound) at \(inFlight) in flight per variant per round; \(ProcessInfo.processInfo.activeProcessorCount) CPUs")
+print(
+    "integrations-benchmark: \(rounds) rounds; \(sequentialPerRound) sequential and \(concurrentPerRound) at \(inFlight) in flight per variant per round; \(ProcessInfo.processInfo.activeProcessorCount) CPUs"
+)
 print("server: \(externalURL.map { "external, \($0.absoluteString)" } ?? "LoopbackHTTPServer in this process (its CPU counts in CPU µs/req)")")
 print("load average (1, 5, 15 min): \(loadAtStart) at the start, \(loadAverage()) at the end")
 summary("Sequential", sequentialRounds)

@@ -1,5 +1,7 @@
 // The adoption snippet of README.md and Docs/Integrations.md, verbatim between the markers;
 // `.ci/run` checks that the documents show exactly these lines, and compiles and runs them.
+// Left as the documents show it (its comments aligned), so swift-format does not touch it:
+// swift-format-ignore-file
 
 // snippet:begin
 import AsyncHTTPClient

@@ -1,6 +1,7 @@
 import Foundation
 import RequestEngine
 import Synchronization
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

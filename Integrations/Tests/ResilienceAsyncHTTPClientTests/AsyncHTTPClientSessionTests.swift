@@ -8,6 +8,7 @@ import ResilienceTesting
 import Retry
 import Synchronization
 import Testing
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -290,9 +291,11 @@ struct AsyncHTTPClientSessionTests {
     // MARK: 401 refresh through AuthenticatedRequestEngine
 
     @Test func a401IsRefreshedOnceAndRetriedWithTheNewToken() async throws {
-        server.route("/me", handler: { request in
-            request.header("authorization") == "Bearer fresh" ? .ok("me") : .status(401)
-        })
+        server.route(
+            "/me",
+            handler: { request in
+                request.header("authorization") == "Bearer fresh" ? .ok("me") : .status(401)
+            })
         let provider = CountingTokenProvider(current: "stale", next: "fresh")
         let authenticated = AuthenticatedRequestEngine(
             requestEngine: AsyncRequestEngine(session: session),

@@ -7,6 +7,7 @@ import NIOSSL
 import RequestEngine
 import ResilienceAsyncHTTPClient
 import Testing
+
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -130,9 +130,10 @@ struct BridgeTests {
         server.route("/b", .ok())
         _ = try await engine.send(TestRequest(url: server.url("/a")))
         _ = try await engine.send(TestRequest(url: server.url("/b")))
-        let endpoints = Set(metrics.counters(label: "http_client_requests_started_total").compactMap { counter in
-            counter.dimensions.first { $0.0 == "endpoint" }?.1
-        })
+        let endpoints = Set(
+            metrics.counters(label: "http_client_requests_started_total").compactMap { counter in
+                counter.dimensions.first { $0.0 == "endpoint" }?.1
+            })
         #expect(endpoints == ["/a", "__other__"])
     }
 

@@ -14,11 +14,16 @@ struct W3CTestTracer: Tracer {
 
     init() {
         let counter = Mutex<UInt64>(0)
-        let next: @Sendable () -> UInt64 = { counter.withLock { $0 += 1; return $0 } }
-        recorder = InMemoryTracer(idGenerator: .init(
-            nextTraceID: { String(format: "%032llx", next()) },
-            nextSpanID: { String(format: "%016llx", next()) }
-        ))
+        let next: @Sendable () -> UInt64 = {
+            counter.withLock {
+                $0 += 1; return $0
+            }
+        }
+        recorder = InMemoryTracer(
+            idGenerator: .init(
+                nextTraceID: { String(format: "%032llx", next()) },
+                nextSpanID: { String(format: "%016llx", next()) }
+            ))
     }
 
     func startSpan<Instant: TracerInstant>(

@@ -30,9 +30,9 @@ public struct DurationSummary: Sendable, Equatable, Codable {
 
     init?(_ histogram: LogLinearHistogram) {
         guard histogram.count > 0,
-              let p50 = histogram.percentile(0.50),
-              let p95 = histogram.percentile(0.95),
-              let p99 = histogram.percentile(0.99)
+            let p50 = histogram.percentile(0.50),
+            let p95 = histogram.percentile(0.95),
+            let p99 = histogram.percentile(0.99)
         else { return nil }
         self.init(
             count: Int(clamping: histogram.count),

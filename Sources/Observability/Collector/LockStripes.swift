@@ -62,7 +62,9 @@ final class LockStripes<State: Sendable>: @unchecked Sendable {
 /// 128 bytes that keep the hot fields of one lock-striped object off the cache lines of the
 /// objects allocated next to it (false sharing between recording threads).
 struct CacheLinePadding {
-    private var words: (UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64,
-                        UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64)
-        = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    private var words:
+        (
+            UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64,
+            UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64, UInt64
+        ) = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 }

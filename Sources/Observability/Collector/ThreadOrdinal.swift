@@ -1,4 +1,5 @@
 import ResilienceCore
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)

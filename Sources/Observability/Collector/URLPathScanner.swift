@@ -71,7 +71,8 @@ enum URLPathScanner {
         while true {
             // The segment ends at the next "/"; matrix parameters, if any, start at its first ";".
             let segmentEnd = firstIndex(in: path, from: start, of: slash, semicolon, semicolon)
-            let end = segmentEnd < count && path[segmentEnd] == semicolon
+            let end =
+                segmentEnd < count && path[segmentEnd] == semicolon
                 ? firstIndex(in: path, from: segmentEnd, of: slash, slash, slash)
                 : segmentEnd
             let segment = UnsafeBufferPointer(rebasing: path[start..<segmentEnd])

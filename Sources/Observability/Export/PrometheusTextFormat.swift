@@ -50,16 +50,18 @@ public enum PrometheusTextFormat {
         var text = ""
         text.reserveCapacity(256 + active.count * 2048)
 
-        family(&text, "http_client_requests_total", "counter",
-               "Completed HTTP client requests by method, endpoint template, final status (HTTP status code, or failure reason when there was no response) and outcome.")
+        family(
+            &text, "http_client_requests_total", "counter",
+            "Completed HTTP client requests by method, endpoint template, final status (HTTP status code, or failure reason when there was no response) and outcome.")
         for (labels, row) in active {
             for (key, count) in row.outcomes.sorted(by: { $0.key < $1.key }) where count > 0 {
                 text += "http_client_requests_total{\(labels),status=\"\(key.statusLabel)\",outcome=\"\(key.outcomeLabel)\"} \(count)\n"
             }
         }
 
-        family(&text, "http_client_request_duration_seconds", "histogram",
-               "Duration of successful HTTP client requests in seconds, from start to the 2xx response, retries and backoff included.")
+        family(
+            &text, "http_client_request_duration_seconds", "histogram",
+            "Duration of successful HTTP client requests in seconds, from start to the 2xx response, retries and backoff included.")
         for (labels, row) in active {
             var cumulative: UInt64 = 0
             for (index, bound) in DurationBuckets.labels.enumerated() {
@@ -71,20 +73,23 @@ public enum PrometheusTextFormat {
             text += "http_client_request_duration_seconds_count{\(labels)} \(row.succeeded)\n"
         }
 
-        family(&text, "http_client_requests_started_total", "counter",
-               "HTTP client requests started (deduplicated callers excluded) by method and endpoint template.")
+        family(
+            &text, "http_client_requests_started_total", "counter",
+            "HTTP client requests started (deduplicated callers excluded) by method and endpoint template.")
         for (labels, row) in active {
             text += "http_client_requests_started_total{\(labels)} \(row.started)\n"
         }
 
-        family(&text, "http_client_retries_total", "counter",
-               "Retries scheduled by method and endpoint template.")
+        family(
+            &text, "http_client_retries_total", "counter",
+            "Retries scheduled by method and endpoint template.")
         for (labels, row) in active {
             text += "http_client_retries_total{\(labels)} \(row.retries)\n"
         }
 
-        family(&text, "http_client_deduplicated_requests_total", "counter",
-               "Callers that joined an identical request already in flight instead of sending their own, by method and endpoint template.")
+        family(
+            &text, "http_client_deduplicated_requests_total", "counter",
+            "Callers that joined an identical request already in flight instead of sending their own, by method and endpoint template.")
         for (labels, row) in active {
             text += "http_client_deduplicated_requests_total{\(labels)} \(row.deduplicated)\n"
         }
@@ -108,8 +113,9 @@ public enum PrometheusTextFormat {
             }
         }
         if !throttledRetries.isEmpty {
-            family(&text, "http_client_retries_throttled_total", "counter",
-                   "Retries not sent because the host's retry throttle (gRPC's token count) was at or below half.")
+            family(
+                &text, "http_client_retries_throttled_total", "counter",
+                "Retries not sent because the host's retry throttle (gRPC's token count) was at or below half.")
             for (host, count) in throttledRetries.sorted(by: { $0.key < $1.key }) {
                 text += "http_client_retries_throttled_total{host=\"\(escapeLabelValue(host))\"} \(count)\n"
             }

@@ -1,5 +1,6 @@
 import Foundation
 import RequestEngine
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -79,9 +80,11 @@ public struct LoggingEventSink: RequestEventSink {
     /// `value` as a logfmt value: bare when it has no space, quote, backslash, `=` or control
     /// character; otherwise in double quotes with `"` and `\` escaped and line breaks as `\n`.
     private func quoted(_ value: String) -> String {
-        let needsQuotes = value.isEmpty || value.unicodeScalars.contains {
-            $0 == " " || $0 == "\"" || $0 == "\\" || $0 == "=" || $0.value < 0x20 || $0.value == 0x7F
-        }
+        let needsQuotes =
+            value.isEmpty
+            || value.unicodeScalars.contains {
+                $0 == " " || $0 == "\"" || $0 == "\\" || $0 == "=" || $0.value < 0x20 || $0.value == 0x7F
+            }
         guard needsQuotes else { return value }
         var escaped = "\""
         for scalar in value.unicodeScalars {

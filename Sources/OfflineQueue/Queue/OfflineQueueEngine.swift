@@ -1,7 +1,8 @@
 import Foundation
 import RequestEngine
-import Retry
 import ResilienceCore
+import Retry
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -482,8 +483,9 @@ public actor OfflineQueueEngine {
     ) async throws -> QueueEntry {
         var replaced: QueueEntry?
         if let coalescingKey = request.coalescingKey,
-           let existing = store.entry(coalescingKey: coalescingKey),
-           lifecycle.startReplacing(existing.id) {
+            let existing = store.entry(coalescingKey: coalescingKey),
+            lifecycle.startReplacing(existing.id)
+        {
             replaced = existing
         }
         // Settled whether the write succeeds or fails; the holder stays queued if it failed.

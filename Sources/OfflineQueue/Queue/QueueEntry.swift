@@ -1,5 +1,6 @@
 import Foundation
 import RequestEngine
+
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -90,8 +91,9 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     ///   - id: the entry's identity and file name; a fresh UUID by default.
     ///   - enqueuedAt: when the entry's TTL starts; now by default.
     public init(_ request: some QueueableRequest, id: UUID = UUID(), enqueuedAt: Date = Date()) {
-        self.init(id: id, request: request, idempotencyKey: request.idempotencyKey, enqueuedAt: enqueuedAt,
-                  sequence: Self.unplacedSequence)
+        self.init(
+            id: id, request: request, idempotencyKey: request.idempotencyKey, enqueuedAt: enqueuedAt,
+            sequence: Self.unplacedSequence)
     }
 
     /// The request this entry replays, as a `URLRequest` (SwiftResilience's): `method`, `url`, the

@@ -21,7 +21,7 @@ public enum QueueEntryResult: Sendable {
     public var id: UUID {
         switch self {
         case .delivered(let id, _), .failedPermanently(let id, _), .keptForRetry(let id, _, _, _),
-             .expired(let id), .deadLettered(let id, _):
+            .expired(let id), .deadLettered(let id, _):
             return id
         }
     }

@@ -2,6 +2,7 @@ import Foundation
 import RequestEngine
 import ResilienceCore
 import Retry
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)
@@ -205,7 +206,9 @@ public final class DiskQueueStore: Sendable {
     /// used afterwards.
     func releaseLock() {
         removals.finish()  // whoever opens the folder next must not find a finished entry
-        if let descriptor = lock.withLock({ lock -> Int32? in defer { lock = nil }; return lock }) {
+        if let descriptor = lock.withLock({ lock -> Int32? in
+            defer { lock = nil }; return lock
+        }) {
             close(descriptor)
         }
     }
@@ -297,9 +300,12 @@ public final class DiskQueueStore: Sendable {
             let id = state.nextObserver
             state.nextObserver += 1
             state.changeObservers[id] = observer
-            return (Self.pending(state), state.changeSequence, { [weak self] in
-                self?.state.withLock { _ = $0.changeObservers.removeValue(forKey: id) }
-            })
+            return (
+                Self.pending(state), state.changeSequence,
+                { [weak self] in
+                    self?.state.withLock { _ = $0.changeObservers.removeValue(forKey: id) }
+                }
+            )
         }
     }
 

@@ -1,5 +1,6 @@
 import Foundation
 import ResilienceCore
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Musl)

@@ -37,8 +37,11 @@ enum QueueEntryDecoder {
             }
         }
         guard count == 36, bytes.count == 16, high == nil else { return nil }
-        return UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
-                           bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
+        return UUID(
+            uuid: (
+                bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+                bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]
+            ))
     }
 
     static func decode(_ data: Data) -> QueueEntry? {
@@ -150,25 +153,26 @@ enum QueueEntryDecoder {
             }
             func integer(_ value: Value?) -> Int? {
                 guard let number = double(value), number.isFinite, number == number.rounded(),
-                      abs(number) < 9.0e15 else { return nil }
+                    abs(number) < 9.0e15
+                else { return nil }
                 return Int(number)
             }
             guard let idText = string(fields.id), let id = QueueEntryDecoder.parseUUID(idText),
-                  let urlText = string(fields.url), let url = URL(string: urlText),
-                  let method = string(fields.method),
-                  let timeout = double(fields.timeout),
-                  let enqueuedAt = double(fields.enqueuedAt),
-                  let ttl = double(fields.ttl),
-                  let priority = integer(fields.priority),
-                  let idempotencyKey = string(fields.idempotencyKey),
-                  let orderingKey = optionalString(fields.orderingKey),
-                  let coalescingKey = optionalString(fields.coalescingKey),
-                  let sequence = integer(fields.sequence), sequence >= 0,
-                  let attempts = integer(fields.attempts),
-                  let lastError = optionalString(fields.lastError),
-                  let revision = integer(fields.revision),
-                  let formatVersion = integer(fields.formatVersion),
-                  case .object(let headers)? = fields.headers
+                let urlText = string(fields.url), let url = URL(string: urlText),
+                let method = string(fields.method),
+                let timeout = double(fields.timeout),
+                let enqueuedAt = double(fields.enqueuedAt),
+                let ttl = double(fields.ttl),
+                let priority = integer(fields.priority),
+                let idempotencyKey = string(fields.idempotencyKey),
+                let orderingKey = optionalString(fields.orderingKey),
+                let coalescingKey = optionalString(fields.coalescingKey),
+                let sequence = integer(fields.sequence), sequence >= 0,
+                let attempts = integer(fields.attempts),
+                let lastError = optionalString(fields.lastError),
+                let revision = integer(fields.revision),
+                let formatVersion = integer(fields.formatVersion),
+                case .object(let headers)? = fields.headers
             else { return nil }
             var body: Data?
             switch fields.body {
@@ -282,7 +286,8 @@ enum QueueEntryDecoder {
                         guard var scalar = hex4() else { return nil }
                         if (0xD800...0xDBFF).contains(scalar) {
                             guard consume(UInt8(ascii: "\\")), consume(UInt8(ascii: "u")), let low = hex4(),
-                                  (0xDC00...0xDFFF).contains(low) else { return nil }
+                                (0xDC00...0xDFFF).contains(low)
+                            else { return nil }
                             scalar = 0x10000 + ((scalar - 0xD800) << 10) + (low - 0xDC00)
                         }
                         guard let unicode = Unicode.Scalar(scalar) else { return nil }
@@ -321,7 +326,7 @@ enum QueueEntryDecoder {
             while position < bytes.count {
                 switch bytes[position] {
                 case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "+"),
-                     UInt8(ascii: "."), UInt8(ascii: "e"), UInt8(ascii: "E"):
+                    UInt8(ascii: "."), UInt8(ascii: "e"), UInt8(ascii: "E"):
                     position += 1
                 default:
                     return Self.parseDouble(bytes[start..<position])

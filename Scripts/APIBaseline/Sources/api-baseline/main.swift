@@ -112,10 +112,12 @@ func main() throws {
     }
     var differing: [String] = []
     for module in rest {
-        try run("swift-symbolgraph-extract", [
-            "-module-name", module, "-minimum-access-level", "public",
-            "-skip-inherited-docs", "-output-dir", graphs.path,
-        ] + includes)
+        try run(
+            "swift-symbolgraph-extract",
+            [
+                "-module-name", module, "-minimum-access-level", "public",
+                "-skip-inherited-docs", "-output-dir", graphs.path,
+            ] + includes)
         let current = try listing(of: module, graphs: graphs)
         let file = baselines.appendingPathComponent("\(module).txt")
         if mode == "write" {
