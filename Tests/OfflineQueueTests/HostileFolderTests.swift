@@ -178,6 +178,51 @@ struct HostileFolderTests {
         #expect(names.filter { $0.hasPrefix(".dead-letter.displaced-") }.count == 1)
     }
 
+    // MARK: A file another user left
+
+    /// A file the process may not read (another user's, mode 0600) is moved aside and reported,
+    /// like a corrupt one; it used to make the whole queue unopenable (EACCES thrown at open).
+    /// Run in a child that drops from root to `nobody`: root reads any file.
+    @Test(.enabled(if: getuid() == 0, "needs root, to drop to another user in a child process"))
+    func aFileThisProcessMayNotReadIsQuarantinedAndTheRestLoads() async throws {
+        #if os(Linux)
+        let outer = TemporaryDirectory()
+        let folder = outer.url.appendingPathComponent("queue")
+        try FileManager.default.createDirectory(at: outer.url, withIntermediateDirectories: true)
+        chmod(outer.url.path, 0o755)
+        let owner = try DiskQueueStore(directory: folder)
+        let mine = QueueEntry(Mutation("/mine"))
+        let foreign = QueueEntry(Mutation("/foreign"))
+        try await owner.save(mine)
+        try await owner.save(foreign)
+        owner.releaseLock()
+        let nobody: uid_t = 65_534
+        for path in [folder.path, folder.path + "/quarantine", folder.path + "/dead-letter", folder.path + "/\(mine.id.uuidString).json"] {
+            #expect(chown(path, nobody, gid_t(nobody)) == 0)
+        }
+        let foreignName = "\(foreign.id.uuidString).json"
+        #expect(chmod(folder.path + "/" + foreignName, 0o600) == 0)  // root's, unreadable to nobody
+        let path = folder.path
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { [path = path as String, foreignName = foreignName as String, mine = mine.id as UUID] in
+                guard setgid(65_534) == 0, setuid(65_534) == 0 else { exit(1) }
+                do {
+                    let store = try DiskQueueStore(directory: URL(fileURLWithPath: path))
+                    guard store.openReport.loaded == 1, store.entry(id: mine) != nil else { exit(2) }
+                    guard store.openReport.quarantined.map(\.name) == [foreignName] else { exit(3) }
+                    guard store.openReport.quarantined[0].reason.contains("permission denied") else { exit(4) }
+                } catch {
+                    exit(5)  // the old behaviour: the whole queue refused to open
+                }
+                exit(0)
+            }
+        }
+        // Moved aside, never deleted.
+        #expect(FileManager.default.fileExists(atPath: folder.path + "/quarantine/" + foreignName))
+        #expect(!FileManager.default.fileExists(atPath: folder.path + "/" + foreignName))
+        #endif
+    }
+
     // MARK: Item 6: names in another letter case
 
     @Test func anEntryFileWithALowerCaseNameIsDeliveredOnceAndThenGone() async throws {
@@ -315,35 +360,42 @@ struct HostileFolderTests {
         #expect(await store.load().map(\.id) == ids)
     }
 
-    @Test func anUnreadableEntryFileIsATypedErrorAndNothingIsMoved() async throws {
+    /// A file this process may not read, in a folder where it may not move it either (root's
+    /// folder, mode 0755, opened as nobody): skipped and reported, never thrown for — one foreign
+    /// file must not make the queue unopenable (issue 28) — and, left where it was, loaded again by
+    /// a process that may read it.
+    @Test func anUnreadableEntryFileThatCannotBeMovedIsSkippedAndReported() async throws {
         let directory = TemporaryDirectory()
         let ids = try await prepareFolder(directory, count: 3)
-        // A name that exists but cannot be opened for reading: a socket (open gives ENXIO) is a
-        // verdict on the file, so use what a system call refuses instead — a file this process
-        // may not read. Root reads everything, so drop to nobody's rights in a child.
+        // A name that exists but cannot be opened for reading: a file this process may not read.
+        // Root reads everything, so drop to nobody's rights in a child.
         let path = directory.url.path
-        let victim = directory.url.appendingPathComponent("\(ids[1].uuidString).json").path
+        let victimName = "\(ids[1].uuidString).json"
+        let victim = directory.url.appendingPathComponent(victimName).path
         #expect(chmod(victim, 0o000) == 0)
         #expect(chmod(path, 0o755) == 0)
+        for id in [ids[0], ids[2]] {  // the others are nobody's (entry files are written 0600)
+            #expect(chown(directory.url.appendingPathComponent("\(id.uuidString).json").path, 65534, 65534) == 0)
+        }
         try await ExitTests.oneAtATime {
-            await #expect(processExitsWith: .success) { [path = path as String] in
+            await #expect(processExitsWith: .success) { [path = path as String, victimName = victimName as String] in
                 if geteuid() == 0 {
                     guard setgid(65534) == 0, setuid(65534) == 0 else { exit(3) }
                 }
                 let url = URL(fileURLWithPath: path)
                 do {
-                    _ = try DiskQueueStore.inspect(directory: url)
-                    exit(4)
-                } catch OfflineQueueError.storage(_, _, let code) where code == EACCES {
+                    let inspection = try DiskQueueStore.inspect(directory: url)
+                    guard inspection.entries.count == 2, inspection.unreadable.map(\.name) == [victimName] else { exit(4) }
+                    guard inspection.unreadable[0].reason.contains("permission denied") else { exit(5) }
                 } catch {
-                    exit(5)
+                    exit(6)
                 }
                 do {
-                    _ = try DiskQueueStore(directory: url)
-                    exit(6)  // before the fix: opened, judging the unreadable file corrupt
-                } catch OfflineQueueError.storage(_, _, let code) where code == EACCES {
+                    let store = try DiskQueueStore(directory: url)
+                    guard store.openReport.loaded == 2, store.openReport.quarantined.map(\.name) == [victimName] else { exit(7) }
+                    guard store.openReport.quarantined[0].reason.contains("left in place") else { exit(8) }
                 } catch {
-                    exit(7)
+                    exit(9)  // before issue 28: the open threw EACCES, and the whole queue was unusable
                 }
                 exit(0)
             }

@@ -10,9 +10,10 @@ import Darwin
 #endif
 
 // Opening a queue folder: listing it once, reading and judging every entry file, and the
-// read-only `inspect`. The rule throughout: only content that was read and found invalid is a
-// verdict on a file (quarantine); a failed system call is a fact about the process or the disk
-// and is thrown, with nothing moved.
+// read-only `inspect`. The rule throughout: only content that was read and found invalid — or a
+// file this process may not read (EACCES, EPERM: its owner or mode) — is a verdict on a file
+// (quarantine); any other failed system call is a fact about the process or the disk and is
+// thrown, with nothing moved.
 extension DiskQueueStore {
     /// A read-only look at a queue folder, for operators: nothing is moved, removed or locked.
     public struct Inspection: Sendable {
@@ -238,6 +239,10 @@ extension DiskQueueStore {
         case .notRegular(let kind): return .corrupt("not a regular file (\(kind))")
         case .tooLarge(let size): return .corrupt("larger than \(maximumEntrySize) bytes (\(size))")
         case .vanished: return .vanished
+        case .failed(let error) where error.errno == EACCES || error.errno == EPERM:
+            // The file's owner or mode shuts this process out (a file left by another user, say):
+            // a verdict on this one file, which is moved aside, not on the folder or the disk.
+            return .corrupt("not readable by this process (\(error.operation): permission denied)")
         case .failed(let error): return .unreadable(operation: error.operation, errno: error.errno)
         }
         let fast = buffer.withUnsafeBufferPointer { QueueEntryDecoder.decode(UnsafeBufferPointer(rebasing: $0[0..<length])) }
