@@ -61,9 +61,10 @@ public final class CachedRequestEngine: RequestSending {
     ///   - reachabilityMonitor: says when to pause (`.online`) and when to revalidate (`.offlineFirst`).
     ///   - partition: a stable identifier of the signed-in user (never a token); required for
     ///     caching requests that carry `Authorization` or `Cookie`. Clear the cache at log-out.
-    ///   - defaultMode, defaultStaleTime: for `send(_:)` and `response(for:)` (default `.online`
-    ///     and `.http`: fresh as long as HTTP says, revalidated after, served stale only when the
-    ///     network fails).
+    ///   - defaultMode: the network mode of `send(_:)` and `response(for:)` (default `.online`:
+    ///     served stale only when the network fails).
+    ///   - defaultStaleTime: their freshness (default `.http`: fresh as long as HTTP says,
+    ///     revalidated after).
     ///   - clock: the clock ages are measured on (a `ManualClock` in tests).
     public init(
         requestEngine: some RequestSending = AsyncRequestEngine(),

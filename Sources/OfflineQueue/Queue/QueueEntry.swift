@@ -88,6 +88,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     /// its place, moved to the line of its new priority if that changed.
     ///
     /// - Parameters:
+    ///   - request: what to store: its method, URL, headers, body and queue settings.
     ///   - id: the entry's identity and file name; a fresh UUID by default.
     ///   - enqueuedAt: when the entry's TTL starts; now by default.
     public init(_ request: some QueueableRequest, id: UUID = UUID(), enqueuedAt: Date = Date()) {
