@@ -45,7 +45,7 @@ let package = Package(
             name: "Resilience",
             dependencies: ["Retry", "RequestEngine", "Reachability", "OfflineQueue", "ResponseCache", "Auth", "Observability", "Drainer", "OfflineFirst"]
         ),
-        .target(name: "ResilienceTesting", dependencies: ["Retry", "RequestEngine", "ResilienceCore"]),
+        .target(name: "ResilienceTesting", dependencies: ["Retry", "RequestEngine", "Reachability", "ResilienceCore"]),
         // Helpers for this package's own tests and demo (package access, not a product).
         .target(name: "ResilienceTestSupport", dependencies: ["Retry", "RequestEngine", "ResilienceCore"]),
         .executableTarget(name: "resilience-demo", dependencies: ["Resilience", "ResilienceTesting", "ResilienceTestSupport", "ResilienceCore"]),

@@ -31,6 +31,7 @@ public actor ManualReachabilityMonitor: ReachabilityMonitoring {
         subscribers.yield(connected)
     }
 
-    /// Number of live `connectivity` streams (for tests).
-    public var subscriberCount: Int { subscribers.count }
+    /// Number of live `connectivity` streams. Tests read it as `subscriberCount`, from
+    /// ResilienceTesting, to wait until the code under test listens before flipping the state.
+    package var liveStreamCount: Int { subscribers.count }
 }

@@ -201,7 +201,8 @@ public final class CachedRequestEngine: RequestSending {
         cache.markStale(where: predicate)
     }
 
-    /// Waits until every background revalidation started so far has finished (for tests).
+    /// Waits until every background revalidation started so far has finished: before a test
+    /// reads what the cache holds, or before an app lets the process be suspended.
     public func waitForBackgroundRevalidations() async {
         await fetches.waitUntilIdle()
     }

@@ -2,6 +2,7 @@ import Foundation
 import Observation
 import ResilienceCore
 import ResilienceTestSupport
+import ResilienceTesting
 import Testing
 
 @testable import OfflineFirst
