@@ -17,7 +17,7 @@ import FoundationNetworking
 /// let (data, response) = try await engine.send(FetchPosts())
 /// ```
 ///
-/// What a caller can rely on (Docs/Auth.md has every path):
+/// What a caller can rely on (Sources/Auth/Auth.docc/AuthGuide.md has every path):
 /// - **Injection.** Each attempt carries `tokenHeaderName: tokenPrefix + token`, set at send time
 ///   from the coordinator; a header of the same name on the request (any letter case) is replaced.
 ///   The request is never sent without a token: with none, the coordinator refreshes first.

@@ -11,7 +11,7 @@ import ResilienceCore
 /// let engine = AuthenticatedRequestEngine(coordinator: coordinator)
 /// ```
 ///
-/// What a caller can rely on (Docs/Auth.md has every path):
+/// What a caller can rely on (Sources/Auth/Auth.docc/AuthGuide.md has every path):
 /// - **One refresh per storm.** Every token it hands out has a generation. A 401 to a request sent
 ///   with an older generation than the current one is retried with the current token and
 ///   refreshes nothing (this covers a late 401 that arrives after a refresh finished). Every other

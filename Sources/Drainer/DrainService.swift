@@ -26,7 +26,7 @@ import Retry
 /// - Cycles never overlap, neither with each other nor with the queue's own passes
 ///   (`OfflineQueueEngine.start()`, `flush()`): the queue runs one pass at a time.
 ///
-/// See Docs/Drainer.md.
+/// See Sources/Drainer/Drainer.docc/DrainerGuide.md.
 public actor DrainService {
     /// How the wait grows after failed cycles.
     public struct Backoff: Sendable, Hashable {

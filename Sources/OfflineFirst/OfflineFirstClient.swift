@@ -41,7 +41,7 @@ import FoundationNetworking
 ///   stops overlaying at once; live reads re-yield without it and report it in `rejectedWrites`.
 ///
 /// The client listens to the queue's changes from its creation until it is released, to mark
-/// delivered writes' reads stale even when no screen is showing them. Docs/OfflineFirst.md has
+/// delivered writes' reads stale even when no screen is showing them. Sources/OfflineFirst/OfflineFirst.docc/OfflineFirstGuide.md has
 /// the state table.
 public final class OfflineFirstClient: Sendable {
     public let reads: CachedRequestEngine

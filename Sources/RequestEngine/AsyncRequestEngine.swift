@@ -14,7 +14,7 @@ import FoundationNetworking
 /// let (data, response) = try await engine.send(R(url: url))
 /// ```
 ///
-/// What the engine guarantees (see Docs/RequestEngine.md for every edge case):
+/// What the engine guarantees (see Sources/RequestEngine/RequestEngine.docc/RequestEngineGuide.md for every edge case):
 /// - **Success** is a 2xx response; anything else is thrown as `NetworkError`.
 /// - **Retries** happen only for `NetworkError.isRetryable` failures, only while `retryPolicy` returns a
 ///   delay, only while the `retryBudget` (if any) has tokens, and for POST/PATCH only when the request
@@ -41,7 +41,7 @@ import FoundationNetworking
 ///
 /// The strategies apply outermost first: total deadline, retry (with the host's retry throttle
 /// and the budget), circuit breaker, attempt timeout, hedging, per-host rate limit, per-host
-/// adaptive limit, per-host concurrency limit, transport (Docs/RequestEngine.md, "In what order
+/// adaptive limit, per-host concurrency limit, transport (Sources/RequestEngine/RequestEngine.docc/RequestEngineGuide.md, "In what order
 /// the strategies apply").
 public final class AsyncRequestEngine: RequestSending {
     /// Tuning knobs with safe defaults.

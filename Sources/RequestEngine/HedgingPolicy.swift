@@ -6,7 +6,7 @@ import Foundation
 ///
 /// Set it as `AsyncRequestEngine.Options.hedging`. It applies only to requests that are safe to
 /// send twice: GET, HEAD and OPTIONS, or any request carrying an `Idempotency-Key` header. Rules
-/// (Docs/RequestEngine.md, "Hedging"):
+/// (Sources/RequestEngine/RequestEngine.docc/RequestEngineGuide.md, "Hedging"):
 /// - An answer is **acceptable** unless it is a retryable failure (a 5xx other than 501, 408, 429,
 ///   a timeout or a transport failure) or a limiter's refusal; an acceptable one ends the race at
 ///   once, whatever the copies still in flight. When every copy sent has failed and more are

@@ -16,7 +16,7 @@ public protocol NetworkSession: Sendable {
 
     /// Whether this session bounds each call itself, so that `AsyncRequestEngine` may run a
     /// request in its caller's task, with no task and no timer of its own (a shared read in the
-    /// task of the caller that starts it; Docs/RequestEngine.md, "Threading and cost"):
+    /// task of the caller that starts it; Sources/RequestEngine/RequestEngine.docc/RequestEngineGuide.md, "Threading and cost"):
     /// - the request's `timeoutInterval` bounds the **whole** call (not an idle interval), and a
     ///   call past it throws a timeout (`NetworkError.timedOut`, or `URLError(.timedOut)`);
     /// - when the calling task is cancelled, the call returns promptly (its caller does not wait

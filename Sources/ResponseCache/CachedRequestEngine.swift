@@ -26,7 +26,7 @@ import FoundationNetworking
 /// straight through, and a successful one marks what is stored for its URL (and for the
 /// same-origin `Location` and `Content-Location` it names) stale (RFC 9111 §4.4).
 ///
-/// Rules (Docs/ResponseCache.md has the tables and each RFC requirement with its test): which
+/// Rules (Sources/ResponseCache/ResponseCache.docc/ResponseCacheGuide.md has the tables and each RFC requirement with its test): which
 /// responses are stored (§3), how long they are fresh (`StaleTime`, §4.2), how old they are
 /// (`Age` and `Date`, §4.2.3; every response served from the store carries its `Age`), the
 /// request's own `Cache-Control` (`no-cache`, `max-age`, `max-stale`, `min-fresh`, `no-store`,
@@ -228,7 +228,7 @@ public final class CachedRequestEngine: RequestSending {
         case network(waits: Bool)
     }
 
-    /// The modes' tables (Docs/ResponseCache.md) as one function of what the stored response is
+    /// The modes' tables (Sources/ResponseCache/ResponseCache.docc/ResponseCacheGuide.md) as one function of what the stored response is
     /// worth to this request.
     static func decide(cached reuse: HTTPCachePolicy.Reuse?, mode: NetworkMode, request: CacheControl) -> Decision {
         if let reuse, reuse.isUsable, mode != .always || request.onlyIfCached {

@@ -19,7 +19,7 @@ import Darwin
 /// let engine = CachedRequestEngine(requestEngine: AsyncRequestEngine(), cache: cache, reachabilityMonitor: monitor)
 /// ```
 ///
-/// What a caller can rely on (Docs/ResponseCache.md has the file format and every rule):
+/// What a caller can rely on (Sources/ResponseCache/ResponseCache.docc/ResponseCacheGuide.md has the file format and every rule):
 /// - **Never a torn response.** Each file is written to a temp name and renamed, and carries its
 ///   own lengths and a checksum; a file that does not match them (a power loss mid-write, a disk
 ///   error, tampering) is never served: it is deleted and counted (`statistics.corruptRemoved`).

@@ -8,7 +8,7 @@ import Testing
 
 @testable import Auth
 
-/// `AuthenticatedRequestEngine` as the offline queue's sender (Docs/Auth.md, "As the offline
+/// `AuthenticatedRequestEngine` as the offline queue's sender (Sources/Auth/Auth.docc/AuthGuide.md, "As the offline
 /// queue's sender"): what a drain pass does when the token cannot be refreshed.
 @Suite("AuthenticatedRequestEngine as the OfflineQueueEngine's sender", .timeLimit(.minutes(1)))
 struct OfflineQueueReplayTests {

@@ -9,7 +9,7 @@ import Testing
 
 @testable import OfflineFirst
 
-/// The state table of Docs/OfflineFirst.md, row by row, on a manual clock, a manual monitor and a
+/// The state table of Sources/OfflineFirst/OfflineFirst.docc/OfflineFirstGuide.md, row by row, on a manual clock, a manual monitor and a
 /// fake origin: pending, delivered and refetching, delivered and settled, rejected — online and
 /// offline.
 @Suite("OfflineFirstClient: reads and queued writes meet", .timeLimit(.minutes(1)))

@@ -7,7 +7,7 @@ import Testing
 
 @testable import OfflineFirst
 
-/// The state table of Docs/OfflineFirst.md, one test per cell, each on a `ScriptedNetworkSession`
+/// The state table of Sources/OfflineFirst/OfflineFirst.docc/OfflineFirstGuide.md, one test per cell, each on a `ScriptedNetworkSession`
 /// that plays the exchanges in order (and records what was sent), a `ManualClock` and a
 /// `ManualReachabilityMonitor`. (OfflineFirstClientTests covers the same ground, and the races
 /// around it, against a stateful notes origin.)

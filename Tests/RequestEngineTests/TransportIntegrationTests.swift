@@ -45,7 +45,7 @@ struct TransportIntegrationTests {
     @Test func anEndlessBodyStopsAtTheEnginesLimitAndIsNotRetried() async throws {
         // 16 KiB chunks, one per millisecond. Not "as fast as the client reads": on Linux every
         // URLSession of a process shares one work queue, and a flood there holds every other
-        // test's requests (and this transfer's own cancel) until it stops (Docs/RequestEngine.md).
+        // test's requests (and this transfer's own cancel) until it stops (Sources/RequestEngine/RequestEngine.docc/RequestEngineGuide.md).
         server.route("/endless", .endlessChunkedBody(chunk: Data(repeating: 0x65, count: 16 * 1024), interval: .milliseconds(1)))
         let engine = AsyncRequestEngine(
             session: transport,
@@ -130,7 +130,7 @@ struct TransportIntegrationTests {
     /// corelibs-foundation's one shared work queue, and while a same-machine server keeps the
     /// socket full, libcurl's back-to-back reads hold that queue and the turn can take as long as
     /// the flood lasts (the child hung until its time limit in about half the runs beside the
-    /// transport suites). Docs/RequestEngine.md says so; paced endless bodies (the tests below)
+    /// transport suites). Sources/RequestEngine/RequestEngine.docc/RequestEngineGuide.md says so; paced endless bodies (the tests below)
     /// and AsyncHTTPClientSession do see the connection close. In a child process of its own: such
     /// a flood holds every URLSession of its process, so it must not run beside other tests.
     @Test func aTimeoutDuringAFullSpeedEndlessBodyStopsMemoryGrowing() async throws {

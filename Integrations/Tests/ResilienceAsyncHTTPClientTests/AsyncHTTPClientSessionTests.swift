@@ -241,7 +241,7 @@ struct AsyncHTTPClientSessionTests {
         await server.waitForOpenConnections(atMost: 0)
     }
 
-    /// The case URLSession on Linux cannot stop (Docs/RequestEngine.md): a body written as fast as
+    /// The case URLSession on Linux cannot stop (Sources/RequestEngine/RequestEngine.docc/RequestEngineGuide.md): a body written as fast as
     /// the client reads it. The timeout answers the caller and AHC's cancel closes the connection.
     @Test func aTimeoutDuringAFullSpeedEndlessBodyClosesTheConnection() async throws {
         server.route("/flood", .endlessChunkedBody(chunk: Data(repeating: 0x66, count: 64 * 1024)))

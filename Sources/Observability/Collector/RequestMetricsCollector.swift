@@ -15,7 +15,7 @@ import ResilienceCore
 /// let scrape = metrics.prometheusText()   // serve at GET /metrics
 /// ```
 ///
-/// What is counted when (see Docs/Observability.md):
+/// What is counted when (see Sources/Observability/Observability.docc/ObservabilityGuide.md):
 /// - `started` → `requestsStarted`, for the endpoint its URL and method map to;
 /// - `retryScheduled` → `retriesScheduled`;
 /// - `succeeded` → `requestsSucceeded`, its status code, and its duration into the histogram;

@@ -23,7 +23,7 @@ import FoundationNetworking
 /// `try OfflineQueueEngine(reachabilityMonitor: monitor)` uses the default folder (SwiftResilience's
 /// spelling; it throws when that folder cannot be opened).
 ///
-/// See Docs/OfflineQueue.md for the outcome table, the file format and the durability argument.
+/// See Sources/OfflineQueue/OfflineQueue.docc/OfflineQueueGuide.md for the outcome table, the file format and the durability argument.
 public actor OfflineQueueEngine {
     /// Replay settings.
     public struct Configuration: Sendable {
@@ -255,7 +255,7 @@ public actor OfflineQueueEngine {
     /// A new stream for each access: the number of queued entries at once, then every change (as
     /// entries are queued, delivered, failed, expired, dead-lettered or cancelled). Built for an
     /// "offline · 3 pending" indicator; combine it with the monitor's `connectivity` (see
-    /// Docs/OfflineQueue.md). A slow consumer sees the latest count.
+    /// Sources/OfflineQueue/OfflineQueue.docc/OfflineQueueGuide.md). A slow consumer sees the latest count.
     public nonisolated var pendingCounts: AsyncStream<Int> { store.entryCounts }
 
     /// Removes an entry without sending it. Returns whether it was removed: `false` when it was not
@@ -420,7 +420,7 @@ public actor OfflineQueueEngine {
         keyLines[key] = line.users == 0 ? nil : line
     }
 
-    /// One send and its classification (the outcome table of Docs/OfflineQueue.md).
+    /// One send and its classification (the outcome table of Sources/OfflineQueue/OfflineQueue.docc/OfflineQueueGuide.md).
     private func attempt(_ request: PreparedRequest, previousAttempts: Int) async -> QueueAttemptOutcome {
         do {
             let (data, response) = try await sender.response(for: request)

@@ -3,7 +3,7 @@ import RequestEngine
 import ResilienceCore
 
 /// How one send of a queued request ended, classified by the outcome table of
-/// Docs/OfflineQueue.md.
+/// Sources/OfflineQueue/OfflineQueue.docc/OfflineQueueGuide.md.
 enum QueueAttemptOutcome: Sendable {
     /// A 2xx: the server has it.
     case delivered(status: Int)

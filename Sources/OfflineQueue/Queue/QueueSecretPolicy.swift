@@ -2,7 +2,7 @@ import Foundation
 import RequestEngine
 
 /// Which parts of a request count as secrets that must never be written to a queue file, and so
-/// what `OfflineQueueEngine.enqueue` strips or refuses (Docs/OfflineQueue.md, "Secrets").
+/// what `OfflineQueueEngine.enqueue` strips or refuses (Sources/OfflineQueue/OfflineQueue.docc/OfflineQueueGuide.md, "Secrets").
 ///
 /// At enqueue, with the policy in `OfflineQueueEngine.Configuration.secretPolicy`:
 /// - **Secret headers are stripped** from the stored entry: a header whose name is in
