@@ -14,77 +14,60 @@ import FoundationNetworking
 /// A finished entry's file is deleted on a pool thread while the replay pass goes on
 /// (`DeferredRemovals`). These tests hold that thread to pin each order of events.
 @Suite struct DeferredRemovalTests {
-    /// A one-thread pool whose thread can be held, so the removals queued behind it wait.
-    private struct HeldPool {
-        let pool = BlockingIOPool(maxThreads: 1, name: "test.held-removals")
-        let gate = DispatchSemaphore(value: 0)
-        let holding = Locked(false)
+    /// A store whose deletions run on a held thread, holding one saved entry; the thread is held
+    /// from the start, so every deletion queued waits until the test releases it.
+    private struct Harness {
+        let directory = TemporaryDirectory()
+        let held = HeldPool()
+        let store: DiskQueueStore
+        let queued: QueueEntry
 
-        func hold() async {
-            pool.submit { [gate, holding] in
-                holding.withLock { $0 = true }
-                gate.wait()
-            }
-            while !holding.withLock({ $0 }) { await Task.yield() }
+        init() async throws {
+            store = try DiskQueueStore(directory: directory.url, pool: .shared, removalPool: held.pool)
+            queued = QueueEntry(Mutation("/a", body: "body of /a"))
+            try await store.save(queued)
+            await held.hold()
         }
-        func release() { gate.signal() }
+
+        var fileExists: Bool { FileManager.default.fileExists(atPath: directory.url.appendingPathComponent("\(queued.id.uuidString).json").path) }
     }
 
     private func file(_ directory: TemporaryDirectory, _ id: UUID) -> String {
         directory.url.appendingPathComponent("\(id.uuidString).json").path
     }
 
-    private func entry(_ path: String) -> QueueEntry {
-        QueueEntry(Mutation(path, body: "body of \(path)"))
-    }
-
     @Test func aDiscardedEntryLeavesTheIndexAtOnceAndItsFileWhenTheDeletionRuns() async throws {
-        let directory = TemporaryDirectory()
-        let held = HeldPool()
-        let store = try DiskQueueStore(directory: directory.url, pool: .shared, removalPool: held.pool)
-        let queued = entry("/a")
-        try await store.save(queued)
-        await held.hold()
-        store.discard(id: queued.id, reason: .delivered(statusCode: 201))
-        #expect(store.entry(id: queued.id) == nil)
-        #expect(store.entryCount == 0)
-        #expect(FileManager.default.fileExists(atPath: file(directory, queued.id)))  // not yet deleted
-        #expect(store.outstandingRemovals == 1)
-        store.finishRemovals()
-        #expect(!FileManager.default.fileExists(atPath: file(directory, queued.id)))
-        #expect(store.outstandingRemovals == 0)
-        held.release()
+        let h = try await Harness()
+        h.store.discard(id: h.queued.id, reason: .delivered(statusCode: 201))
+        #expect(h.store.entry(id: h.queued.id) == nil)
+        #expect(h.store.entryCount == 0)
+        #expect(h.fileExists)  // not yet deleted
+        #expect(h.store.outstandingRemovals == 1)
+        h.store.finishRemovals()
+        #expect(!h.fileExists)
+        #expect(h.store.outstandingRemovals == 0)
+        h.held.release()
     }
 
     @Test func aSaveOfTheSameIDAfterItsDiscardKeepsTheNewFile() async throws {
-        let directory = TemporaryDirectory()
-        let held = HeldPool()
-        let store = try DiskQueueStore(directory: directory.url, pool: .shared, removalPool: held.pool)
-        let queued = entry("/a")
-        try await store.save(queued)
-        await held.hold()
-        store.discard(id: queued.id, reason: .delivered(statusCode: 201))
-        try await store.save(queued)  // the queued deletion of the old file runs before this write
-        held.release()
-        store.finishRemovals()
-        #expect(FileManager.default.fileExists(atPath: file(directory, queued.id)))
-        #expect(store.entry(id: queued.id) != nil)
-        store.releaseLock()
-        #expect(try DiskQueueStore(directory: directory.url).openReport.loaded == 1)
+        let h = try await Harness()
+        h.store.discard(id: h.queued.id, reason: .delivered(statusCode: 201))
+        try await h.store.save(h.queued)  // the queued deletion of the old file runs before this write
+        h.held.release()
+        h.store.finishRemovals()
+        #expect(h.fileExists)
+        #expect(h.store.entry(id: h.queued.id) != nil)
+        h.store.releaseLock()
+        #expect(try DiskQueueStore(directory: h.directory.url).openReport.loaded == 1)
     }
 
     @Test func releasingTheFolderRunsTheQueuedDeletionsFirst() async throws {
-        let directory = TemporaryDirectory()
-        let held = HeldPool()
-        let store = try DiskQueueStore(directory: directory.url, pool: .shared, removalPool: held.pool)
-        let queued = entry("/a")
-        try await store.save(queued)
-        await held.hold()
-        store.discard(id: queued.id, reason: .expired)
-        store.releaseLock()
-        #expect(!FileManager.default.fileExists(atPath: file(directory, queued.id)))
-        #expect(try DiskQueueStore(directory: directory.url).openReport.loaded == 0)
-        held.release()
+        let h = try await Harness()
+        h.store.discard(id: h.queued.id, reason: .expired)
+        h.store.releaseLock()
+        #expect(!h.fileExists)
+        #expect(try DiskQueueStore(directory: h.directory.url).openReport.loaded == 0)
+        h.held.release()
     }
 
     @Test func deleteExpiredReturnsWithTheFilesGone() async throws {

@@ -14,26 +14,6 @@ import Testing
 @Suite("DiskQueueStore: writes against removals", .timeLimit(.minutes(1)))
 struct StoreRaceTests {
     /// A one-thread pool whose thread the test holds.
-    private struct HeldPool {
-        let pool = BlockingIOPool(maxThreads: 1, name: "test.held")
-        let gate = DispatchSemaphore(value: 0)
-        let holding = Locked(false)
-
-        /// Returns once the pool's only thread runs the blocker (so the next job waits behind it).
-        func hold() async {
-            pool.submit { [gate, holding] in
-                holding.withLock { $0 = true }
-                gate.wait()
-            }
-            while !holding.withLock({ $0 }) { await Task.yield() }
-        }
-        func release() { gate.signal() }
-        /// Waits until `count` jobs wait behind the held thread.
-        func waitForQueued(_ count: Int) async {
-            while pool.queuedJobCount < count { await Task.yield() }
-        }
-    }
-
     private func entry(_ path: String, coalescingKey: String? = nil) -> QueueEntry {
         var request = Mutation(path, body: "body of \(path)")
         request.coalescingKey = coalescingKey

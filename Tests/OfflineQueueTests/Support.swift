@@ -1,5 +1,6 @@
 import Foundation
 import RequestEngine
+import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
 import Retry
@@ -72,5 +73,27 @@ extension QueueEntryResult {
         case .expired: return "expired"
         case .deadLettered(_, let attempts): return "dead(\(attempts))"
         }
+    }
+}
+
+/// A one-thread I/O pool whose thread a test can hold, so the jobs submitted behind it wait: the
+/// store's writes (`pool:`) or its deferred deletions (`removalPool:`), ordered against the rest.
+struct HeldPool {
+    let pool = BlockingIOPool(maxThreads: 1, name: "test.held")
+    let gate = DispatchSemaphore(value: 0)
+    let holding = Locked(false)
+
+    /// Returns once the pool's only thread runs the blocker (so the next job waits behind it).
+    func hold() async {
+        pool.submit { [gate, holding] in
+            holding.withLock { $0 = true }
+            gate.wait()
+        }
+        while !holding.withLock({ $0 }) { await Task.yield() }
+    }
+    func release() { gate.signal() }
+    /// Waits until `count` jobs wait behind the held thread.
+    func waitForQueued(_ count: Int) async {
+        while pool.queuedJobCount < count { await Task.yield() }
     }
 }
