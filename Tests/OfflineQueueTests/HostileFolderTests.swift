@@ -181,7 +181,7 @@ struct HostileFolderTests {
     // MARK: A file another user left
 
     /// A file the process may not read (another user's, mode 0600) is moved aside and reported,
-    /// like a corrupt one; it used to make the whole queue unopenable (EACCES thrown at open).
+    /// like a corrupt one, rather than thrown at open (which would make the whole queue unopenable).
     /// Run in a child that drops from root to `nobody`: root reads any file.
     @Test(.enabled(if: getuid() == 0, "needs root, to drop to another user in a child process"))
     func aFileThisProcessMayNotReadIsQuarantinedAndTheRestLoads() async throws {
@@ -212,7 +212,7 @@ struct HostileFolderTests {
                     guard store.openReport.quarantined.map(\.name) == [foreignName] else { exit(3) }
                     guard store.openReport.quarantined[0].reason.contains("permission denied") else { exit(4) }
                 } catch {
-                    exit(5)  // the old behaviour: the whole queue refused to open
+                    exit(5)  // the open threw: one foreign file made the whole queue unusable
                 }
                 exit(0)
             }
@@ -395,7 +395,7 @@ struct HostileFolderTests {
                     guard store.openReport.loaded == 2, store.openReport.quarantined.map(\.name) == [victimName] else { exit(7) }
                     guard store.openReport.quarantined[0].reason.contains("left in place") else { exit(8) }
                 } catch {
-                    exit(9)  // before issue 28: the open threw EACCES, and the whole queue was unusable
+                    exit(9)  // the open threw EACCES: one foreign file made the whole queue unusable
                 }
                 exit(0)
             }

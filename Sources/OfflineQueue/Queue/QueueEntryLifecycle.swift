@@ -19,9 +19,9 @@ enum QueueAttemptOutcome: Sendable {
 }
 
 /// The life of the queue's entries, as one value the queue's actor owns and follows. It answers
-/// the questions whose answers used to be flags on the actor: which entry is being sent, which is
-/// being replaced by a newer edit of its coalescing key, and what an attempt's outcome does to an
-/// entry that may have changed while the attempt was away. `OfflineQueueEngine` performs what it
+/// three questions: which entry is being sent, which is being replaced by a newer edit of its
+/// coalescing key, and what an attempt's outcome does to an entry that may have changed while the
+/// attempt was away. `OfflineQueueEngine` performs what it
 /// returns (writes, deletions, results); the rules are tested one transition at a time
 /// (`QueueEntryLifecycleTests`).
 ///
