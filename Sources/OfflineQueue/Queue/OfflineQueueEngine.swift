@@ -469,7 +469,7 @@ public actor OfflineQueueEngine {
 
     /// The wait after `attempts` failed attempts; `nil` from the policy becomes "never" (dead letter).
     private func backoff(afterAttempts attempts: Int) -> Duration {
-        guard let seconds = configuration.retryPolicy.delay(forAttempt: max(0, attempts - 1)) else { return .seconds(Int64.max / 4) }
+        guard let seconds = configuration.retryPolicy.delay(forAttempt: max(0, attempts - 1)) else { return QueueEntryLifecycle.neverAgain }
         return RetryPolicyDelay.sanitized(seconds, maximum: .seconds(86_400))
     }
 

@@ -80,7 +80,8 @@ struct QueueEntryLifecycle: Sendable {
         case leave
     }
 
-    /// A wait this long or longer means the retry policy gave up (`nil` from the policy).
+    /// The wait that means the retry policy gave up: the queue's backoff is this for a `nil` from
+    /// the policy, and a replay that must wait this long or longer is dead-lettered.
     static let neverAgain = Duration.seconds(Int64.max / 8)
 
     private(set) var phases: [UUID: Phase] = [:]
