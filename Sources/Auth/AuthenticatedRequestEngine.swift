@@ -86,7 +86,7 @@ public final class AuthenticatedRequestEngine: RequestSending {
         self.tokenPrefix = tokenPrefix
         self.maxConcurrentRequests = maxConcurrentRequests.map { max(1, $0) }
         self.admission = maxConcurrentRequests.map { (AdmissionGate(limit: max(1, $0)), DeadlineTimer(time: coordinator.time)) }
-        self.defaultDeadline = (requestEngine as? AsyncRequestEngine)?.options.totalDeadline
+        self.defaultDeadline = (requestEngine as? AsyncRequestEngine)?.configuration.deadline
     }
 
     /// Sends `request` with the token — one shared refresh and a single retry after a 401 — and

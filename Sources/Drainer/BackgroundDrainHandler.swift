@@ -115,7 +115,7 @@ final class BackgroundDrainHandler: Sendable {
         task.expirationHandler = { expiry.expire() }
         let queue = self.queue
         let work = Task {
-            await DrainCycle.run(queue: queue, trigger: .background, budget: nil, time: Self.unusedTime, ignoringReachability: true)
+            await DrainCycle.run(queue: queue, trigger: .background, budget: nil, time: Self.unusedTime, flushMode: .ignoringReachability)
         }
         expiry.attach(work)
         let launched = LaunchedTask(task: task)

@@ -16,17 +16,17 @@ enum DrainCycle {
     /// cancelled — whichever comes first. Budget and cancellation end the pass cooperatively: the
     /// request in flight is cancelled and its entry stays queued, unattempted, with its
     /// idempotency key, so the next cycle sends it again (at least once). With
-    /// `ignoringReachability`, the pass sends even while the queue's monitor says offline.
+    /// `flushMode: .ignoringReachability`, the pass sends even while the queue's monitor says offline.
     static func run(
         queue: OfflineQueueEngine,
         trigger: DrainCycleReport.Trigger,
         budget: Duration?,
         time: TimeSource,
-        ignoringReachability: Bool = false
+        flushMode: OfflineQueueEngine.FlushMode = .followingReachability
     ) async -> DrainCycleReport {
         let startedAt = queue.now
         let (flush, budgetElapsed) = await withTaskGroup(of: Event.self, returning: (FlushReport?, Bool).self) { group in
-            group.addTask { .flushed(await queue.flush(ignoringReachability: ignoringReachability)) }
+            group.addTask { .flushed(await queue.flush(flushMode)) }
             if let budget {
                 group.addTask {
                     do {

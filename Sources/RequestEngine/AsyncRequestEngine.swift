@@ -10,133 +10,54 @@ import FoundationNetworking
 /// single-flight deduplication of identical concurrent reads.
 ///
 /// ```swift
-/// let engine = AsyncRequestEngine(retryPolicy: ExponentialRetryPolicy(maxRetries: 3, baseDelay: 1.0))
+/// var configuration = AsyncRequestEngine.Configuration()
+/// configuration.retry = .init(policy: ExponentialRetryPolicy(maxRetries: 3, baseDelay: 1.0))
+/// let engine = AsyncRequestEngine(configuration: configuration)
 /// let (data, response) = try await engine.send(R(url: url))
 /// ```
 ///
 /// What the engine guarantees (see Sources/RequestEngine/RequestEngine.docc/RequestEngineGuide.md for every edge case):
 /// - **Success** is a 2xx response; anything else is thrown as `NetworkError`.
-/// - **Retries** happen only for `NetworkError.isRetryable` failures, only while `retryPolicy` returns a
-///   delay, only while the `retryBudget` (if any) has tokens, and for POST/PATCH only when the request
-///   carries an `Idempotency-Key` header. On 429 and 503 a valid `Retry-After` replaces the policy's
-///   delay, capped at `Options.maximumRetryAfter`. Policy delays are sanitised: negative or NaN → 0,
-///   infinite or huge → `Options.maximumRetryDelay`. Without a policy nothing is retried.
+/// - **Retries** (`Configuration.retry`) happen only for `NetworkError.isRetryable` failures, only
+///   while the retry policy returns a delay, only while the retry budget (if any) has tokens, and for
+///   POST/PATCH only when the request carries an `Idempotency-Key` header. On 429 and 503 a valid
+///   `Retry-After` replaces the policy's delay, capped (`RetryStrategy.retryAfter`). Policy delays
+///   are sanitised: negative or NaN → 0, infinite or huge → `RetryStrategy.maximumDelay`. Without a
+///   policy nothing is retried.
 /// - **Timeout**: each attempt is limited to the request's `timeout`, measured on the engine's clock.
-/// - **Body size**: a response body above `Options.maximumResponseBodySize` (16 MiB by default) or the
+/// - **Body size**: a response body above `Configuration.maximumResponseBodySize` (16 MiB by default) or the
 ///   request's own `maximumResponseBodySize` fails with `NetworkError.responseTooLarge(limit:)`.
 /// - **Deduplication**: concurrent sends of GET, HEAD and OPTIONS (configurable) with the same
 ///   `RequestIdentity` share one network call and its result.
 /// - **Cancellation**: a cancelled caller gets `NetworkError.cancelled` at once; a shared call is
 ///   cancelled only when its last waiter is.
-/// - **Circuit breaker** (optional): while open, sends fail fast with `NetworkError.circuitOpen`;
-///   `circuitBreakers` keeps one per host.
-/// - **Total deadline** (optional, `Options.totalDeadline` or `NetworkRequest.deadline`): bounds the
+/// - **Circuit breaker** (optional, `Configuration.circuitBreaker`): while open, sends fail fast with
+///   `NetworkError.circuitOpen`; `.perHost` keeps one per host.
+/// - **Total deadline** (optional, `Configuration.deadline` or `NetworkRequest.deadline`): bounds the
 ///   whole request; past it, `NetworkError.deadlineExceeded`.
-/// - **Hedging** (optional, `Options.hedging`): an idempotent attempt unanswered after the hedging
+/// - **Hedging** (optional, `Configuration.hedging`): an idempotent attempt unanswered after the hedging
 ///   delay is sent again beside itself; the first acceptable answer wins.
-/// - **Limits per host** (optional, `Options.maxConcurrentPerHost`, `Options.rateLimitPerHost`):
-///   attempts beyond them wait (in a bounded line, or up to the rate limit's `maxWait`); past that
-///   they fail with `NetworkError.limited`.
-/// - **Events** go to `eventSink` with one traceID per logical request; no sink, no cost.
+/// - **Limits per host** (optional, `Configuration.limits`): attempts beyond them wait (in a bounded
+///   line, or up to the rate limit's `maxWait`); past that they fail with `NetworkError.limited`.
+/// - **Events** go to `Configuration.eventSink` with one traceID per logical request; no sink, no cost.
 ///
 /// The strategies apply outermost first: total deadline, retry (with the host's retry throttle
 /// and the budget), circuit breaker, attempt timeout, hedging, per-host rate limit, per-host
 /// adaptive limit, per-host concurrency limit, transport (Sources/RequestEngine/RequestEngine.docc/RequestEngineGuide.md, "In what order
 /// the strategies apply").
 public final class AsyncRequestEngine: RequestSending {
-    /// Tuning knobs with safe defaults.
-    public struct Options: Sendable {
-        /// Longest wait honoured from a `Retry-After` header (longer values are capped). Default 60 s.
-        public var maximumRetryAfter: Duration
-        /// Longest wait taken from a retry policy (longer, infinite or NaN values are capped or zeroed). Default 300 s.
-        public var maximumRetryDelay: Duration
-        /// Methods whose identical concurrent requests share one call. Default GET, HEAD, OPTIONS.
-        public var deduplicatedMethods: Set<HTTPMethod>
-        /// Whether `Retry-After` on 429/503 replaces the policy's delay. Default true.
-        public var honorsRetryAfter: Bool
-        /// The largest response body accepted, in bytes; a larger one fails with
-        /// `NetworkError.responseTooLarge(limit:)` (not retried). Default 16 MiB; `nil` for no
-        /// limit; negative values count as 0. A request's own `maximumResponseBodySize` replaces it.
-        /// `URLSessionTransport` (the default session) stops the transfer as soon as the limit is
-        /// crossed; other sessions may check only once the body has arrived
-        /// (`NetworkSession.data(for:maximumBodySize:)`).
-        public var maximumResponseBodySize: Int?
-
-        /// The longest a whole request may take — attempts, backoffs and waits for a permit —
-        /// on the engine's clock from `send`; past it the request fails with
-        /// `NetworkError.deadlineExceeded`. A retry whose delay would end past it is not scheduled
-        /// (the last failure is returned, as when the retry budget is empty). A request's own
-        /// `NetworkRequest.deadline` replaces it. Default `nil`: no total deadline.
-        public var totalDeadline: Duration?
-        /// Hedged attempts for idempotent requests (`HedgingPolicy`). Default `nil`: none.
-        public var hedging: HedgingPolicy?
-        /// Attempts allowed in flight at once per host (host and port); further attempts wait in
-        /// line, first come first served, and the wait counts against the attempt's timeout and the
-        /// request's deadline. Default `nil`: no limit.
-        public var maxConcurrentPerHost: Int?
-        /// Attempts allowed to wait per host when `maxConcurrentPerHost` is set; beyond that an
-        /// attempt fails at once with `NetworkError.limited` (not retried). Default 1 000.
-        public var maxWaitingPerHost: Int
-        /// A token bucket per host (host and port): an attempt without a token waits up to the
-        /// limit's `maxWait` for one (the wait counts against its timeout and deadline), else fails
-        /// at once with `NetworkError.limited` carrying when a token is due (not retried).
-        /// Default `nil`: no rate limit.
-        public var rateLimitPerHost: HostRateLimit?
-        /// Retry throttling per host, in gRPC's form (`RetryThrottling`): each attempt that fails
-        /// in a way the engine would retry takes a token from its host's count, each other answer
-        /// gives `tokenRatio` back, and while the count is at or below half, no retry and no hedge
-        /// goes to that host — the request ends with its last failure, and a sink conforming to
-        /// `RetryThrottlingEventSink` hears of it. Beside `retryBudget`, which bounds retries
-        /// across all hosts. Default `nil`: no throttling.
-        public var retryThrottling: RetryThrottling?
-        /// An adaptive concurrency limit per host (host and port): an `AdaptiveConcurrencyLimiter`
-        /// each, made with this configuration, whose limit follows the host's latency and drops (a
-        /// timeout, 429, 503, a failed connection, a reply that is not HTTP). Each copy of an
-        /// attempt takes a place for its request's `requestPriority`; a full wait line is
-        /// `NetworkError.limited`, not retried. With `maxConcurrentPerHost` too, a copy takes its
-        /// adaptive place first, then a fixed one. Default `nil`: off.
-        public var adaptiveConcurrencyPerHost: AdaptiveConcurrencyLimiter.Configuration?
-
-        /// The default `maximumResponseBodySize`: 16 MiB.
-        public static let defaultMaximumResponseBodySize = 16 * 1024 * 1024
-
-        public init(
-            maximumRetryAfter: Duration = .seconds(60),
-            maximumRetryDelay: Duration = RetryPolicyDelay.defaultMaximum,
-            deduplicatedMethods: Set<HTTPMethod> = [.get, .head, .options],
-            honorsRetryAfter: Bool = true,
-            maximumResponseBodySize: Int? = Options.defaultMaximumResponseBodySize,
-            totalDeadline: Duration? = nil,
-            hedging: HedgingPolicy? = nil,
-            maxConcurrentPerHost: Int? = nil,
-            maxWaitingPerHost: Int = 1_000,
-            rateLimitPerHost: HostRateLimit? = nil,
-            retryThrottling: RetryThrottling? = nil,
-            adaptiveConcurrencyPerHost: AdaptiveConcurrencyLimiter.Configuration? = nil
-        ) {
-            self.maximumRetryAfter = max(.zero, maximumRetryAfter)
-            self.maximumRetryDelay = max(.zero, maximumRetryDelay)
-            self.deduplicatedMethods = deduplicatedMethods
-            self.honorsRetryAfter = honorsRetryAfter
-            self.maximumResponseBodySize = maximumResponseBodySize.map { max(0, $0) }
-            self.totalDeadline = totalDeadline
-            self.hedging = hedging
-            self.maxConcurrentPerHost = maxConcurrentPerHost.map { max(1, $0) }
-            self.maxWaitingPerHost = max(0, maxWaitingPerHost)
-            self.rateLimitPerHost = rateLimitPerHost
-            self.retryThrottling = retryThrottling
-            self.adaptiveConcurrencyPerHost = adaptiveConcurrencyPerHost
-        }
-    }
-
+    /// The transport every attempt goes through.
     public let session: any NetworkSession
-    public let retryPolicy: (any RetryPolicy)?
-    public let eventSink: (any RequestEventSink)?
-    public let retryBudget: RetryBudget?
-    public let circuitBreaker: CircuitBreaker?
-    /// One breaker per host; when set, it is used instead of `circuitBreaker`.
-    public let circuitBreakers: CircuitBreakerRegistry?
-    public let options: Options
+    /// What the engine does beyond sending, as it runs with it (out-of-range values taken at the
+    /// nearest valid one).
+    public let configuration: Configuration
+    /// Read by every send, so kept out of `configuration` (reading an optional existential
+    /// through a struct copies it).
+    private let policy: (any RetryPolicy)?
+    private let sink: (any RequestEventSink)?
+    private let budget: RetryBudget?
+    private let sharedBreaker: CircuitBreaker?
+    private let breakerRegistry: CircuitBreakerRegistry?
     private let time: TimeSource
     private let watchdog: DeadlineWatchdog
 
@@ -146,19 +67,21 @@ public final class AsyncRequestEngine: RequestSending {
     private let inFlight = SingleFlightTable()
     /// Where tests observe paths that have no other visible effect (see AsyncRequestEngine+Testing).
     let testHooks = EngineTestHooks()
-    /// `options.deduplicatedMethods` as a bit set, read by every send.
+    /// `configuration.deduplicatedMethods` as a bit set, read by every send.
     private let deduplicated: HTTPMethodSet
     /// Whether an event sink is set and whether a retry policy is, read by every send (testing an
     /// optional existential copies it).
     private let observed: Bool
     private let retries: Bool
-    /// The per-host limiters, when `options.maxConcurrentPerHost` is set.
+    /// The longest `Retry-After` honoured; `nil` when the configuration ignores it.
+    private let retryAfterCap: Duration?
+    /// The per-host limiters, when `limits.concurrencyPerHost` is set.
     private let hostLimiters: HostLimiters<ConcurrencyLimiter>?
-    /// The per-host token buckets, when `options.rateLimitPerHost` is set.
+    /// The per-host token buckets, when `limits.ratePerHost` is set.
     private let hostRates: HostLimiters<RateLimiter>?
-    /// The per-host adaptive limiters, when `options.adaptiveConcurrencyPerHost` is set.
+    /// The per-host adaptive limiters, when `configuration.limits.adaptiveConcurrencyPerHost` is set.
     private let hostAdaptiveLimiters: HostLimiters<AdaptiveConcurrencyLimiter>?
-    /// The per-host retry throttles, when `options.retryThrottling` is set.
+    /// The per-host retry throttles, when `retry.throttling` is set.
     private let hostThrottles: HostLimiters<RetryThrottle>?
     /// The event sink, when it also hears of hedges.
     private let hedgeSink: (any HedgingEventSink)?
@@ -172,54 +95,70 @@ public final class AsyncRequestEngine: RequestSending {
     /// runs in its caller's task.
     private let sessionBoundsCalls: Bool
 
+    /// Makes an engine.
+    ///
     /// - Parameters:
     ///   - session: the transport; `URLSessionTransport.shared` by default. A plain `URLSession`
     ///     works too, but checks the body limit only once the whole body has arrived.
-    ///   - retryPolicy: when and how long to wait before retrying; `nil` (the default) never retries.
-    ///   - eventSink: receives `RequestEvent`s; `nil` emits nothing.
-    ///   - retryBudget: caps retries across all requests of this engine; `nil` means no cap.
-    ///   - circuitBreaker: fails fast while the dependency is down; `nil` means none.
-    ///   - circuitBreakers: one breaker per host (host and port), for an engine that calls several
-    ///     dependencies; when set, `circuitBreaker` is not used. `nil` means none.
-    ///   - options: caps, deduplication, and the optional strategies (deadline, hedging, limits).
+    ///   - configuration: retries, circuit breaker, limits, hedging, deadline, body limit,
+    ///     deduplication and events; by default none but the 16 MiB body limit and deduplication.
     ///   - clock: the clock timeouts and backoff sleeps run on (inject `ManualClock` in tests).
     public init(
         session: any NetworkSession = URLSessionTransport.shared,
-        retryPolicy: (any RetryPolicy)? = nil,
-        eventSink: (any RequestEventSink)? = nil,
-        retryBudget: RetryBudget? = nil,
-        circuitBreaker: CircuitBreaker? = nil,
-        circuitBreakers: CircuitBreakerRegistry? = nil,
-        options: Options = Options(),
+        configuration: Configuration = Configuration(),
         clock: some Clock<Duration> = ContinuousClock()
     ) {
+        let configuration = configuration.sanitized
         self.session = session
-        self.retryPolicy = retryPolicy
-        self.eventSink = eventSink
-        self.retryBudget = retryBudget
-        self.circuitBreaker = circuitBreaker
-        self.circuitBreakers = circuitBreakers
-        self.options = options
-        self.hostLimiters = options.maxConcurrentPerHost.map {
-            HostLimiters(maxConcurrent: $0, maxWaiting: options.maxWaitingPerHost)
+        self.configuration = configuration
+        self.policy = configuration.retry.policy
+        self.sink = configuration.eventSink
+        self.budget = configuration.retry.budget
+        switch configuration.circuitBreaker {
+        case .none: (sharedBreaker, breakerRegistry) = (nil, nil)
+        case .shared(let breaker): (sharedBreaker, breakerRegistry) = (breaker, nil)
+        case .perHost(let registry): (sharedBreaker, breakerRegistry) = (nil, registry)
         }
-        self.hostThrottles = options.retryThrottling.map { HostLimiters(throttling: $0) }
-        self.hedgeSink = eventSink as? any HedgingEventSink
-        self.throttleSink = eventSink as? any RetryThrottlingEventSink
+        let limits = configuration.limits
+        self.hostLimiters = limits.concurrencyPerHost.map {
+            HostLimiters(maxConcurrent: $0, maxWaiting: limits.waitingPerHost)
+        }
+        self.hostThrottles = configuration.retry.throttling.map { HostLimiters(throttling: $0) }
+        self.hedgeSink = sink as? any HedgingEventSink
+        self.throttleSink = sink as? any RetryThrottlingEventSink
         self.perHost =
-            circuitBreakers != nil || options.maxConcurrentPerHost != nil || options.rateLimitPerHost != nil
-            || options.retryThrottling != nil || options.adaptiveConcurrencyPerHost != nil
+            breakerRegistry != nil || limits.concurrencyPerHost != nil || limits.ratePerHost != nil
+            || configuration.retry.throttling != nil || limits.adaptiveConcurrencyPerHost != nil
         let time = TimeSource(clock)
-        self.hostAdaptiveLimiters = options.adaptiveConcurrencyPerHost.map { HostLimiters($0, clock: clock) }
-        self.hostRates = options.rateLimitPerHost.map { HostLimiters($0, time: time) }
-        self.deduplicated = HTTPMethodSet(options.deduplicatedMethods)
-        self.observed = eventSink != nil
-        self.retries = retryPolicy != nil
+        self.hostAdaptiveLimiters = limits.adaptiveConcurrencyPerHost.map { HostLimiters($0, clock: clock) }
+        self.hostRates = limits.ratePerHost.map { HostLimiters($0, time: time) }
+        self.deduplicated = HTTPMethodSet(configuration.deduplicatedMethods)
+        self.observed = sink != nil
+        self.retries = policy != nil
+        switch configuration.retry.retryAfter {
+        case .ignored: self.retryAfterCap = nil
+        case .honored(let atMost): self.retryAfterCap = atMost
+        }
         self.sessionBoundsCalls = session.honorsTimeoutAndCancellation
         self.time = time
         self.watchdog = DeadlineWatchdog(time: time)
         // Weak: the watchdog's sleeper may outlive the engine by a moment (deinit shuts it down).
         watchdog.onExpiry { [weak self] call, attempt in self?.attemptTimedOut(call, attempt: attempt) }
+    }
+
+    /// The engine SwiftResilience published: a session, a retry policy and an event sink, the
+    /// rest as `Configuration()` has it.
+    public convenience init(
+        session: any NetworkSession = URLSessionTransport.shared,
+        retryPolicy: (any RetryPolicy)? = nil,
+        eventSink: (any RequestEventSink)? = nil,
+        clock: some Clock<Duration> = ContinuousClock()
+    ) {
+        self.init(
+            session: session,
+            configuration: Configuration(retry: RetryStrategy(policy: retryPolicy), eventSink: eventSink),
+            clock: clock
+        )
     }
 
     deinit {
@@ -248,7 +187,7 @@ public final class AsyncRequestEngine: RequestSending {
     }
 
     /// The adaptive concurrency limiter of `url`'s host (host and port), with its `currentLimit`,
-    /// `inFlight` and `waiting`: `nil` when `Options.adaptiveConcurrencyPerHost` is off or no
+    /// `inFlight` and `waiting`: `nil` when `Limits.adaptiveConcurrencyPerHost` is off or no
     /// request has gone to that host yet.
     public func adaptiveConcurrencyLimiter(for url: URL) -> AdaptiveConcurrencyLimiter? {
         guard let hostAdaptiveLimiters, let authority = CircuitBreakerRegistry.authority(of: url) else { return nil }
@@ -257,7 +196,7 @@ public final class AsyncRequestEngine: RequestSending {
 
     /// Every host's adaptive concurrency limiter, by authority (host and port, as
     /// `CircuitBreakerRegistry.authority(of:)` writes it): empty when
-    /// `Options.adaptiveConcurrencyPerHost` is off. What a metrics exporter reads.
+    /// `Limits.adaptiveConcurrencyPerHost` is off. What a metrics exporter reads.
     public var adaptiveConcurrencyLimiters: [String: AdaptiveConcurrencyLimiter] {
         hostAdaptiveLimiters?.all ?? [:]
     }
@@ -284,7 +223,7 @@ public final class AsyncRequestEngine: RequestSending {
         let bodyLimit = request.maximumResponseBodySize
         let ownDeadline = request.deadline
         let limiterPriority = hostAdaptiveLimiters == nil ? RequestPriority.interactive : request.requestPriority
-        let deadline = ownDeadline ?? options.totalDeadline
+        let deadline = ownDeadline ?? configuration.deadline
         // Read before any lock: the clock is the caller's (a test clock takes a lock of its own).
         let traceID = makeTraceID()
         // Read only for `succeeded`'s duration and the deadline.
@@ -303,7 +242,7 @@ public final class AsyncRequestEngine: RequestSending {
         // Nor with different deadlines of their own (the engine's default is the same for all).
         let key = SingleFlightTable.Key(
             RequestIdentity(method: method, url: url, headers: headers, body: body),
-            maximumBodySize: bodyLimit ?? options.maximumResponseBodySize,
+            maximumBodySize: bodyLimit ?? configuration.maximumResponseBodySize,
             deadline: ownDeadline
         )
         let (call, waiter, joined) = inFlight.joinOrStart(key) {
@@ -349,7 +288,7 @@ public final class AsyncRequestEngine: RequestSending {
         var invalid: NetworkError?
         var authority: String? = perHost ? "" : nil  // non-nil asks the builder for it
         let limitsHosts = hostLimiters != nil || hostRates != nil || hostAdaptiveLimiters != nil
-        let hedging = options.hedging.flatMap { policy in
+        let hedging = configuration.hedging.flatMap { policy in
             policy.maxAttempts > 1 && (Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
                 ? policy : nil
         }
@@ -376,14 +315,14 @@ public final class AsyncRequestEngine: RequestSending {
             urlRequest: urlRequest,
             invalid: invalid,
             timeout: timeout.isFinite ? .clamped(seconds: timeout, upperBound: .seconds(Int64.max / 2)) : nil,
-            maximumBodySize: bodyLimit ?? options.maximumResponseBodySize,
+            maximumBodySize: bodyLimit ?? configuration.maximumResponseBodySize,
             mayRetry: retries && (method.isIdempotent || HeaderValidation.containsIdempotencyKey(headers)),
             traceID: traceID,
             started: started,
             priority: priority,
             key: key,
             deadline: deadline,
-            breaker: circuitBreakers.flatMap { registry in authority.map { registry.breaker(forHost: $0) } } ?? circuitBreaker,
+            breaker: breakerRegistry.flatMap { registry in authority.map { registry.breaker(forHost: $0) } } ?? sharedBreaker,
             authority: limitsHosts ? authority : nil,
             hedging: hedging,
             throttle: hostThrottles.flatMap { throttles in authority.map { throttles.limiter(forAuthority: $0) } },
@@ -400,7 +339,7 @@ public final class AsyncRequestEngine: RequestSending {
         if let invalid = call.execution.invalid {
             return await end(call, invalid, attempt: 0)
         }
-        retryBudget?.recordRequest()
+        budget?.recordRequest()
         await attempts(call, from: 0, afterTimeout: nil)
     }
 
@@ -617,7 +556,7 @@ public final class AsyncRequestEngine: RequestSending {
         policy: HedgingPolicy
     ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
         let execution = call.execution
-        let budget = retryBudget
+        let budget = self.budget
         var onHedge: (@Sendable (Int, TimeInterval) async -> Void)?
         if let sink = hedgeSink {
             let traceID = execution.traceID
@@ -798,19 +737,19 @@ public final class AsyncRequestEngine: RequestSending {
             if (200...299).contains(status) { return .succeed((data, response)) }
             error = .httpError(statusCode: status, data: data)
             finalResponse = (data, response)
-            if options.honorsRetryAfter { retryAfter = ResponseClassification(response).retryAfter }
+            if retryAfterCap != nil { retryAfter = ResponseClassification(response).retryAfter }
         case .failure(let failure):
             error = failure
         }
         guard mayRetry, error.isRetryable, !Task.isCancelled,
-            let seconds = retryPolicy?.delay(forAttempt: attempt)
+            let seconds = policy?.delay(forAttempt: attempt)
         else { return .fail(error, finalResponse) }
-        var delay = RetryPolicyDelay.sanitized(seconds, maximum: options.maximumRetryDelay)
-        if let retryAfter { delay = min(retryAfter, options.maximumRetryAfter) }
+        var delay = RetryPolicyDelay.sanitized(seconds, maximum: configuration.retry.maximumDelay)
+        if let retryAfter, let retryAfterCap { delay = min(retryAfter, retryAfterCap) }
         // A retry that would start at or past the deadline is not scheduled.
         if let deadline, time.now() + delay >= deadline { return .fail(error, finalResponse) }
         if let throttle, !throttle.allowsRetry { return .throttled(error, finalResponse) }
-        if let retryBudget, !retryBudget.tryWithdraw() { return .fail(error, finalResponse) }
+        if let budget, !budget.tryWithdraw() { return .fail(error, finalResponse) }
         return .retry(after: delay)
     }
 
@@ -882,8 +821,8 @@ public final class AsyncRequestEngine: RequestSending {
         attempt: Int,
         response: (Data, HTTPURLResponse)? = nil
     ) async {
-        if let eventSink {
-            await eventSink.record(.failed(traceID: call.execution.traceID, error: error, attempt: attempt))
+        if let sink {
+            await sink.record(.failed(traceID: call.execution.traceID, error: error, attempt: attempt))
         }
         finish(call, response.map { .success($0) } ?? .failure(error))
     }
@@ -892,18 +831,18 @@ public final class AsyncRequestEngine: RequestSending {
 
     @inline(never)
     private func emitStarted(_ call: SharedCall) async {
-        await eventSink?.record(.started(traceID: call.execution.traceID, url: call.execution.url, method: call.execution.method))
+        await sink?.record(.started(traceID: call.execution.traceID, url: call.execution.url, method: call.execution.method))
     }
 
     @inline(never)
     private func emitDeduplicated(_ traceID: UUID, url: URL, method: HTTPMethod) async {
-        await eventSink?.record(.deduplicated(traceID: traceID, url: url, method: method))
+        await sink?.record(.deduplicated(traceID: traceID, url: url, method: method))
     }
 
     @inline(never)
     private func emitSucceeded(_ call: SharedCall, status: Int, attempt: Int) async {
         let duration = (time.now() - call.execution.started).seconds
-        await eventSink?.record(.succeeded(traceID: call.execution.traceID, statusCode: status, duration: duration, attempt: attempt))
+        await sink?.record(.succeeded(traceID: call.execution.traceID, statusCode: status, duration: duration, attempt: attempt))
     }
 
     @inline(never)
@@ -928,6 +867,6 @@ public final class AsyncRequestEngine: RequestSending {
     }
 
     private func emitRetryScheduled(_ call: SharedCall, attempt: Int, delay: Duration) async {
-        await eventSink?.record(.retryScheduled(traceID: call.execution.traceID, attempt: attempt, delay: delay.seconds))
+        await sink?.record(.retryScheduled(traceID: call.execution.traceID, attempt: attempt, delay: delay.seconds))
     }
 }

@@ -4,7 +4,7 @@ import Foundation
 /// `delay`, the engine sends the same request again beside it, up to `maxAttempts` copies in
 /// flight; the first acceptable answer wins and the others are cancelled.
 ///
-/// Set it as `AsyncRequestEngine.Options.hedging`. It applies only to requests that are safe to
+/// Set it as `AsyncRequestEngine.Configuration.hedging`. It applies only to requests that are safe to
 /// send twice: GET, HEAD and OPTIONS, or any request carrying an `Idempotency-Key` header. Rules
 /// (Sources/RequestEngine/RequestEngine.docc/RequestEngineGuide.md, "Hedging"):
 /// - An answer is **acceptable** unless it is a retryable failure (a 5xx other than 501, 408, 429,
@@ -62,7 +62,7 @@ public protocol HedgingEventSink: RequestEventSink {
     func recordHedge(_ event: HedgeEvent) async
 }
 
-/// A retry the host's retry throttle refused (`AsyncRequestEngine.Options.retryThrottling`): the
+/// A retry the host's retry throttle refused (`AsyncRequestEngine.Configuration.retry.throttling`): the
 /// request ended with the failure of `attempt` instead of retrying it.
 public struct RetryThrottledEvent: Sendable, Hashable {
     /// The logical request's trace id (as in its `RequestEvent`s).

@@ -3,8 +3,8 @@ import ResilienceCore
 import Retry
 
 /// One limiter per authority (`CircuitBreakerRegistry.authority(of:)`: host lower-cased, with its
-/// port), made on first use: the engine's `Options.maxConcurrentPerHost` (a `ConcurrencyLimiter`
-/// each) and `Options.rateLimitPerHost` (a `RateLimiter` each).
+/// port), made on first use: the engine's `Configuration.limits.concurrencyPerHost` (a `ConcurrencyLimiter`
+/// each) and `Configuration.limits.ratePerHost` (a `RateLimiter` each).
 ///
 /// Bounded against a caller that reaches very many hosts: at `maximumHosts` limiters, the idle
 /// ones (a concurrency limiter with nothing running and nobody waiting, a rate limiter with a full
@@ -99,7 +99,7 @@ extension HostLimiters where Limiter == AdaptiveConcurrencyLimiter {
     }
 }
 
-/// A token bucket per host for `AsyncRequestEngine.Options.rateLimitPerHost` (see `RateLimiter`:
+/// A token bucket per host for `AsyncRequestEngine.Configuration.limits.ratePerHost` (see `RateLimiter`:
 /// `permitsPerSecond` on average, `burst` at once after a quiet spell, a call without a token
 /// waiting up to `maxWait` for one, else refused).
 public struct HostRateLimit: Sendable, Hashable {

@@ -25,7 +25,7 @@ public enum NetworkError: Error, Sendable {
     /// The request cannot be sent as built (bad URL scheme, no host, a header value with CR/LF,
     /// a non-positive timeout). Nothing was sent.
     case invalidRequest(reason: String)
-    /// The response body exceeded `limit` bytes (`AsyncRequestEngine.Options.maximumResponseBodySize`
+    /// The response body exceeded `limit` bytes (`AsyncRequestEngine.Configuration.maximumResponseBodySize`
     /// or the request's `maximumResponseBodySize`): the transfer was stopped and nothing of the body
     /// is returned. `statusCode` is the response's status (the server did answer: a 201 here means
     /// the request took effect). Not retryable by the engine: the same request would get the same body.
@@ -33,12 +33,12 @@ public enum NetworkError: Error, Sendable {
     /// Any other error from the session.
     case underlying(any Error)
     /// The request's total deadline (`NetworkRequest.deadline`, or the engine's
-    /// `Options.totalDeadline`) passed: the attempt in flight was cancelled, or it passed before
+    /// `Configuration.deadline`) passed: the attempt in flight was cancelled, or it passed before
     /// an attempt could start. Distinct from `timedOut`, which is one attempt's own limit.
     case deadlineExceeded
     /// A limiter refused the attempt without sending it: the host's concurrency limit and its wait
-    /// line were full (`Options.maxConcurrentPerHost`), or the host's token bucket was empty
-    /// (`Options.rateLimitPerHost`). The `LimiterRejection` says which limit and, for a rate
+    /// line were full (`Configuration.limits.concurrencyPerHost`), or the host's token bucket was empty
+    /// (`Configuration.limits.ratePerHost`). The `LimiterRejection` says which limit and, for a rate
     /// limit, when a token is due.
     case limited(LimiterRejection)
     /// The server redirected more often than the transport follows, or in a loop (URLSession's

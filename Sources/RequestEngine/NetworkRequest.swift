@@ -26,18 +26,18 @@ public protocol NetworkRequest: Sendable {
     var timeout: TimeInterval { get }
     /// The largest response body, in bytes, this request accepts; a larger one fails with
     /// `NetworkError.responseTooLarge(limit:)`. Defaults to `nil`: the engine's
-    /// `AsyncRequestEngine.Options.maximumResponseBodySize` (16 MiB unless configured) applies.
+    /// `AsyncRequestEngine.Configuration.maximumResponseBodySize` (16 MiB unless configured) applies.
     /// A value here replaces the engine's, larger or smaller (`Int.max` lifts the limit for this
     /// request); a negative value is rejected as `NetworkError.invalidRequest`.
     var maximumResponseBodySize: Int? { get }
     /// The longest the whole request may take — every attempt, every backoff and any wait for a
     /// limiter permit — measured on the engine's clock from `send`; past it the request fails
     /// with `NetworkError.deadlineExceeded`. Defaults to `nil`: the engine's
-    /// `AsyncRequestEngine.Options.totalDeadline` applies (none unless configured). A value here
+    /// `AsyncRequestEngine.Configuration.deadline` applies (none unless configured). A value here
     /// replaces the engine's; zero or negative fails at once with `deadlineExceeded`.
     var deadline: Duration? { get }
     /// The share of a host's adaptive concurrency limit this request may take
-    /// (`AsyncRequestEngine.Options.adaptiveConcurrencyPerHost`): `.interactive` (the default: a
+    /// (`AsyncRequestEngine.Configuration.limits.adaptiveConcurrencyPerHost`): `.interactive` (the default: a
     /// user waits for it) keeps a guaranteed share; `.background` takes what is left and waits
     /// first when the limit shrinks. The offline queue sends its replays as `.background`.
     var requestPriority: RequestPriority { get }

@@ -180,7 +180,7 @@ enum Demo {
     static func circuitBreaker(_ server: LoopbackHTTPServer) async throws -> Outcome {
         server.route("/down", .status(500))
         let breaker = CircuitBreaker(configuration: .init(windowSize: 10, minimumCalls: 5, failureRateThreshold: 0.5, openDuration: .seconds(30)))
-        let engine = AsyncRequestEngine(circuitBreaker: breaker)
+        let engine = AsyncRequestEngine(configuration: .init(circuitBreaker: .shared(breaker)))
         var fastFailures = 0
         for _ in 0..<20 {
             do {

@@ -30,7 +30,7 @@ extension Demo {
             var request = QueuedRequest(method: .post, url: server.url("/outbox"), body: Data("{\"n\":\(index)}".utf8))
             request.idempotencyKey = "outbox-\(index)"
             keys.insert(request.idempotencyKey)
-            _ = try await queue.enqueue(request, attemptFirst: false)
+            _ = try await queue.enqueue(request, sending: .onNextDrain)
         }
         print("    \(entries) entries queued; the server takes 40 ms per request; budget 300 ms per cycle, interval 200 ms ±10 %")
 
@@ -128,7 +128,7 @@ enum DrainCommand {
             defer { try? FileManager.default.removeItem(at: folder) }
             let queue = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: true), store: try DiskQueueStore(directory: folder))
             for index in 0..<entries {
-                _ = try await queue.enqueue(QueuedRequest(method: .post, url: server.url("/outbox"), body: Data("{\"n\":\(index)}".utf8)), attemptFirst: false)
+                _ = try await queue.enqueue(QueuedRequest(method: .post, url: server.url("/outbox"), body: Data("{\"n\":\(index)}".utf8)), sending: .onNextDrain)
             }
             let service = DrainService(queue: queue, interval: .milliseconds(Int64(interval * 1000)), cycleBudget: .milliseconds(Int64(budget * 1000)))
             let reports = await service.reports

@@ -13,11 +13,7 @@ extension Demo {
     static func totalDeadline(_ server: LoopbackHTTPServer) async throws -> Outcome {
         server.route("/sluggish", [.status(503), LoopbackResponse.ok("too late").held()])
         let events = EventLog()
-        let engine = AsyncRequestEngine(
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 5, interval: 0.05),
-            eventSink: events,
-            options: .init(totalDeadline: .milliseconds(300))
-        )
+        let engine = AsyncRequestEngine(configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 5, interval: 0.05)), deadline: .milliseconds(300), eventSink: events))
         let start = ContinuousClock.now
         var error: NetworkError?
         do {
@@ -39,7 +35,7 @@ extension Demo {
     static func hedging(_ server: LoopbackHTTPServer) async throws -> Outcome {
         server.route("/tail", [LoopbackResponse.ok("slow copy").held(), .ok("hedged copy")])
         let hedges = HedgeLog()
-        let engine = AsyncRequestEngine(eventSink: hedges, options: .init(hedging: HedgingPolicy(delay: .milliseconds(50), maxAttempts: 2)))
+        let engine = AsyncRequestEngine(configuration: .init(hedging: HedgingPolicy(delay: .milliseconds(50), maxAttempts: 2), eventSink: hedges))
         let start = ContinuousClock.now
         let (data, _) = try await engine.send(DemoRequest(url: server.url("/tail")))
         let elapsed = ContinuousClock.now - start
@@ -54,7 +50,7 @@ extension Demo {
 
     static func hostLimit(_ server: LoopbackHTTPServer) async throws -> Outcome {
         server.route("/job/*", LoopbackResponse.ok("done").held())
-        let engine = AsyncRequestEngine(options: .init(maxConcurrentPerHost: 2, maxWaitingPerHost: 2))
+        let engine = AsyncRequestEngine(configuration: .init(limits: .init(concurrencyPerHost: 2, waitingPerHost: 2)))
         let base = server.url("/job")
         let (refused, completed) = await withTaskGroup(of: NetworkError?.self) { group -> (Int, Int) in
             for index in 0..<6 {
@@ -95,7 +91,7 @@ extension Demo {
         server.route("/failing-host", .status(503))
         other.route("/up", .ok("up"))
         let registry = CircuitBreakerRegistry(configuration: .init(windowSize: 4, minimumCalls: 4, failureRateThreshold: 0.5))
-        let engine = AsyncRequestEngine(circuitBreakers: registry)
+        let engine = AsyncRequestEngine(configuration: .init(circuitBreaker: .perHost(registry)))
         var fastFailures = 0
         for _ in 0..<10 {
             do {

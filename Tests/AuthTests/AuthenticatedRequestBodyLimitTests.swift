@@ -22,7 +22,7 @@ struct AuthenticatedRequestBodyLimitTests {
     @Test func theRequestsOwnLimitSurvivesTheTokenInjection() async throws {
         let session = ScriptedNetworkSession([.respond(status: 200, body: Data(count: 100))])
         let engine = AuthenticatedRequestEngine(
-            requestEngine: AsyncRequestEngine(session: session, options: .init(maximumResponseBodySize: 1_000)),
+            requestEngine: AsyncRequestEngine(session: session, configuration: .init(maximumResponseBodySize: 1_000)),
             coordinator: TokenRefreshCoordinator(provider: TestTokenProvider(current: "t1"))
         )
         do {

@@ -157,7 +157,7 @@ struct AuthenticatedRequestDeadlineTests {
         let coordinator = TokenRefreshCoordinator(provider: provider, refreshTimeout: .seconds(30), clock: clock)
         let session = ScriptedNetworkSession([.ok("report")])
         let engine = AuthenticatedRequestEngine(
-            requestEngine: AsyncRequestEngine(session: session, options: .init(totalDeadline: .seconds(4)), clock: clock),
+            requestEngine: AsyncRequestEngine(session: session, configuration: .init(deadline: .seconds(4)), clock: clock),
             coordinator: coordinator
         )
         let request = Task { await networkError { try await engine.send(DeadlinedRequest(deadline: nil)) } }

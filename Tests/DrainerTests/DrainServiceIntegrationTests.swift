@@ -40,7 +40,7 @@ struct DrainServiceIntegrationTests {
         let queue = try makeQueue(folder.url)
         for index in 0..<25 {
             let request = QueuedRequest(method: .post, url: server.url("/sink"), body: Data("{\"n\":\(index)}".utf8))
-            _ = try await queue.enqueue(request, attemptFirst: false)
+            _ = try await queue.enqueue(request, sending: .onNextDrain)
         }
         #expect(entryFiles(folder.url).count == 25)
 
@@ -72,7 +72,7 @@ struct DrainServiceIntegrationTests {
             // The budget runs out on a manual clock, once the request is on the wire.
             let clock = ManualClock()
             let queue = try makeQueue(folder.url, clock: clock)
-            id = try #require(try await queue.enqueue(QueuedRequest(method: .post, url: server.url("/slow"), body: Data("x".utf8)), attemptFirst: false).queuedID)
+            id = try #require(try await queue.enqueue(QueuedRequest(method: .post, url: server.url("/slow"), body: Data("x".utf8)), sending: .onNextDrain).queuedID)
             // The budget is what is under test: the server holds the request, so only the budget
             // can end this cycle.
             let service = DrainService(queue: queue, interval: .seconds(3600), cycleBudget: .milliseconds(300), clock: clock)

@@ -357,7 +357,7 @@ struct DrainServiceTests {
         let h = try await DrainHarness([.ok()], connected: true, interval: .seconds(60))
         var shortLived = QueuedRequest(method: .post, url: URL(string: "https://api.example.test/short")!, body: nil)
         shortLived.ttl = 30
-        _ = try await h.queue.enqueue(shortLived, attemptFirst: false)
+        _ = try await h.queue.enqueue(shortLived, sending: .onNextDrain)
         h.clock.advance(by: .seconds(31))
         await h.service.start()
         let report = try #require(await h.report(1))

@@ -68,7 +68,7 @@ struct DrainHarness {
     func enqueue(_ count: Int) async throws -> [UUID] {
         var ids: [UUID] = []
         for index in 0..<count {
-            let result = try await queue.enqueue(Mutation("items/\(index)"), attemptFirst: false)
+            let result = try await queue.enqueue(Mutation("items/\(index)"), sending: .onNextDrain)
             ids.append(try #require(result.queuedID))
         }
         return ids

@@ -16,14 +16,10 @@ struct HostLimitMetricsTests {
     static func engine(_ session: ScriptedNetworkSession, sink: any RequestEventSink) throws -> AsyncRequestEngine {
         AsyncRequestEngine(
             session: session,
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 10, interval: 0),
-            eventSink: sink,
-            options: .init(
-                retryThrottling: try RetryThrottling(maxTokens: 4, tokenRatio: 1),
-                adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(backoff: 0.5), minLimit: 1, maxLimit: 100, maxWaiting: 10, initialLimit: 16)
-            ),
-            clock: ManualClock()
-        )
+            configuration: .init(
+                retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 10, interval: 0), throttling: try RetryThrottling(maxTokens: 4, tokenRatio: 1)),
+                limits: .init(adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(backoff: 0.5), minLimit: 1, maxLimit: 100, maxWaiting: 10, initialLimit: 16)), eventSink: sink),
+            clock: ManualClock())
     }
 
     @Test func theScrapeShowsEachHostsLimitAndItsThrottledRetries() async throws {

@@ -162,7 +162,7 @@ struct OfflineFirstClientTests {
         try await h.client.mutate(CreateNote("b"))
         let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http))
         await reader.waitFor { $0.hasPendingWrites }
-        _ = await h.queue.flush(ignoringReachability: true)  // delivered, though the monitor says offline
+        _ = await h.queue.flush(.ignoringReachability)  // delivered, though the monitor says offline
         let paused = await reader.waitFor { $0.settlingEntryIDs.count == 1 }
         #expect(Notes.decode(paused.data) == ["a", "b"] && paused.isPaused && paused.isStale && !paused.isFetching)
         await h.monitor.setConnected(true)

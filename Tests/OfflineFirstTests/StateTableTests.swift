@@ -89,7 +89,7 @@ struct StateTableTests {
         try await h.client.mutate(CreateNote("b"))
         let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http))
         await reader.waitFor { $0.hasPendingWrites }
-        _ = await h.queue.flush(ignoringReachability: true)  // delivered; the monitor still says offline
+        _ = await h.queue.flush(.ignoringReachability)  // delivered; the monitor still says offline
         let paused = await reader.waitFor { $0.settlingEntryIDs.count == 1 }
         #expect(Notes.decode(paused.data) == ["a", "b"] && paused.isPaused && paused.isStale && !paused.isFetching)
         #expect(session.callCount == 2)  // no refetch while offline: it would only fail

@@ -46,7 +46,7 @@ struct CrashRecoveryTests {
                     var index = 0
                     while true {
                         let request = QueuedRequest(method: .post, url: URL(string: "https://api.example.test/items/\(index)")!, body: Data(repeating: 0x61, count: 200))
-                        if let id = try await engine.enqueue(request, attemptFirst: false).queuedID {
+                        if let id = try await engine.enqueue(request, sending: .onNextDrain).queuedID {
                             // Unbuffered: the line is in the file before the next enqueue starts.
                             ExitTests.append("ACK \(id.uuidString)\n", toFileAt: ackPath)
                         }
@@ -113,11 +113,11 @@ struct CrashRecoveryTests {
                                         // A burst: edits of one key racing each other.
                                         let base = n
                                         await withTaskGroup(of: Void.self) { burst in
-                                            for offset in 0..<4 { burst.addTask { _ = try? await engine.enqueue(edit(key, base + offset), attemptFirst: false) } }
+                                            for offset in 0..<4 { burst.addTask { _ = try? await engine.enqueue(edit(key, base + offset), sending: .onNextDrain) } }
                                         }
                                         n += 4
                                     }
-                                    if (try? await engine.enqueue(edit(key, n), attemptFirst: false)) != nil {
+                                    if (try? await engine.enqueue(edit(key, n), sending: .onNextDrain)) != nil {
                                         ExitTests.append("ACK \(key) \(n)\n", toFileAt: ackPath)
                                     }
                                     n += 1

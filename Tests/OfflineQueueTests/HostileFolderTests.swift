@@ -30,7 +30,7 @@ struct HostileFolderTests {
         for index in 0..<count {
             var request = Mutation("/items/\(index)", body: "body \(index)")
             request.coalescingKey = coalescingKey
-            ids.append(try #require(try await engine.enqueue(request, attemptFirst: false).queuedID))
+            ids.append(try #require(try await engine.enqueue(request, sending: .onNextDrain).queuedID))
         }
         return ids
     }
@@ -112,7 +112,7 @@ struct HostileFolderTests {
         // An edit of the coalescing key replaces the Int.max revision without arithmetic on it.
         var edit = Mutation("/profile", body: "new")
         edit.coalescingKey = "profile"
-        let newID = try #require(try await engine.enqueue(edit, attemptFirst: false).queuedID)
+        let newID = try #require(try await engine.enqueue(edit, sending: .onNextDrain).queuedID)
         #expect(store.entry(id: revisionEntry.id) == nil)
         #expect(store.entry(id: newID)?.body == Data("new".utf8))
     }

@@ -80,7 +80,7 @@ struct OfflineQueueEngineTests {
     @Test func enqueueWithoutAttemptOnlyStores() async throws {
         let h = try QueueHarness([.ok()])
         let raw = QueuedRequest(method: .put, url: URL(string: "https://api.example.test/raw")!, body: Data("x".utf8), idempotencyKey: "raw-key")
-        let id = try #require(try await h.engine.enqueue(raw, attemptFirst: false).queuedID)
+        let id = try #require(try await h.engine.enqueue(raw, sending: .onNextDrain).queuedID)
         #expect(h.session.callCount == 0)
         #expect(await h.engine.flush().delivered == [id])
         #expect(h.sentKeys == ["raw-key"])

@@ -26,7 +26,7 @@ struct OversizedResponseTests {
         h.store.releaseLock()
         let store = try DiskQueueStore(directory: h.directory.url)
         let engine = OfflineQueueEngine(
-            requestEngine: AsyncRequestEngine(session: h.session, options: .init(maximumResponseBodySize: 1_000), clock: h.clock),
+            requestEngine: AsyncRequestEngine(session: h.session, configuration: .init(maximumResponseBodySize: 1_000), clock: h.clock),
             reachabilityMonitor: h.monitor,
             store: store,
             configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10)),

@@ -95,7 +95,7 @@ struct QueueHardeningTests {
 
     @Test func anEditMadeWhileItsPredecessorIsReplayedReplacesItWhateverTheOutcome() async throws {
         let h = try QueueHarness([.held(.status(503)), .ok()])
-        let old = try #require(try await h.engine.enqueue(edit("v1"), attemptFirst: false).queuedID)
+        let old = try #require(try await h.engine.enqueue(edit("v1"), sending: .onNextDrain).queuedID)
         let engine = h.engine
         let pass = Task { await engine.flush() }
         await h.session.waitForCalls(1)  // v1 is being sent
@@ -185,7 +185,7 @@ struct QueueHardeningTests {
             configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10), maxAttempts: 3),
             clock: clock
         )
-        let id = try #require(try await engine.enqueue(Mutation("/a"), attemptFirst: false).queuedID)
+        let id = try #require(try await engine.enqueue(Mutation("/a"), sending: .onNextDrain).queuedID)
         let filler = mounted.fill()
 
         #expect(await engine.flush().kept == [id])

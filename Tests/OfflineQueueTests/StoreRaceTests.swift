@@ -97,7 +97,7 @@ struct StoreRaceTests {
             store: store,
             configuration: .init(maxAttempts: 1)
         )
-        let id = try #require(try await engine.enqueue(Mutation("/a"), attemptFirst: false).queuedID)
+        let id = try #require(try await engine.enqueue(Mutation("/a"), sending: .onNextDrain).queuedID)
         await held.hold()
         let pass = Task { await engine.flush() }
         await held.waitForQueued(1)  // the dead letter's write waits

@@ -180,7 +180,7 @@ struct SwiftResilienceCompatibilityTests {
         _ = try await h.engine.enqueue(Mutation("/a"))
         let respecting = await h.engine.flush()
         #expect(respecting.endedOffline && respecting.delivered.isEmpty && h.session.callCount == 0)
-        let forced = await h.engine.flush(ignoringReachability: true)
+        let forced = await h.engine.flush(.ignoringReachability)
         #expect(forced.delivered.count == 1 && !forced.endedOffline)
         #expect(h.sentPaths == ["/a"])
     }
@@ -188,7 +188,7 @@ struct SwiftResilienceCompatibilityTests {
     @Test func aForcedFlushThatFindsNoNetworkEndsThePassAndKeepsTheEntry() async throws {
         let h = try QueueHarness([.urlError(.notConnectedToInternet)], connected: false)
         let id = try #require(try await h.engine.enqueue(Mutation("/a")).queuedID)
-        let forced = await h.engine.flush(ignoringReachability: true)
+        let forced = await h.engine.flush(.ignoringReachability)
         #expect(forced.endedOffline && forced.results.isEmpty)
         #expect(h.store.entry(id: id)?.attempts == 0)
     }

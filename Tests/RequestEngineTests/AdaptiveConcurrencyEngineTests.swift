@@ -10,7 +10,7 @@ import Testing
 import FoundationNetworking
 #endif
 
-/// `Options.adaptiveConcurrencyPerHost` on a scripted session and a ManualClock: places per host,
+/// `Configuration.limits.adaptiveConcurrencyPerHost` on a scripted session and a ManualClock: places per host,
 /// what shrinks the limit and what does not.
 @Suite("AsyncRequestEngine: adaptive concurrency per host", .timeLimit(.minutes(1)))
 struct AdaptiveConcurrencyEngineTests {
@@ -19,12 +19,11 @@ struct AdaptiveConcurrencyEngineTests {
     static func engine(_ session: ScriptedNetworkSession, initial: Int, backoff: Double = 0.5, clock: ManualClock = ManualClock()) throws -> AsyncRequestEngine {
         AsyncRequestEngine(
             session: session,
-            options: .init(
-                adaptiveConcurrencyPerHost: try .init(
-                    algorithm: .aimd(backoff: backoff), minLimit: 1, maxLimit: 50, maxWaiting: 10, initialLimit: initial, interactiveShare: 0
-                )),
-            clock: clock
-        )
+            configuration: .init(
+                limits: .init(
+                    adaptiveConcurrencyPerHost: try .init(
+                        algorithm: .aimd(backoff: backoff), minLimit: 1, maxLimit: 50, maxWaiting: 10, initialLimit: initial, interactiveShare: 0
+                    ))), clock: clock)
     }
 
     @Test func attemptsBeyondTheHostsLimitWaitForAPlace() async throws {
@@ -99,10 +98,12 @@ struct AdaptiveConcurrencyEngineTests {
         let session = ScriptedNetworkSession([.held(.ok("first")), .ok("hedge")])
         let engine = AsyncRequestEngine(
             session: session,
-            options: .init(
-                hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: 2),
+            configuration: .init(
                 // One place, and it kept for interactive calls: the first copy takes it, a background copy waits.
-                adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(), minLimit: 1, maxLimit: 50, maxWaiting: 10, initialLimit: 1, interactiveShare: 1)
+                limits: .init(
+                    adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(), minLimit: 1, maxLimit: 50, maxWaiting: 10, initialLimit: 1, interactiveShare: 1)
+                ),
+                hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: 2)
             ),
             clock: clock
         )
@@ -135,11 +136,11 @@ struct AdaptiveConcurrencyEngineTests {
         // Four places, two kept for interactive calls: two background calls run, a third waits.
         let engine = AsyncRequestEngine(
             session: session,
-            options: .init(
-                adaptiveConcurrencyPerHost: try .init(
-                    algorithm: .aimd(), minLimit: 4, maxLimit: 4, maxWaiting: 10, initialLimit: 4, interactiveShare: 0.5
-                ))
-        )
+            configuration: .init(
+                limits: .init(
+                    adaptiveConcurrencyPerHost: try .init(
+                        algorithm: .aimd(), minLimit: 4, maxLimit: 4, maxWaiting: 10, initialLimit: 4, interactiveShare: 0.5
+                    ))))
         let background = (0..<3).map { number in Task { try await engine.send(Prioritised(number: number, requestPriority: .background)) } }
         await session.waitForCalls(2)
         let limiter = try #require(engine.adaptiveConcurrencyLimiter(for: Self.url))
@@ -158,11 +159,7 @@ struct AdaptiveConcurrencyEngineTests {
         let session = ScriptedNetworkSession([.held(.ok()), .ok()])
         let engine = AsyncRequestEngine(
             session: session,
-            options: .init(
-                maxConcurrentPerHost: 1,
-                adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(), minLimit: 10, maxLimit: 10, maxWaiting: 10, interactiveShare: 0)
-            )
-        )
+            configuration: .init(limits: .init(concurrencyPerHost: 1, adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(), minLimit: 10, maxLimit: 10, maxWaiting: 10, interactiveShare: 0))))
         let first = Task { try await engine.send(Prioritised(number: 0, requestPriority: .interactive)) }
         await session.waitForCalls(1)
         let second = Task { try await engine.send(Prioritised(number: 1, requestPriority: .interactive)) }

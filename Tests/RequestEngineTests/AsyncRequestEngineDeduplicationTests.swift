@@ -97,7 +97,7 @@ struct AsyncRequestEngineDeduplicationTests {
     @Test func deduplicatedMethodsAreConfigurable() async throws {
         let session = ScriptedNetworkSession([.held(.ok())])
         let recorder = EventRecorder()
-        let engine = AsyncRequestEngine(session: session, eventSink: recorder, options: .init(deduplicatedMethods: [.get, .put]), clock: ManualClock())
+        let engine = AsyncRequestEngine(session: session, configuration: .init(deduplicatedMethods: [.get, .put], eventSink: recorder), clock: ManualClock())
         async let a = engine.send(TestRequest(method: .put, body: Data("v".utf8)))
         async let b = engine.send(TestRequest(method: .put, body: Data("v".utf8)))
         await recorder.waitForDeduplicated(1)

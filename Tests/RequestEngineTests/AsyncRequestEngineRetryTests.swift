@@ -155,9 +155,7 @@ struct AsyncRequestEngineRetryTests {
         let clock = ManualClock()
         let session = ScriptedNetworkSession([.status(503, headers: ["Retry-After": "86400"]), .ok()])
         let engine = AsyncRequestEngine(
-            session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 1),
-            options: .init(maximumRetryAfter: .seconds(30)), clock: clock
-        )
+            session: session, configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 1), retryAfter: .honored(atMost: .seconds(30)))), clock: clock)
         let task = Task { try await engine.send(TestRequest()) }
         await clock.waitForSleepers(1)
         #expect(clock.nextDeadline == .init(offset: .seconds(30)))
@@ -193,11 +191,7 @@ struct AsyncRequestEngineRetryTests {
         let clock = ManualClock()
         let session = ScriptedNetworkSession([.status(503), .status(503), .status(503), .status(503), .status(503), .ok()])
         let engine = AsyncRequestEngine(
-            session: session,
-            retryPolicy: ListPolicy(delays: [-1, .nan, -.infinity, .infinity, 1e300]),
-            options: .init(maximumRetryDelay: .seconds(10)),
-            clock: clock
-        )
+            session: session, configuration: .init(retry: .init(policy: ListPolicy(delays: [-1, .nan, -.infinity, .infinity, 1e300]), maximumDelay: .seconds(10))), clock: clock)
         let task = Task { try await engine.send(TestRequest()) }
         await session.waitForCalls(4)
         await clock.waitForSleepers(1)
@@ -214,7 +208,7 @@ struct AsyncRequestEngineRetryTests {
         let clock = ManualClock()
         let budget = RetryBudget(retryRatio: 0, minRetriesPerSecond: 0, maxBalance: 1, clock: clock)
         let session = ScriptedNetworkSession([.status(503)])
-        let engine = AsyncRequestEngine(session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 5, interval: 0), retryBudget: budget, clock: clock)
+        let engine = AsyncRequestEngine(session: session, configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 5, interval: 0), budget: budget)), clock: clock)
         _ = await networkError { try await engine.send(TestRequest("/a")) }
         #expect(session.callCount == 2)  // one retry spent the only token
         _ = await networkError { try await engine.send(TestRequest("/b")) }
@@ -238,7 +232,7 @@ struct AsyncRequestEngineRetryTests {
         let clock = ManualClock()
         let breaker = CircuitBreaker(configuration: .init(windowSize: 4, minimumCalls: 2, failureRateThreshold: 0.5, openDuration: .seconds(30)), clock: clock)
         let session = ScriptedNetworkSession([.status(500), .status(500), .ok()])
-        let engine = AsyncRequestEngine(session: session, circuitBreaker: breaker, clock: clock)
+        let engine = AsyncRequestEngine(session: session, configuration: .init(circuitBreaker: .shared(breaker)), clock: clock)
         _ = await networkError { try await engine.send(TestRequest()) }
         _ = await networkError { try await engine.send(TestRequest()) }
         #expect(breaker.state == .open)
@@ -254,7 +248,7 @@ struct AsyncRequestEngineRetryTests {
     @Test func clientErrorsDoNotOpenTheCircuit() async {
         let breaker = CircuitBreaker(configuration: .init(windowSize: 2, minimumCalls: 2, failureRateThreshold: 0.5), clock: ManualClock())
         let session = ScriptedNetworkSession([.status(404)])
-        let engine = AsyncRequestEngine(session: session, circuitBreaker: breaker, clock: ManualClock())
+        let engine = AsyncRequestEngine(session: session, configuration: .init(circuitBreaker: .shared(breaker)), clock: ManualClock())
         for _ in 0..<5 { _ = await networkError { try await engine.send(TestRequest()) } }
         #expect(breaker.state == .closed)
         #expect(session.callCount == 5)
@@ -315,8 +309,7 @@ struct AsyncRequestEngineRetryTests {
         let session = ScriptedNetworkSession([.status(503, headers: ["Retry-After": "120"])])
         let recorder = EventRecorder()
         let engine = AsyncRequestEngine(
-            session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0), eventSink: recorder,
-            options: .init(honorsRetryAfter: false), clock: ManualClock())
+            session: session, configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0), retryAfter: .ignored), eventSink: recorder), clock: ManualClock())
         for method in [HTTPMethod.get, .put] {  // deduplicated and direct paths
             let (_, response) = try await engine.response(for: TestRequest(method: method))
             #expect(response.statusCode == 503)

@@ -27,7 +27,7 @@ struct AsyncRequestEngineDeadlineTests {
     @Test func theDeadlineCutsTheAttemptInFlightWithDeadlineExceeded() async {
         let clock = ManualClock()
         let session = ScriptedNetworkSession([.hang])
-        let engine = AsyncRequestEngine(session: session, options: .init(totalDeadline: .seconds(5)), clock: clock)
+        let engine = AsyncRequestEngine(session: session, configuration: .init(deadline: .seconds(5)), clock: clock)
         let task = Task { await networkError { try await engine.send(TestRequest()) } }
         await session.waitForCalls(1)
         await clock.waitForSleepers(1)  // the watchdog, at the deadline
@@ -40,7 +40,7 @@ struct AsyncRequestEngineDeadlineTests {
     @Test func anAttemptTimeoutSoonerThanTheDeadlineIsTimedOut() async {
         let clock = ManualClock()
         let session = ScriptedNetworkSession([.hang])
-        let engine = AsyncRequestEngine(session: session, options: .init(totalDeadline: .seconds(10)), clock: clock)
+        let engine = AsyncRequestEngine(session: session, configuration: .init(deadline: .seconds(10)), clock: clock)
         let task = Task { await networkError { try await engine.send(TestRequest(timeout: 1)) } }
         await session.waitForCalls(1)
         await clock.waitForSleepers(1)
@@ -52,12 +52,7 @@ struct AsyncRequestEngineDeadlineTests {
     @Test func theDeadlineSpansAttemptsAndBackoffs() async {
         let clock = ManualClock()
         let session = ScriptedNetworkSession([.status(503), .hang])
-        let engine = AsyncRequestEngine(
-            session: session,
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 5, interval: 2),
-            options: .init(totalDeadline: .seconds(5)),
-            clock: clock
-        )
+        let engine = AsyncRequestEngine(session: session, configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 5, interval: 2)), deadline: .seconds(5)), clock: clock)
         let task = Task { await networkError { try await engine.send(TestRequest(timeout: 4)) } }
         // The backoff (due at 2 s) and the watchdog's sleeper, armed at 4 s for the first attempt
         // (it stays armed after that attempt answered; it re-arms when it wakes).
@@ -77,12 +72,7 @@ struct AsyncRequestEngineDeadlineTests {
         let session = ScriptedNetworkSession([.status(503), .ok("later")])
         let recorder = EventRecorder()
         let engine = AsyncRequestEngine(
-            session: session,
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 5),
-            eventSink: recorder,
-            options: .init(totalDeadline: .seconds(3)),
-            clock: clock
-        )
+            session: session, configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 5)), deadline: .seconds(3), eventSink: recorder), clock: clock)
         let error = await networkError { try await engine.send(TestRequest()) }
         #expect(error?.caseName == "httpError(503)")  // the last failure, as with an empty budget
         #expect(session.callCount == 1)
@@ -92,7 +82,7 @@ struct AsyncRequestEngineDeadlineTests {
     @Test func aRequestsOwnDeadlineReplacesTheEnginesAndANonPositiveOneSendsNothing() async {
         let clock = ManualClock()
         let session = ScriptedNetworkSession([.hang])
-        let engine = AsyncRequestEngine(session: session, options: .init(totalDeadline: .seconds(60)), clock: clock)
+        let engine = AsyncRequestEngine(session: session, configuration: .init(deadline: .seconds(60)), clock: clock)
         var request = TestRequest()
         request.deadline = .seconds(2)
         let task = Task { [request] in await networkError { try await engine.send(request) } }
@@ -146,12 +136,8 @@ struct AsyncRequestEngineHedgingTests {
         budget: RetryBudget? = nil
     ) -> AsyncRequestEngine {
         AsyncRequestEngine(
-            session: session,
-            eventSink: sink,
-            retryBudget: budget,
-            options: .init(hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: maxAttempts)),
-            clock: clock
-        )
+            session: session, configuration: .init(retry: .init(policy: nil, budget: budget), hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: maxAttempts), eventSink: sink),
+            clock: clock)
     }
 
     @Test func aSlowAttemptIsHedgedAfterTheDelayAndTheFirstAnswerWins() async throws {
@@ -294,7 +280,7 @@ struct AsyncRequestEngineHedgingTests {
 struct AsyncRequestEngineHostLimitTests {
     @Test func attemptsBeyondTheHostsLimitWaitInLine() async throws {
         let session = ScriptedNetworkSession([.held(.ok("a"))])
-        let engine = AsyncRequestEngine(session: session, options: .init(maxConcurrentPerHost: 1))
+        let engine = AsyncRequestEngine(session: session, configuration: .init(limits: .init(concurrencyPerHost: 1)))
         let first = Task { try await engine.send(TestRequest(method: .post)) }
         await session.waitForCalls(1)
         let second = Task { try await engine.send(TestRequest(method: .post)) }
@@ -311,10 +297,7 @@ struct AsyncRequestEngineHostLimitTests {
     @Test func aFullWaitLineFailsWithLimitedAndSendsNothing() async throws {
         let session = ScriptedNetworkSession([.held(.ok("a"))])
         let engine = AsyncRequestEngine(
-            session: session,
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 0),
-            options: .init(maxConcurrentPerHost: 1, maxWaitingPerHost: 0)
-        )
+            session: session, configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 0)), limits: .init(concurrencyPerHost: 1, waitingPerHost: 0)))
         let first = Task { try await engine.send(TestRequest(method: .post)) }
         await session.waitForCalls(1)
         let error = await networkError { try await engine.send(TestRequest()) }
@@ -332,7 +315,7 @@ struct AsyncRequestEngineHostLimitTests {
     @Test func theWaitForAPlaceCountsAgainstTheAttemptsTimeout() async throws {
         let clock = ManualClock()
         let session = ScriptedNetworkSession([.held(.ok("a"))])
-        let engine = AsyncRequestEngine(session: session, options: .init(maxConcurrentPerHost: 1), clock: clock)
+        let engine = AsyncRequestEngine(session: session, configuration: .init(limits: .init(concurrencyPerHost: 1)), clock: clock)
         let first = Task { try await engine.send(TestRequest(method: .post)) }
         await session.waitForCalls(1)
         let second = Task { await networkError { try await engine.send(TestRequest(method: .post, timeout: 1)) } }
@@ -351,7 +334,7 @@ struct AsyncRequestEngineHostLimitTests {
             clock: clock
         )
         let session = ScriptedNetworkSession([.status(503), .status(503), .ok("b")])
-        let engine = AsyncRequestEngine(session: session, circuitBreakers: registry, clock: clock)
+        let engine = AsyncRequestEngine(session: session, configuration: .init(circuitBreaker: .perHost(registry)), clock: clock)
         let a = TestRequest(url: URL(string: "https://a.example.test/x")!)
         _ = await networkError { try await engine.send(a) }
         _ = await networkError { try await engine.send(a) }
@@ -376,11 +359,7 @@ struct AsyncRequestEngineHostLimitTests {
     @Test func aHostWithoutATokenIsRefusedWithWhenOneIsDueAndOtherHostsAreNot() async throws {
         let clock = ManualClock()
         let session = ScriptedNetworkSession([.ok("a")])
-        let engine = AsyncRequestEngine(
-            session: session,
-            options: .init(rateLimitPerHost: HostRateLimit(permitsPerSecond: 2, burst: 1)),
-            clock: clock
-        )
+        let engine = AsyncRequestEngine(session: session, configuration: .init(limits: .init(ratePerHost: HostRateLimit(permitsPerSecond: 2, burst: 1))), clock: clock)
         _ = try await engine.send(TestRequest())
         let error = await networkError { try await engine.send(TestRequest()) }
         guard case .limited(let rejection) = error else {
@@ -398,11 +377,7 @@ struct AsyncRequestEngineHostLimitTests {
     @Test func aRateLimitWithMaxWaitWaitsOnTheEnginesClock() async throws {
         let clock = ManualClock()
         let session = ScriptedNetworkSession([.ok("a")])
-        let engine = AsyncRequestEngine(
-            session: session,
-            options: .init(rateLimitPerHost: HostRateLimit(permitsPerSecond: 1, burst: 1, maxWait: .seconds(2))),
-            clock: clock
-        )
+        let engine = AsyncRequestEngine(session: session, configuration: .init(limits: .init(ratePerHost: HostRateLimit(permitsPerSecond: 1, burst: 1, maxWait: .seconds(2)))), clock: clock)
         _ = try await engine.send(TestRequest())
         let waiting = Task { try await engine.send(TestRequest()) }
         await clock.waitForSleepers(1)
@@ -419,9 +394,9 @@ struct AsyncRequestEngineStrategiesReviewTests {
     @Test func aHugeTotalDeadlineOrHedgingDelayNeverTraps() async throws {
         let session = ScriptedNetworkSession([.ok("x")])
         // The real clock: ContinuousClock traps when asked to sleep past its range.
-        let deadlined = AsyncRequestEngine(session: session, options: .init(totalDeadline: .seconds(Int64.max)))
+        let deadlined = AsyncRequestEngine(session: session, configuration: .init(deadline: .seconds(Int64.max)))
         _ = try await deadlined.send(TestRequest())
-        let hedged = AsyncRequestEngine(session: session, options: .init(hedging: HedgingPolicy(delay: .seconds(Int64.max))))
+        let hedged = AsyncRequestEngine(session: session, configuration: .init(hedging: HedgingPolicy(delay: .seconds(Int64.max))))
         _ = try await hedged.send(TestRequest())
         #expect(HedgingPolicy(delay: .seconds(Int64.max)).delay == .seconds(Int64.max / 2))
         #expect(session.callCount == 2)
@@ -433,14 +408,9 @@ struct AsyncRequestEngineStrategiesReviewTests {
         let recorder = EventRecorder()
         let engine = AsyncRequestEngine(
             session: session,
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 1),
-            eventSink: recorder,
-            options: .init(
-                hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: 2),
-                rateLimitPerHost: HostRateLimit(permitsPerSecond: 1, burst: 1)
-            ),
-            clock: clock
-        )
+            configuration: .init(
+                retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 1)), limits: .init(ratePerHost: HostRateLimit(permitsPerSecond: 1, burst: 1)),
+                hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: 2), eventSink: recorder), clock: clock)
         let task = Task { try await engine.send(TestRequest()) }
         // The 503 was retried, not the refusal of the copy sent at once after it.
         await recorder.wait { $0.contains { if case .retryScheduled = $0 { true } else { false } } }
@@ -458,11 +428,8 @@ struct AsyncRequestEngineStrategiesReviewTests {
         let recorder = EventRecorder()
         let engine = AsyncRequestEngine(
             session: session,
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 0.1),
-            eventSink: recorder,
-            options: .init(hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: 3)),
-            clock: clock
-        )
+            configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 0.1)), hedging: HedgingPolicy(delay: .milliseconds(100), maxAttempts: 3), eventSink: recorder),
+            clock: clock)
         let task = Task { try await engine.send(TestRequest()) }
         await recorder.wait { $0.contains { if case .retryScheduled = $0 { true } else { false } } }
         // The server's pause is honoured: no copy was sent at once after its 503.
@@ -478,7 +445,7 @@ struct AsyncRequestEngineStrategiesReviewTests {
         let clock = ManualClock()
         let breaker = CircuitBreaker(configuration: .init(windowSize: 2, minimumCalls: 2, failureRateThreshold: 0.5), clock: clock)
         let session = ScriptedNetworkSession([.held(.ok("a"))])
-        let engine = AsyncRequestEngine(session: session, circuitBreaker: breaker, options: .init(maxConcurrentPerHost: 1), clock: clock)
+        let engine = AsyncRequestEngine(session: session, configuration: .init(circuitBreaker: .shared(breaker), limits: .init(concurrencyPerHost: 1)), clock: clock)
         let first = Task { try await engine.send(TestRequest(method: .post)) }
         await session.waitForCalls(1)
         let waiting = (0..<2).map { _ in
@@ -496,7 +463,7 @@ struct AsyncRequestEngineStrategiesReviewTests {
         let clock = ManualClock()
         let breaker = CircuitBreaker(configuration: .init(windowSize: 2, minimumCalls: 2, failureRateThreshold: 0.5), clock: clock)
         let session = ScriptedNetworkSession([.hang])
-        let engine = AsyncRequestEngine(session: session, circuitBreaker: breaker, options: .init(totalDeadline: .seconds(1)), clock: clock)
+        let engine = AsyncRequestEngine(session: session, configuration: .init(circuitBreaker: .shared(breaker), deadline: .seconds(1)), clock: clock)
         for _ in 0..<2 {
             let task = Task { await networkError { try await engine.send(TestRequest(method: .post)) } }
             await session.waitUntilNoneSuspended()

@@ -61,7 +61,7 @@ struct CallersTaskTests {
 
     @Test func aGETWithDeduplicationOffRunsInTheCallersTask() async throws {
         let session = BoundingSession([.ok()])
-        let engine = AsyncRequestEngine(session: session, options: .init(deduplicatedMethods: []), clock: ManualClock())
+        let engine = AsyncRequestEngine(session: session, configuration: .init(deduplicatedMethods: []), clock: ManualClock())
         let caller = currentTaskHash()
         _ = try await engine.send(Request(method: .get))
         #expect(session.callingTasks == [caller])
@@ -75,11 +75,11 @@ struct CallersTaskTests {
         #expect(unbounded.script.requests.first?.timeoutInterval == 6)
         // A host limit: the wait for a place is timed by the engine.
         let limited = BoundingSession([.ok()])
-        _ = try await AsyncRequestEngine(session: limited, options: .init(maxConcurrentPerHost: 4), clock: ManualClock()).send(Request())
+        _ = try await AsyncRequestEngine(session: limited, configuration: .init(limits: .init(concurrencyPerHost: 4)), clock: ManualClock()).send(Request())
         // Hedging: the copies race in tasks.
         let hedged = BoundingSession([.ok()])
         let hedging = HedgingPolicy(delay: .milliseconds(100), maxAttempts: 2)
-        _ = try await AsyncRequestEngine(session: hedged, options: .init(hedging: hedging), clock: ManualClock())
+        _ = try await AsyncRequestEngine(session: hedged, configuration: .init(hedging: hedging), clock: ManualClock())
             .send(Request(headers: [HTTPHeader.idempotencyKey: "k1"]))
         for session in [unbounded, limited, hedged] {
             #expect(session.callingTasks.count == 1)
@@ -105,9 +105,7 @@ struct CallersTaskTests {
         let session = BoundingSession([.urlError(.timedOut), .ok()])
         let breaker = CircuitBreaker(configuration: .init(windowSize: 1, minimumCalls: 1, failureRateThreshold: 0.5), clock: clock)
         let engine = AsyncRequestEngine(
-            session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 0), circuitBreaker: breaker,
-            clock: clock
-        )
+            session: session, configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 0)), circuitBreaker: .shared(breaker)), clock: clock)
         let error = await networkError { try await engine.send(Request(method: .put, timeout: 30, deadline: .seconds(2))) }
         #expect(error?.caseName == "deadlineExceeded")
         // One attempt, bounded by what was left of the deadline; not retried.

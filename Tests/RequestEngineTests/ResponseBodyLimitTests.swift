@@ -19,21 +19,16 @@ struct ResponseBodyLimitTests {
     private static func body(_ count: Int) -> Data { Data(repeating: 0x62, count: count) }
 
     @Test func theDefaultLimitIs16MiB() {
-        #expect(AsyncRequestEngine.Options().maximumResponseBodySize == 16 * 1024 * 1024)
-        #expect(AsyncRequestEngine.Options(maximumResponseBodySize: -5).maximumResponseBodySize == 0)
-        #expect(AsyncRequestEngine.Options(maximumResponseBodySize: nil).maximumResponseBodySize == nil)
+        #expect(AsyncRequestEngine.Configuration().maximumResponseBodySize == 16 * 1024 * 1024)
+        #expect(AsyncRequestEngine(configuration: .init(maximumResponseBodySize: -5)).configuration.maximumResponseBodySize == 0)
+        #expect(AsyncRequestEngine(configuration: .init(maximumResponseBodySize: nil)).configuration.maximumResponseBodySize == nil)
     }
 
     @Test func aBodyOverTheEnginesLimitFailsTypedAndIsNotRetried() async {
         let session = ScriptedNetworkSession([.respond(status: 200, body: Self.body(11)), .ok("small")])
         let recorder = EventRecorder()
         let engine = AsyncRequestEngine(
-            session: session,
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 0),
-            eventSink: recorder,
-            options: .init(maximumResponseBodySize: 10),
-            clock: ManualClock()
-        )
+            session: session, configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 3, interval: 0)), maximumResponseBodySize: 10, eventSink: recorder), clock: ManualClock())
         let error = await networkError { try await engine.send(TestRequest()) }
         #expect(error?.caseName == "responseTooLarge(10)")
         #expect(error?.isRetryable == false)
@@ -43,13 +38,13 @@ struct ResponseBodyLimitTests {
 
     @Test func aBodyOfExactlyTheLimitIsAccepted() async throws {
         let session = ScriptedNetworkSession([.respond(status: 200, body: Self.body(10))])
-        let engine = AsyncRequestEngine(session: session, options: .init(maximumResponseBodySize: 10), clock: ManualClock())
+        let engine = AsyncRequestEngine(session: session, configuration: .init(maximumResponseBodySize: 10), clock: ManualClock())
         #expect(try await engine.send(TestRequest()).0.count == 10)
     }
 
     @Test func theRequestsLimitReplacesTheEnginesEitherWay() async throws {
         let session = ScriptedNetworkSession([.respond(status: 200, body: Self.body(100))])
-        let engine = AsyncRequestEngine(session: session, options: .init(maximumResponseBodySize: 10), clock: ManualClock())
+        let engine = AsyncRequestEngine(session: session, configuration: .init(maximumResponseBodySize: 10), clock: ManualClock())
         var larger = TestRequest("/larger")
         larger.maximumResponseBodySize = 100
         #expect(try await engine.send(larger).0.count == 100)
@@ -65,7 +60,7 @@ struct ResponseBodyLimitTests {
 
     @Test func withoutAnEngineLimitAnyBodyIsAccepted() async throws {
         let session = ScriptedNetworkSession([.respond(status: 200, body: Self.body(17 * 1024 * 1024))])
-        let engine = AsyncRequestEngine(session: session, options: .init(maximumResponseBodySize: nil), clock: ManualClock())
+        let engine = AsyncRequestEngine(session: session, configuration: .init(maximumResponseBodySize: nil), clock: ManualClock())
         #expect(try await engine.send(TestRequest()).0.count == 17 * 1024 * 1024)
     }
 
@@ -81,7 +76,7 @@ struct ResponseBodyLimitTests {
     @Test func anOversizedBodyDoesNotCountAgainstTheCircuitBreaker() async {
         let breaker = CircuitBreaker(configuration: .init(windowSize: 2, minimumCalls: 2, failureRateThreshold: 0.5), clock: ManualClock())
         let session = ScriptedNetworkSession([.respond(status: 200, body: Self.body(2))])
-        let engine = AsyncRequestEngine(session: session, circuitBreaker: breaker, options: .init(maximumResponseBodySize: 1), clock: ManualClock())
+        let engine = AsyncRequestEngine(session: session, configuration: .init(circuitBreaker: .shared(breaker), maximumResponseBodySize: 1), clock: ManualClock())
         for _ in 0..<4 {
             #expect(await networkError { try await engine.send(TestRequest()) }?.caseName == "responseTooLarge(1)")
         }

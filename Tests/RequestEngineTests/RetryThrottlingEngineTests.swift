@@ -9,7 +9,7 @@ import Testing
 import FoundationNetworking
 #endif
 
-/// `Options.retryThrottling` on a scripted session with zero backoff: each host's token count,
+/// `Configuration.retry.throttling` on a scripted session with zero backoff: each host's token count,
 /// what stops retries and hedges, and the event a sink can count.
 @Suite("AsyncRequestEngine: retry throttling per host", .timeLimit(.minutes(1)))
 struct RetryThrottlingEngineTests {
@@ -23,11 +23,9 @@ struct RetryThrottlingEngineTests {
     static func engine(_ session: ScriptedNetworkSession, sink: ThrottleLog? = nil, hedging: HedgingPolicy? = nil, clock: ManualClock = ManualClock()) throws -> AsyncRequestEngine {
         AsyncRequestEngine(
             session: session,
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 20, interval: 0),
-            eventSink: sink,
-            options: .init(hedging: hedging, retryThrottling: try RetryThrottling(maxTokens: 10, tokenRatio: 0.5)),
-            clock: clock
-        )
+            configuration: .init(
+                retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 20, interval: 0), throttling: try RetryThrottling(maxTokens: 10, tokenRatio: 0.5)), hedging: hedging, eventSink: sink),
+            clock: clock)
     }
 
     @Test func aFailingHostGetsRetriesUntilItsCountFallsToHalfThenNone() async throws {

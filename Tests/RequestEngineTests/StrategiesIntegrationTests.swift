@@ -28,7 +28,7 @@ struct StrategiesIntegrationTests {
     @Test func theDeadlineCancelsTheTransferInFlight() async throws {
         server.route("/held", LoopbackResponse.ok("late").held())
         let clock = ManualClock()
-        let engine = AsyncRequestEngine(session: transport, options: .init(totalDeadline: .seconds(2)), clock: clock)
+        let engine = AsyncRequestEngine(session: transport, configuration: .init(deadline: .seconds(2)), clock: clock)
         let url = server.url("/held")
         let task = Task { await networkError { try await engine.send(TestRequest(url: url)) } }
         await server.waitForHits("/held", atLeast: 1)
@@ -43,12 +43,7 @@ struct StrategiesIntegrationTests {
         server.route("/tail", [LoopbackResponse.ok("slow").held(), .ok("fast")])
         let clock = ManualClock()
         let recorder = HedgeRecorder()
-        let engine = AsyncRequestEngine(
-            session: transport,
-            eventSink: recorder,
-            options: .init(hedging: HedgingPolicy(delay: .milliseconds(50), maxAttempts: 2)),
-            clock: clock
-        )
+        let engine = AsyncRequestEngine(session: transport, configuration: .init(hedging: HedgingPolicy(delay: .milliseconds(50), maxAttempts: 2), eventSink: recorder), clock: clock)
         let url = server.url("/tail")
         let task = Task { try await engine.send(TestRequest(url: url)) }
         await server.waitForHits("/tail", atLeast: 1)
@@ -66,7 +61,7 @@ struct StrategiesIntegrationTests {
 
     @Test func theHostsLimitKeepsAttemptsOffTheWireAndAFullLineIsLimited() async throws {
         server.route("/held/*", LoopbackResponse.ok("done").held())
-        let engine = AsyncRequestEngine(session: transport, options: .init(maxConcurrentPerHost: 1, maxWaitingPerHost: 0))
+        let engine = AsyncRequestEngine(session: transport, configuration: .init(limits: .init(concurrencyPerHost: 1, waitingPerHost: 0)))
         let first = Task { try await engine.send(TestRequest(url: server.url("/held/1"), method: .post)) }
         await server.waitForHits("/held/*", atLeast: 1)  // the first holds the host's only place
         let refused = await networkError { try await engine.send(TestRequest(url: server.url("/held/2"), method: .post)) }
@@ -86,11 +81,7 @@ struct StrategiesIntegrationTests {
     @Test func theHostsRateLimitRefusesWithoutReachingTheServer() async throws {
         server.route("/rated", .ok("ok"))
         let clock = ManualClock()
-        let engine = AsyncRequestEngine(
-            session: transport,
-            options: .init(rateLimitPerHost: HostRateLimit(permitsPerSecond: 1, burst: 2)),
-            clock: clock
-        )
+        let engine = AsyncRequestEngine(session: transport, configuration: .init(limits: .init(ratePerHost: HostRateLimit(permitsPerSecond: 1, burst: 2))), clock: clock)
         let url = server.url("/rated")
         for _ in 0..<2 { _ = try await engine.send(TestRequest(url: url)) }  // the burst
         let refused = await networkError { try await engine.send(TestRequest(url: url)) }
@@ -107,7 +98,7 @@ struct StrategiesIntegrationTests {
         server.route("/down", .status(503))
         other.route("/up", .ok("up"))
         let registry = CircuitBreakerRegistry(configuration: .init(windowSize: 2, minimumCalls: 2, failureRateThreshold: 0.5))
-        let engine = AsyncRequestEngine(session: transport, circuitBreakers: registry)
+        let engine = AsyncRequestEngine(session: transport, configuration: .init(circuitBreaker: .perHost(registry)))
         let down = server.url("/down")
         for _ in 0..<2 { _ = await networkError { try await engine.send(TestRequest(url: down)) } }
         #expect(await networkError { try await engine.send(TestRequest(url: down)) }?.caseName == "circuitOpen")

@@ -47,11 +47,7 @@ struct TransportIntegrationTests {
         // URLSession of a process shares one work queue, and a flood there holds every other
         // test's requests (and this transfer's own cancel) until it stops (Sources/RequestEngine/RequestEngine.docc/RequestEngineGuide.md).
         server.route("/endless", .endlessChunkedBody(chunk: Data(repeating: 0x65, count: 16 * 1024), interval: .milliseconds(1)))
-        let engine = AsyncRequestEngine(
-            session: transport,
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 2, interval: 0),
-            options: .init(maximumResponseBodySize: 256 * 1024)
-        )
+        let engine = AsyncRequestEngine(session: transport, configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 2, interval: 0)), maximumResponseBodySize: 256 * 1024))
         let error = await networkError { try await engine.send(TestRequest(url: server.url("/endless"))) }
         #expect(error?.caseName == "responseTooLarge(262144)")
         #expect(server.hits("/endless") == 1)
@@ -80,7 +76,7 @@ struct TransportIntegrationTests {
         // The head announces 1 GB, 3 bytes follow, and the server keeps the connection open: a
         // client that waited for the body would wait for ever.
         server.route("/huge", LoopbackResponse(status: 200, headers: ["Content-Length": "1000000000"], body: Data("abc".utf8)))
-        let engine = AsyncRequestEngine(session: transport, options: .init(maximumResponseBodySize: 1024 * 1024))
+        let engine = AsyncRequestEngine(session: transport, configuration: .init(maximumResponseBodySize: 1024 * 1024))
         let error = await networkError { try await engine.send(TestRequest(url: server.url("/huge"))) }
         #expect(error?.caseName == "responseTooLarge(1048576)")
         await server.waitForOpenConnections(atMost: 0)
@@ -88,7 +84,7 @@ struct TransportIntegrationTests {
 
     @Test func aHEADResponsesContentLengthIsNotABody() async throws {
         server.route("/huge", LoopbackResponse(status: 200, headers: ["Content-Length": "1000000000"]))
-        let engine = AsyncRequestEngine(session: transport, options: .init(maximumResponseBodySize: 1024))
+        let engine = AsyncRequestEngine(session: transport, configuration: .init(maximumResponseBodySize: 1024))
         let (data, response) = try await engine.send(TestRequest(url: server.url("/huge"), method: .head))
         #expect(data.isEmpty)
         #expect(response.expectedContentLength == 1_000_000_000)
@@ -98,13 +94,13 @@ struct TransportIntegrationTests {
     func aBodyWithinTheLimitArrivesWhole(kind: SessionKind) async throws {
         let payload = Data((0..<(3 * 1024 * 1024 + 17)).map { UInt8(truncatingIfNeeded: $0 &* 31) })
         server.route("/blob", LoopbackResponse(status: 200, body: payload))
-        let engine = AsyncRequestEngine(session: kind.make(), options: .init(maximumResponseBodySize: payload.count))
+        let engine = AsyncRequestEngine(session: kind.make(), configuration: .init(maximumResponseBodySize: payload.count))
         #expect(try await engine.send(TestRequest(url: server.url("/blob"))).0 == payload)
     }
 
     @Test func aPlainURLSessionChecksTheLimitOnceTheBodyHasArrived() async throws {
         server.route("/blob", LoopbackResponse(status: 200, body: Data(count: 64 * 1024)))
-        let engine = AsyncRequestEngine(session: URLSession(configuration: .ephemeral), options: .init(maximumResponseBodySize: 1024))
+        let engine = AsyncRequestEngine(session: URLSession(configuration: .ephemeral), configuration: .init(maximumResponseBodySize: 1024))
         let error = await networkError { try await engine.send(TestRequest(url: server.url("/blob"))) }
         #expect(error?.caseName == "responseTooLarge(1024)")
     }
@@ -139,7 +135,7 @@ struct TransportIntegrationTests {
             await #expect(processExitsWith: .success) {
                 let server = try LoopbackHTTPServer()
                 server.route("/flood", .endlessChunkedBody(chunk: Data(repeating: 0x66, count: 64 * 1024)))
-                let engine = AsyncRequestEngine(options: .init(maximumResponseBodySize: nil))
+                let engine = AsyncRequestEngine(configuration: .init(maximumResponseBodySize: nil))
                 let error = await networkError { try await engine.send(TestRequest(url: server.url("/flood"), timeout: 0.3)) }
                 #expect(error?.caseName == "timedOut")
                 // From here the peak counts afresh (writing 5 to clear_refs resets VmHWM).
@@ -240,7 +236,7 @@ struct TransportIntegrationTests {
 
     @Test func aTimeoutDuringAnEndlessTrickleEndsTheTransfer() async throws {
         server.route("/trickle", .endlessChunkedBody(chunk: Data("tick\n".utf8), interval: .milliseconds(5)))
-        let engine = AsyncRequestEngine(session: transport, options: .init(maximumResponseBodySize: nil))
+        let engine = AsyncRequestEngine(session: transport, configuration: .init(maximumResponseBodySize: nil))
         let error = await networkError { try await engine.send(TestRequest(url: server.url("/trickle"), timeout: 0.3)) }
         #expect(error?.caseName == "timedOut")
         await server.waitForOpenConnections(atMost: 0)
@@ -249,7 +245,7 @@ struct TransportIntegrationTests {
     @Test(arguments: SessionKind.allCases)
     func aCallerCancelledDuringAnEndlessBodyIsAnsweredAndTheTransferEnds(kind: SessionKind) async throws {
         server.route("/endless", .endlessChunkedBody(chunk: Data(repeating: 0x63, count: 1024), interval: .milliseconds(2)))
-        let engine = AsyncRequestEngine(session: kind.make(), options: .init(maximumResponseBodySize: nil))
+        let engine = AsyncRequestEngine(session: kind.make(), configuration: .init(maximumResponseBodySize: nil))
         let task = Task { await networkError { try await engine.send(TestRequest(url: server.url("/endless"))) } }
         await server.waitForHits("/endless", atLeast: 1)
         task.cancel()

@@ -45,7 +45,7 @@ let benchmarks: @Sendable () -> Void = {
             _ = try await stack.reads.response(for: Read(path: "/notes"), mode: .online, staleTime: .seconds(3600))  // stored
             await stack.monitor.setConnected(false)
             for index in 0..<1_000 {  // one in ten changes the notes list
-                try await stack.queue.enqueue(Write(path: index % 10 == 0 ? "/notes" : "/other", text: "note \(index)"), attemptFirst: false)
+                try await stack.queue.enqueue(Write(path: index % 10 == 0 ? "/notes" : "/other", text: "note \(index)"), sending: .onNextDrain)
             }
             var snapshots: [Duration] = []
             var hits: [Duration] = []

@@ -55,7 +55,7 @@ let benchmarks: @Sendable () -> Void = {
                     if isRaw {
                         try rawDurableWrite(payload, directory: raw)
                     } else {
-                        _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), attemptFirst: false)
+                        _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), sending: .onNextDrain)
                     }
                 }
                 if isRaw { rawTime += ContinuousClock.now - start } else { queueTime += ContinuousClock.now - start }
@@ -84,14 +84,14 @@ let benchmarks: @Sendable () -> Void = {
         let count = 256
         let (sequentialTime, concurrentTime) = try await timedInABBAOrder {
             for _ in 0..<count {
-                _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), attemptFirst: false)
+                _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), sending: .onNextDrain)
             }
         } and: {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for worker in 0..<64 {
                     group.addTask {
                         for _ in 0..<(count / 64) where worker >= 0 {
-                            _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), attemptFirst: false)
+                            _ = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: payload.body), sending: .onNextDrain)
                         }
                     }
                 }
@@ -238,7 +238,7 @@ func samplePayload() async throws -> Payload {
     defer { folder.remove() }
     let store = try DiskQueueStore(directory: folder.url)
     let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store)
-    guard let id = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: body), attemptFirst: false).queuedID else {
+    guard let id = try await engine.enqueue(QueuedRequest(method: .post, url: sampleURL, body: body), sending: .onNextDrain).queuedID else {
         throw BenchmarkFailure.setup("could not write a sample entry")
     }
     let encoded = try Data(contentsOf: folder.url.appendingPathComponent("\(id.uuidString).json"))
@@ -349,7 +349,7 @@ final class PreparedFolder: Sendable {
         defer { folder.remove() }
         let store = try DiskQueueStore(directory: folder.url)
         let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: store)
-        _ = try await engine.enqueue(QueuedRequest(method: .post, url: baseURL.appendingPathComponent("template"), body: Data("{\"n\":1}".utf8)), attemptFirst: false)
+        _ = try await engine.enqueue(QueuedRequest(method: .post, url: baseURL.appendingPathComponent("template"), body: Data("{\"n\":1}".utf8)), sending: .onNextDrain)
         let names = try FileManager.default.contentsOfDirectory(atPath: folder.url.path).filter { $0.hasSuffix(".json") }
         guard let name = names.first,
             let object = try JSONSerialization.jsonObject(with: Data(contentsOf: folder.url.appendingPathComponent(name))) as? [String: Any]

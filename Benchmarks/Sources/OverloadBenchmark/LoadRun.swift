@@ -13,9 +13,9 @@ import FoundationNetworking
 enum Limiting: Sendable, Hashable, CustomStringConvertible {
     /// No limit: every arrival is sent at once.
     case none
-    /// `Options.maxConcurrentPerHost` at this value, with a wait line as long.
+    /// `Configuration.limits.concurrencyPerHost` at this value, with a wait line as long.
     case fixed(Int)
-    /// `Options.adaptiveConcurrencyPerHost = AdaptiveConcurrencyLimiter.Configuration()`: the defaults.
+    /// `configuration.limits.adaptiveConcurrencyPerHost = AdaptiveConcurrencyLimiter.Configuration()`: the defaults.
     case gradient
     /// The defaults with `.aimd()` for the algorithm.
     case aimd
@@ -40,21 +40,21 @@ enum Limiting: Sendable, Hashable, CustomStringConvertible {
 
     func engine(over session: AsyncHTTPClientSession) -> AsyncRequestEngine {
         // No deduplication: every arrival is its own request (the URLs differ anyway).
-        var options = AsyncRequestEngine.Options(deduplicatedMethods: [])
+        var configuration = AsyncRequestEngine.Configuration(deduplicatedMethods: [])
         switch self {
         case .none: break
         case .fixed(let limit):
             // The adaptive default's line rule, as long as the limit: the engine's default line
             // of 1 000 holds calls past the upstream's capacity until their timeouts pass.
-            options.maxConcurrentPerHost = limit
-            options.maxWaitingPerHost = limit
-        case .gradient: options.adaptiveConcurrencyPerHost = AdaptiveConcurrencyLimiter.Configuration()
+            configuration.limits.concurrencyPerHost = limit
+            configuration.limits.waitingPerHost = limit
+        case .gradient: configuration.limits.adaptiveConcurrencyPerHost = AdaptiveConcurrencyLimiter.Configuration()
         case .aimd:
-            var configuration = AdaptiveConcurrencyLimiter.Configuration()
-            configuration.algorithm = .aimd()
-            options.adaptiveConcurrencyPerHost = configuration
+            var adaptive = AdaptiveConcurrencyLimiter.Configuration()
+            adaptive.algorithm = .aimd()
+            configuration.limits.adaptiveConcurrencyPerHost = adaptive
         }
-        return AsyncRequestEngine(session: session, options: options)
+        return AsyncRequestEngine(session: session, configuration: configuration)
     }
 }
 

@@ -79,10 +79,7 @@ enum HedgingBenchmark {
         print("hedging delay = median window p95 = \(p95.milliseconds)")
 
         // 2. Measured, interleaved.
-        let hedged = AsyncRequestEngine(
-            session: endpoint.session,
-            options: .init(hedging: HedgingPolicy(delay: p95, maxAttempts: 2))
-        )
+        let hedged = AsyncRequestEngine(session: endpoint.session, configuration: .init(hedging: HedgingPolicy(delay: p95, maxAttempts: 2)))
         let unhedgedURL = endpoint.url("/unhedged")
         let hedgedURL = endpoint.url("/hedged")
         var plain = Samples()

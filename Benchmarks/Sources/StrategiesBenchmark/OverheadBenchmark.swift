@@ -12,9 +12,9 @@ import FoundationNetworking
 /// what is measured is the engine's own work:
 /// - **plain**: `AsyncRequestEngine(session:)` with the default options (the request's 30 s
 ///   timeout, single flight for GET);
-/// - **strategies**: the same with `Options.totalDeadline: .seconds(60)`, a `CircuitBreakerRegistry`
+/// - **strategies**: the same with `Configuration.deadline: .seconds(60)`, a `CircuitBreakerRegistry`
 ///   as `circuitBreakers` (one breaker per host, default configuration) and
-///   `Options.maxConcurrentPerHost: 64` — every strategy of issue 18 but hedging, which only acts
+///   `Configuration.limits.concurrencyPerHost: 64` — every strategy of issue 18 but hedging, which only acts
 ///   on a slow answer.
 ///
 /// Three more variants turn on one strategy each (**deadline**, **breakers**, **limiter**), to see
@@ -59,24 +59,17 @@ enum OverheadBenchmark {
         case .plain:
             AsyncRequestEngine(session: session)
         case .deadline:
-            AsyncRequestEngine(session: session, options: .init(totalDeadline: .seconds(60)))
+            AsyncRequestEngine(session: session, configuration: .init(deadline: .seconds(60)))
         case .breakers:
-            AsyncRequestEngine(session: session, circuitBreakers: CircuitBreakerRegistry())
+            AsyncRequestEngine(session: session, configuration: .init(circuitBreaker: .perHost(CircuitBreakerRegistry())))
         case .limiter:
-            AsyncRequestEngine(session: session, options: .init(maxConcurrentPerHost: workers))
+            AsyncRequestEngine(session: session, configuration: .init(limits: .init(concurrencyPerHost: workers)))
         case .strategies:
-            AsyncRequestEngine(
-                session: session,
-                circuitBreakers: CircuitBreakerRegistry(),
-                options: .init(totalDeadline: .seconds(60), maxConcurrentPerHost: workers)
-            )
+            AsyncRequestEngine(session: session, configuration: .init(circuitBreaker: .perHost(CircuitBreakerRegistry()), limits: .init(concurrencyPerHost: workers), deadline: .seconds(60)))
         case .adaptive:
-            AsyncRequestEngine(
-                session: session,
-                options: .init(retryThrottling: RetryThrottling(), adaptiveConcurrencyPerHost: .init())
-            )
+            AsyncRequestEngine(session: session, configuration: .init(retry: .init(policy: nil, throttling: RetryThrottling()), limits: .init(adaptiveConcurrencyPerHost: .init())))
         case .adaptiveOnly:
-            AsyncRequestEngine(session: session, options: .init(adaptiveConcurrencyPerHost: .init()))
+            AsyncRequestEngine(session: session, configuration: .init(limits: .init(adaptiveConcurrencyPerHost: .init())))
         }
     }
 

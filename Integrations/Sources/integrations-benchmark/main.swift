@@ -70,17 +70,11 @@ struct Get: NetworkRequest {
 
 // Profile only (`profile 3`): the engine without single flight and without a per-attempt timeout,
 // to tell what those two cost from what every send costs.
-let bareOverAHC = AsyncRequestEngine(
-    session: AsyncHTTPClientSession(client: client),
-    options: .init(deduplicatedMethods: [])
-)
+let bareOverAHC = AsyncRequestEngine(session: AsyncHTTPClientSession(client: client), configuration: .init(deduplicatedMethods: []))
 // Single flight off: each GET shares nothing. Like the default engine's, it runs in its caller's
 // task, timed by AHC (`honorsTimeoutAndCancellation`); beside it, what single flight costs.
 let ahcSession = AsyncHTTPClientSession(client: client)
-let unsharedOverAHC = AsyncRequestEngine(
-    session: AsyncHTTPClientSession(client: client),
-    options: .init(deduplicatedMethods: [])
-)
+let unsharedOverAHC = AsyncRequestEngine(session: AsyncHTTPClientSession(client: client), configuration: .init(deduplicatedMethods: []))
 
 enum Variant: String, CaseIterable {
     case rawAHC = "raw AHC"

@@ -19,14 +19,15 @@ struct Upstream: Sendable {
     let client: TracingRequestSender<AsyncRequestEngine>
 
     init(logger: Logger, httpClient: HTTPClient = AsyncHTTPClientSession.sharedClient) {
+        var configuration = AsyncRequestEngine.Configuration()
+        configuration.retry = .init(policy: ExponentialRetryPolicy(maxRetries: 3, baseDelay: 0.2, jitter: .full), budget: RetryBudget(retryRatio: 0.1))
+        // Same series as our Prometheus text, in the service's own metrics registry; structured
+        // logs; retries and deduplication joins on the request's span. No secret in any of them.
+        configuration.eventSink = FanOutEventSink(SwiftMetricsEventSink(), SwiftLogEventSink(logger: logger), TracingEventSink())
         let engine = AsyncRequestEngine(
             // AHC's pool, one client span per attempt with `traceparent` sent upstream.
             session: TracingNetworkSession(wrapping: AsyncHTTPClientSession(client: httpClient)),
-            retryPolicy: ExponentialRetryPolicy(maxRetries: 3, baseDelay: 0.2, jitter: .full),
-            // Same series as our Prometheus text, in the service's own metrics registry; structured
-            // logs; retries and deduplication joins on the request's span. No secret in any of them.
-            eventSink: FanOutEventSink(SwiftMetricsEventSink(), SwiftLogEventSink(logger: logger), TracingEventSink()),
-            retryBudget: RetryBudget(retryRatio: 0.1)
+            configuration: configuration
         )
         client = TracingRequestSender(wrapping: engine)  // one span per logical request
     }

@@ -148,12 +148,12 @@ struct AsyncHTTPClientSessionTests {
 
     /// The engine's own timer over AHC: a host limit keeps a request off the caller's-task path
     /// (where AHC's deadline times it, `aRequestThatSharesNothingIsTimedByAHCInTheCallersTask`).
-    static let enginesTimer = AsyncRequestEngine.Options(maxConcurrentPerHost: 8)
+    static let enginesTimer = AsyncRequestEngine.Limits(concurrencyPerHost: 8)
 
     @Test func aSlowServerTimesOutOnTheEnginesClockAndTheConnectionIsClosed() async throws {
         server.route("/stuck", LoopbackResponse.ok().held())
         let clock = ManualClock()
-        let engine = AsyncRequestEngine(session: session, options: Self.enginesTimer, clock: clock)
+        let engine = AsyncRequestEngine(session: session, configuration: .init(limits: Self.enginesTimer), clock: clock)
         let url = server.url("/stuck")
         let task = Task { await networkError { try await engine.send(TestRequest(url: url, timeout: 5)) } }
         await server.waitForHits("/stuck", atLeast: 1)
@@ -167,7 +167,7 @@ struct AsyncHTTPClientSessionTests {
         server.route("/slow-then-fast", [LoopbackResponse.ok("late").held(), .ok("in time")])
         let clock = ManualClock()
         let engine = AsyncRequestEngine(
-            session: session, retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0), options: Self.enginesTimer, clock: clock
+            session: session, configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0)), limits: Self.enginesTimer), clock: clock
         )
         let url = server.url("/slow-then-fast")
         let task = Task { try await engine.send(TestRequest(url: url, timeout: 5)) }
@@ -211,7 +211,7 @@ struct AsyncHTTPClientSessionTests {
 
     @Test func aDeadlineSoonerThanTheTimeoutCutsARequestRunInTheCallersTask() async throws {
         server.route("/stuck", LoopbackResponse.ok().held())
-        let engine = AsyncRequestEngine(session: session, options: .init(totalDeadline: .milliseconds(300)))
+        let engine = AsyncRequestEngine(session: session, configuration: .init(deadline: .milliseconds(300)))
         let error = await networkError { try await engine.send(TestRequest(url: server.url("/stuck"), method: .put, timeout: 30)) }
         #expect(error?.caseName == "deadlineExceeded")
         #expect(server.hits("/stuck") == 1)
@@ -232,7 +232,7 @@ struct AsyncHTTPClientSessionTests {
 
     @Test func aCallerCancelledDuringAnEndlessBodyIsAnsweredAndTheTransferEnds() async throws {
         server.route("/endless", .endlessChunkedBody(chunk: Data(repeating: 0x63, count: 1024), interval: .milliseconds(2)))
-        let engine = AsyncRequestEngine(session: session, options: .init(maximumResponseBodySize: nil))
+        let engine = AsyncRequestEngine(session: session, configuration: .init(maximumResponseBodySize: nil))
         let url = server.url("/endless")
         let task = Task { await networkError { try await engine.send(TestRequest(url: url)) } }
         await server.waitForHits("/endless", atLeast: 1)
@@ -245,7 +245,7 @@ struct AsyncHTTPClientSessionTests {
     /// the client reads it. The timeout answers the caller and AHC's cancel closes the connection.
     @Test func aTimeoutDuringAFullSpeedEndlessBodyClosesTheConnection() async throws {
         server.route("/flood", .endlessChunkedBody(chunk: Data(repeating: 0x66, count: 64 * 1024)))
-        let engine = AsyncRequestEngine(session: session, options: .init(maximumResponseBodySize: nil))
+        let engine = AsyncRequestEngine(session: session, configuration: .init(maximumResponseBodySize: nil))
         let error = await networkError { try await engine.send(TestRequest(url: server.url("/flood"), timeout: 0.3)) }
         #expect(error?.caseName == "timedOut")
         await server.waitForOpenConnections(atMost: 0)
@@ -410,11 +410,7 @@ struct AsyncHTTPClientSessionTests {
 
     @Test func anEndlessBodyStopsAtTheLimitAndTheConnectionIsClosed() async throws {
         server.route("/endless", .endlessChunkedBody(chunk: Data(repeating: 0x65, count: 16 * 1024), interval: .milliseconds(1)))
-        let engine = AsyncRequestEngine(
-            session: session,
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 2, interval: 0),
-            options: .init(maximumResponseBodySize: 256 * 1024)
-        )
+        let engine = AsyncRequestEngine(session: session, configuration: .init(retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 2, interval: 0)), maximumResponseBodySize: 256 * 1024))
         let error = await networkError { try await engine.send(TestRequest(url: server.url("/endless"))) }
         #expect(error?.caseName == "responseTooLarge(262144)")
         #expect(server.hits("/endless") == 1)
@@ -424,7 +420,7 @@ struct AsyncHTTPClientSessionTests {
     @Test func aContentLengthOverTheLimitIsRejectedBeforeTheBodyIsRead() async throws {
         // 1 GB announced, 3 bytes sent, the connection kept open: waiting for the body would hang.
         server.route("/huge", LoopbackResponse(status: 200, headers: ["Content-Length": "1000000000"], body: Data("abc".utf8)))
-        let engine = AsyncRequestEngine(session: session, options: .init(maximumResponseBodySize: 1024 * 1024))
+        let engine = AsyncRequestEngine(session: session, configuration: .init(maximumResponseBodySize: 1024 * 1024))
         let error = await networkError { try await engine.send(TestRequest(url: server.url("/huge"))) }
         guard case .responseTooLarge(1024 * 1024, let status) = error else {
             Issue.record("expected responseTooLarge, got \(String(describing: error))")
@@ -436,7 +432,7 @@ struct AsyncHTTPClientSessionTests {
 
     @Test func aHEADResponsesContentLengthIsNotABody() async throws {
         server.route("/huge", LoopbackResponse(status: 200, headers: ["Content-Length": "1000000000"]))
-        let engine = AsyncRequestEngine(session: session, options: .init(maximumResponseBodySize: 1024))
+        let engine = AsyncRequestEngine(session: session, configuration: .init(maximumResponseBodySize: 1024))
         let (data, response) = try await engine.send(TestRequest(url: server.url("/huge"), method: .head))
         #expect(data.isEmpty)
         #expect(response.expectedContentLength == 1_000_000_000)
@@ -445,7 +441,7 @@ struct AsyncHTTPClientSessionTests {
     @Test func aBodyWithinTheLimitArrivesWhole() async throws {
         let payload = Data((0..<(3 * 1024 * 1024 + 17)).map { UInt8(truncatingIfNeeded: $0 &* 31) })
         server.route("/blob", LoopbackResponse(status: 200, body: payload))
-        let engine = AsyncRequestEngine(session: session, options: .init(maximumResponseBodySize: payload.count))
+        let engine = AsyncRequestEngine(session: session, configuration: .init(maximumResponseBodySize: payload.count))
         #expect(try await engine.send(TestRequest(url: server.url("/blob"))).0 == payload)
     }
 

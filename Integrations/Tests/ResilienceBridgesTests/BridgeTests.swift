@@ -96,13 +96,10 @@ struct BridgeTests {
         let bridge = SwiftMetricsEventSink(factory: metrics)
         let engine = AsyncRequestEngine(
             session: session,
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 5, interval: 0),
-            eventSink: FanOutEventSink(collector, bridge),
-            options: .init(
-                retryThrottling: try RetryThrottling(maxTokens: 4, tokenRatio: 1),
-                adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(backoff: 0.5), minLimit: 1, maxLimit: 100, maxWaiting: 10, initialLimit: 16)
-            )
-        )
+            configuration: .init(
+                retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 5, interval: 0), throttling: try RetryThrottling(maxTokens: 4, tokenRatio: 1)),
+                limits: .init(adaptiveConcurrencyPerHost: try .init(algorithm: .aimd(backoff: 0.5), minLimit: 1, maxLimit: 100, maxWaiting: 10, initialLimit: 16)),
+                eventSink: FanOutEventSink(collector, bridge)))
         collector.exportAdaptiveLimits(of: engine)
         server.route("/down", .status(503))
         _ = await networkError { try await engine.send(TestRequest(url: server.url("/down"))) }

@@ -33,7 +33,7 @@ struct DrainLifecycleServiceTests {
 
     func enqueue(_ paths: [String]) async throws {
         for path in paths {
-            _ = try await queue.enqueue(Mutation(url: server.url(path)), attemptFirst: false)
+            _ = try await queue.enqueue(Mutation(url: server.url(path)), sending: .onNextDrain)
         }
     }
 

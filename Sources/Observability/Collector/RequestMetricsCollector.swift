@@ -112,7 +112,7 @@ public final class RequestMetricsCollector: RetryThrottlingEventSink {
     }
 
     /// Exports `engine`'s adaptive limits per host in `prometheusText()`: the current limit, the
-    /// attempts in flight and those waiting (`Options.adaptiveConcurrencyPerHost`). Several
+    /// attempts in flight and those waiting (`Configuration.limits.adaptiveConcurrencyPerHost`). Several
     /// engines may be exported; a host they share shows their sums. The collector does not keep
     /// an engine alive (it forgets one that is gone).
     public func exportAdaptiveLimits(of engine: AsyncRequestEngine) {

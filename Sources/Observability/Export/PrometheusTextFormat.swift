@@ -140,7 +140,7 @@ public enum PrometheusTextFormat {
 }
 
 /// One host's adaptive concurrency limit at a moment, summed over the engines that share the host
-/// (`AsyncRequestEngine.Options.adaptiveConcurrencyPerHost`): what the collector's text and the
+/// (`AsyncRequestEngine.Configuration.limits.adaptiveConcurrencyPerHost`): what the collector's text and the
 /// swift-metrics sink export.
 public struct HostAdaptiveLimit: Sendable, Equatable {
     /// Host and port, as `CircuitBreakerRegistry.authority(of:)` writes them.

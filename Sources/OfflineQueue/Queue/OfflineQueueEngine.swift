@@ -163,13 +163,22 @@ public actor OfflineQueueEngine {
     ///   sent then).
     @discardableResult
     public func enqueue(_ request: some QueueableRequest) async throws -> EnqueueResult {
-        try await enqueue(request, attemptFirst: true)
+        try await enqueue(request, sending: .atOnce)
     }
 
-    /// Like `enqueue(_:)`; with `attemptFirst: false` the request is only stored, never sent now
-    /// (e.g. raw data from `QueuedRequest(method:url:body:)` to be replayed by the next drain).
+    /// When `enqueue(_:sending:)` sends its request.
+    public enum Sending: Sendable, Hashable {
+        /// At once when the network is up; stored when that fails (what `enqueue(_:)` does).
+        case atOnce
+        /// Never now: the request is stored, and the next drain sends it (e.g. raw data from
+        /// `QueuedRequest(method:url:body:)`, or a batch written while a drain is planned anyway).
+        case onNextDrain
+    }
+
+    /// Like `enqueue(_:)`, sending the request at once or leaving it to the next drain.
     @discardableResult
-    public func enqueue(_ request: some QueueableRequest, attemptFirst: Bool) async throws -> EnqueueResult {
+    public func enqueue(_ request: some QueueableRequest, sending: Sending) async throws -> EnqueueResult {
+        let attemptFirst = sending == .atOnce
         _ = try request.makeURLRequest()  // invalid requests are thrown, never stored
         // A deadline with nothing left would fail every send of the entry: refused, not stored.
         if let deadline = request.deadline, deadline <= .zero {
@@ -295,20 +304,42 @@ public actor OfflineQueueEngine {
     /// without sending anything.
     ///
     /// The pass follows the reachability monitor: while it says offline, nothing is sent (expired
-    /// entries are still swept) and the report says `endedOffline`. `flush(ignoringReachability:)`
+    /// entries are still swept) and the report says `endedOffline`. `flush(.ignoringReachability)`
     /// sends anyway.
     @discardableResult
     public func flush() async -> FlushReport {
         await runPass(.flush)
     }
 
-    /// Like `flush()`; with `ignoringReachability: true` the pass sends even while the monitor says
-    /// offline — for when something else vouches for the network (a background task the system
-    /// granted because the network is up, a monitor that lags behind). A send that finds no network
-    /// (`noConnection`) still ends the pass, leaving that entry untouched.
+    /// Whether a `flush(_:)` pass follows the reachability monitor.
+    public enum FlushMode: Sendable, Hashable {
+        /// Nothing is sent while the monitor says offline (what `flush()` does).
+        case followingReachability
+        /// The pass sends even while the monitor says offline — for when something else vouches for
+        /// the network (a background task the system granted because the network is up, a monitor
+        /// that lags behind). A send that finds no network (`noConnection`) still ends the pass,
+        /// leaving that entry untouched.
+        case ignoringReachability
+    }
+
+    /// Like `flush()`, following the reachability monitor or not.
+    @discardableResult
+    public func flush(_ mode: FlushMode) async -> FlushReport {
+        await runPass(.flush, ignoringReachability: mode == .ignoringReachability)
+    }
+
+    /// Like `flush()`; with `ignoringReachability: true`, `flush(.ignoringReachability)`.
+    @available(*, deprecated, message: "Use flush(.ignoringReachability) or flush()")
     @discardableResult
     public func flush(ignoringReachability: Bool) async -> FlushReport {
         await runPass(.flush, ignoringReachability: ignoringReachability)
+    }
+
+    /// Like `enqueue(_:)`; with `attemptFirst: false`, `enqueue(_:sending: .onNextDrain)`.
+    @available(*, deprecated, message: "Use enqueue(_:sending: .onNextDrain) or enqueue(_:)")
+    @discardableResult
+    public func enqueue(_ request: some QueueableRequest, attemptFirst: Bool) async throws -> EnqueueResult {
+        try await enqueue(request, sending: attemptFirst ? .atOnce : .onNextDrain)
     }
 
     /// Starts draining automatically: a pass now if connected, one on every reconnect, and one when

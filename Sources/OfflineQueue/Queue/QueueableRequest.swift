@@ -51,7 +51,7 @@ extension QueueableRequest {
 }
 
 /// A queueable request built from a method, URL and body, for callers without their own request
-/// types (and for `enqueue(_:attemptFirst:)` of raw data).
+/// types (and for `enqueue(_:sending: .onNextDrain)` of raw data).
 public struct QueuedRequest: QueueableRequest, Hashable {
     public var url: URL
     public var method: HTTPMethod

@@ -38,9 +38,9 @@ public enum Migration {
         }
     }
 
-    /// `flush()` follows the monitor; force a pass with `flush(ignoringReachability: true)`.
+    /// `flush()` follows the monitor; force a pass with `flush(.ignoringReachability)`.
     public static func forcedFlush(queue: OfflineQueueEngine) async -> Int {
-        await queue.flush(ignoringReachability: true).delivered.count
+        await queue.flush(.ignoringReachability).delivered.count
     }
 
     /// `RequestMetricsCollector.record` is synchronous: drop the `await`.
@@ -107,7 +107,7 @@ public enum Migration {
     /// Bodies above 16 MiB: raise the engine's limit, or one request's; or keep your own session.
     public static func largerBodies(session: URLSession) -> [AsyncRequestEngine] {
         [
-            AsyncRequestEngine(options: .init(maximumResponseBodySize: 64 << 20)),
+            AsyncRequestEngine(configuration: .init(maximumResponseBodySize: 64 << 20)),
             AsyncRequestEngine(session: session),
             AsyncRequestEngine(session: URLSessionTransport(configuration: session.configuration)),
         ]

@@ -53,28 +53,28 @@ public enum Snippets {
 
     /// The README's "strategies beyond retry" engine, unchanged.
     public static func fetchGuarded(_ url: URL) async -> SnippetOutcome {
-        let guarded = AsyncRequestEngine(
-            retryPolicy: ExponentialRetryPolicy(maxRetries: 3, baseDelay: 0.2),
-            retryBudget: RetryBudget(),                                 // hedges draw from it too
-            circuitBreakers: CircuitBreakerRegistry(),                  // one breaker per host
-            options: .init(
-                totalDeadline: .seconds(5),                             // the whole request, retries included
-                hedging: HedgingPolicy(delay: .milliseconds(150)),      // a second copy after about the p95
-                maxConcurrentPerHost: 32                                // more wait in line, then .limited
-            )
+        var configuration = AsyncRequestEngine.Configuration()
+        configuration.retry = .init(
+            policy: ExponentialRetryPolicy(maxRetries: 3, baseDelay: 0.2),
+            budget: RetryBudget()                                       // hedges draw from it too
         )
+        configuration.circuitBreaker = .perHost(CircuitBreakerRegistry()) // one breaker per host
+        configuration.deadline = .seconds(5)                            // the whole request, retries included
+        configuration.hedging = HedgingPolicy(delay: .milliseconds(150)) // a second copy after about the p95
+        configuration.limits.concurrencyPerHost = 32                    // more wait in line, then .limited
+        let guarded = AsyncRequestEngine(configuration: configuration)
         return await send(R(url: url), on: guarded)
     }
 
     /// The README's service engine (adaptive limits, retry throttling), unchanged.
     public static func fetchAsAService(_ url: URL) async -> SnippetOutcome {
-        let service = AsyncRequestEngine(
-            retryPolicy: ExponentialRetryPolicy(maxRetries: 2, baseDelay: 0.1),
-            options: .init(
-                retryThrottling: RetryThrottling(),                     // gRPC's: no retries while a host fails
-                adaptiveConcurrencyPerHost: .init()                     // the gradient, with tuned defaults
-            )
-        )
+        let service = AsyncRequestEngine(configuration: .init(
+            retry: .init(
+                policy: ExponentialRetryPolicy(maxRetries: 2, baseDelay: 0.1),
+                throttling: RetryThrottling()                           // gRPC's: no retries while a host fails
+            ),
+            limits: .init(adaptiveConcurrencyPerHost: .init())          // the gradient, with tuned defaults
+        ))
         return await send(R(url: url), on: service)
     }
 

@@ -42,7 +42,7 @@ import ResilienceTesting
             store: try DiskQueueStore(directory: scratch.appendingPathComponent("queue"))
         )
         var lines = OfflineReads.statusLines(for: queue).makeAsyncIterator()
-        for index in 0..<3 { _ = try await queue.enqueue(QueuedRequest(method: .post, url: server.url("/items/\(index)")), attemptFirst: false) }
+        for index in 0..<3 { _ = try await queue.enqueue(QueuedRequest(method: .post, url: server.url("/items/\(index)")), sending: .onNextDrain) }
         var line = ""
         while line != "offline · 3 pending", let next = await lines.next() { line = next }
         check("pending indicator reads \"offline · 3 pending\"", line == "offline · 3 pending", line)

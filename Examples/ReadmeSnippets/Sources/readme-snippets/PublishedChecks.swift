@@ -52,7 +52,7 @@ import ResilienceTesting
           queue.store.directory.standardizedFileURL.path == expectedFolder, queue.store.directory.path)
     if await queue.pendingCount() > 0 {
         // Queued (this machine's monitor said offline): drain it as the background drainer would.
-        _ = await queue.flush(ignoringReachability: true)
+        _ = await queue.flush(.ignoringReachability)
     }
     let order = server.requestLog.last { $0.path == "/orders" }
     let stillPending = await queue.pendingCount()
@@ -141,7 +141,7 @@ import ResilienceTesting
     try await offlineQueue.enqueue(QueuedRequest(method: .post, url: server.url("/queued")))
     let respected = await offlineQueue.flush()
     let forced = await Migration.forcedFlush(queue: offlineQueue)
-    check("difference: flush() follows the monitor; flush(ignoringReachability: true) sends anyway",
+    check("difference: flush() follows the monitor; flush(.ignoringReachability) sends anyway",
           respected.delivered.isEmpty && respected.endedOffline && forced == 1 && server.hits("/queued") == 1, "forced delivered \(forced)")
 }
 
