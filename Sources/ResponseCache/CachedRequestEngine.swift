@@ -42,11 +42,27 @@ public final class CachedRequestEngine: RequestSending {
     public let requestEngine: any RequestSending
     public let cache: DiskResponseCache
     public let reachabilityMonitor: any ReachabilityMonitoring
-    /// Separates users: responses to requests with credentials are stored only with one.
-    public let partition: String?
-    /// What `send(_:)` and `response(for:)` (the `RequestSending` requirements) use.
-    public let defaultMode: NetworkMode
-    public let defaultStaleTime: StaleTime
+    /// The user's partition and what `send(_:)` and `response(for:)` use.
+    public let configuration: Configuration
+
+    /// What a cached engine is set to, beside what it is made of.
+    public struct Configuration: Sendable {
+        /// A stable identifier of the signed-in user (never a token), which separates users:
+        /// requests that carry `Authorization` or `Cookie` are cached only with one, and every
+        /// key then includes its digest. Clear the cache at log-out. Default `nil`.
+        public var partition: String?
+        /// The network mode of `send(_:)` and `response(for:)`, the `RequestSending`
+        /// requirements. Default `.online`: served stale only when the network fails.
+        public var defaultMode: NetworkMode
+        /// Their freshness. Default `.http`: fresh as long as HTTP says, revalidated after.
+        public var defaultStaleTime: StaleTime
+
+        public init(partition: String? = nil, defaultMode: NetworkMode = .online, defaultStaleTime: StaleTime = .http) {
+            self.partition = partition
+            self.defaultMode = defaultMode
+            self.defaultStaleTime = defaultStaleTime
+        }
+    }
 
     private let partitionDigest: CacheDigest?
     private let time: TimeSource
@@ -59,14 +75,28 @@ public final class CachedRequestEngine: RequestSending {
     ///   - requestEngine: sends requests the cache does not answer (any `RequestSending`).
     ///   - cache: where responses are stored.
     ///   - reachabilityMonitor: says when to pause (`.online`) and when to revalidate (`.offlineFirst`).
-    ///   - partition: a stable identifier of the signed-in user (never a token); required for
-    ///     caching requests that carry `Authorization` or `Cookie`. Clear the cache at log-out.
-    ///   - defaultMode: the network mode of `send(_:)` and `response(for:)` (default `.online`:
-    ///     served stale only when the network fails).
-    ///   - defaultStaleTime: their freshness (default `.http`: fresh as long as HTTP says,
-    ///     revalidated after).
+    ///   - configuration: the user's partition (required for caching requests that carry
+    ///     `Authorization` or `Cookie`), and the mode and freshness `send(_:)` uses.
     ///   - clock: the clock ages are measured on (a `ManualClock` in tests).
     public init(
+        requestEngine: some RequestSending = AsyncRequestEngine(),
+        cache: DiskResponseCache,
+        reachabilityMonitor: any ReachabilityMonitoring,
+        configuration: Configuration = Configuration(),
+        clock: some Clock<Duration> = ContinuousClock()
+    ) {
+        self.requestEngine = requestEngine
+        self.cache = cache
+        self.reachabilityMonitor = reachabilityMonitor
+        self.configuration = configuration
+        self.partitionDigest = configuration.partition.map { CacheDigest("partition\n" + $0) }
+        self.time = TimeSource(clock)
+        self.wallClockOrigin = Date()
+    }
+
+    /// The engine with its settings as separate arguments: now `init(requestEngine:cache:reachabilityMonitor:configuration:clock:)`.
+    @available(*, deprecated, message: "Use init(requestEngine:cache:reachabilityMonitor:configuration:clock:) with Configuration(partition:defaultMode:defaultStaleTime:)")
+    public convenience init(
         requestEngine: some RequestSending = AsyncRequestEngine(),
         cache: DiskResponseCache,
         reachabilityMonitor: any ReachabilityMonitoring,
@@ -75,16 +105,24 @@ public final class CachedRequestEngine: RequestSending {
         defaultStaleTime: StaleTime = .http,
         clock: some Clock<Duration> = ContinuousClock()
     ) {
-        self.requestEngine = requestEngine
-        self.cache = cache
-        self.reachabilityMonitor = reachabilityMonitor
-        self.partition = partition
-        self.partitionDigest = partition.map { CacheDigest("partition\n" + $0) }
-        self.defaultMode = defaultMode
-        self.defaultStaleTime = defaultStaleTime
-        self.time = TimeSource(clock)
-        self.wallClockOrigin = Date()
+        self.init(
+            requestEngine: requestEngine,
+            cache: cache,
+            reachabilityMonitor: reachabilityMonitor,
+            configuration: Configuration(partition: partition, defaultMode: defaultMode, defaultStaleTime: defaultStaleTime),
+            clock: clock
+        )
     }
+
+    /// Now `configuration.partition`.
+    @available(*, deprecated, renamed: "configuration.partition")
+    public var partition: String? { configuration.partition }
+    /// Now `configuration.defaultMode`.
+    @available(*, deprecated, renamed: "configuration.defaultMode")
+    public var defaultMode: NetworkMode { configuration.defaultMode }
+    /// Now `configuration.defaultStaleTime`.
+    @available(*, deprecated, renamed: "configuration.defaultStaleTime")
+    public var defaultStaleTime: StaleTime { configuration.defaultStaleTime }
 
     /// The wall-clock time as the engine sees it (the moment it was made plus the time elapsed on
     /// its clock, so a `ManualClock` ages stored responses in tests).
@@ -211,7 +249,7 @@ public final class CachedRequestEngine: RequestSending {
 
     /// `response(for:mode:staleTime:)` with `defaultMode` and `defaultStaleTime`, whatever the status.
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-        let answer = try await response(for: request, mode: defaultMode, staleTime: defaultStaleTime)
+        let answer = try await response(for: request, mode: configuration.defaultMode, staleTime: configuration.defaultStaleTime)
         return (answer.data, answer.response)
     }
 

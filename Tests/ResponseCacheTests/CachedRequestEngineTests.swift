@@ -43,7 +43,7 @@ struct CacheHarness {
             requestEngine: AsyncRequestEngine(session: session, clock: clock),
             cache: self.cache,
             reachabilityMonitor: monitor,
-            partition: partition,
+            configuration: .init(partition: partition),
             clock: clock
         )
     }
@@ -299,7 +299,7 @@ struct CachedRequestEngineTests {
         // Another user over the same cache sees nothing of Alice's.
         let bob = CachedRequestEngine(
             requestEngine: AsyncRequestEngine(session: alice.session), cache: alice.cache,
-            reachabilityMonitor: alice.monitor, partition: "bob", clock: alice.clock
+            reachabilityMonitor: alice.monitor, configuration: .init(partition: "bob"), clock: alice.clock
         )
         let bobs = try await bob.response(for: Read("/me", headers: token), mode: .online, staleTime: .seconds(60))
         #expect(bobs.source == .network && alice.body(bobs) == "second user")

@@ -35,8 +35,7 @@ struct CompositionTests {
             requestEngine: authenticated,
             cache: try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20),
             reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
-            partition: "user-42",
-            defaultStaleTime: .seconds(30),
+            configuration: .init(partition: "user-42", defaultStaleTime: .seconds(30)),
             clock: clock
         )
         let first = try await engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(30))
@@ -53,5 +52,35 @@ struct CompositionTests {
             let bytes = try Data(contentsOf: directory.url.appendingPathComponent(name))
             #expect(bytes.range(of: Data("t-1".utf8)) == nil, "\(name) holds the token")
         }
+    }
+}
+
+/// `CachedRequestEngine.Configuration`, and the separate arguments it replaced.
+@Suite("CachedRequestEngine configuration")
+struct CachedEngineConfigurationTests {
+    @Test func theDefaultIsOnlineHTTPFreshnessAndNoPartition() throws {
+        let directory = TemporaryDirectory()
+        let engine = CachedRequestEngine(
+            cache: try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true)
+        )
+        #expect(engine.configuration.partition == nil)
+        #expect(engine.configuration.defaultMode == .online)
+        #expect(engine.configuration.defaultStaleTime == .http)
+    }
+
+    @available(*, deprecated, message: "tests the deprecated spellings")
+    @Test func theDeprecatedInitializerMeansWhatItMeant() throws {
+        let directory = TemporaryDirectory()
+        let engine = CachedRequestEngine(
+            cache: try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+            partition: "user-7",
+            defaultMode: .offlineFirst,
+            defaultStaleTime: .seconds(5)
+        )
+        #expect(engine.configuration.partition == "user-7" && engine.partition == "user-7")
+        #expect(engine.configuration.defaultMode == .offlineFirst && engine.defaultMode == .offlineFirst)
+        #expect(engine.configuration.defaultStaleTime == .seconds(5) && engine.defaultStaleTime == .seconds(5))
     }
 }

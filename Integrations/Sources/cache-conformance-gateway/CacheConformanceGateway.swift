@@ -47,7 +47,7 @@ struct CacheConformanceGateway {
                 requestEngine: AsyncRequestEngine(session: AsyncHTTPClientSession(client: client)),
                 cache: try DiskResponseCache(directory: folder, maxBytes: 256 << 20),
                 reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
-                partition: "conformance-user"
+                configuration: .init(partition: "conformance-user")
             )
             let gateway = CacheGateway(upstream: arguments.upstream, engine: engine)
             try await gateway.run(host: "127.0.0.1", port: arguments.port) { port in

@@ -276,11 +276,13 @@ struct BridgeTests {
         let clock = ManualClock()
         let engine = AsyncRequestEngine(
             session: TracingNetworkSession(wrapping: session, tracer: tracer),
-            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0),
-            eventSink: TracingEventSink(),
-            // A host limit keeps the engine's own timer (and its successor task after a timeout),
-            // which is what this test follows; a request that shares nothing over AHC is timed by AHC.
-            options: .init(maxConcurrentPerHost: 8),
+            configuration: .init(
+                retry: .init(policy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 0)),
+                // A host limit keeps the engine's own timer (and its successor task after a timeout),
+                // which is what this test follows; a request that shares nothing over AHC is timed by AHC.
+                limits: .init(concurrencyPerHost: 8),
+                eventSink: TracingEventSink()
+            ),
             clock: clock
         )
         let client = TracingRequestSender(wrapping: engine, tracer: tracer)
