@@ -19,12 +19,13 @@ extension AsyncRequestEngine {
     ///
     /// An attempt's timeout is the request's own (`NetworkRequest.timeout`); `deadline` bounds the
     /// whole request. Values out of range are taken at the nearest valid one when the engine is
-    /// made (negative durations and sizes as zero, a concurrency limit below 1 as 1).
+    /// made (negative retry waits, sizes and wait lines as zero, a concurrency limit below 1 as 1;
+    /// a deadline of zero or less fails a request at once).
     public struct Configuration: Sendable {
         /// Whether, when and how often a failed request is sent again. Default: never.
         public var retry: RetryStrategy
         /// A breaker that fails sends fast while a dependency is down. Default: none.
-        public var circuitBreaker: CircuitBreaking
+        public var circuitBreaker: CircuitBreakerScope
         /// Per-host limits on attempts in flight and their rate. Default: none.
         public var limits: Limits
         /// Hedged attempts for idempotent requests (`HedgingPolicy`). Default `nil`: none.
@@ -53,7 +54,7 @@ extension AsyncRequestEngine {
 
         public init(
             retry: RetryStrategy = RetryStrategy(policy: nil),
-            circuitBreaker: CircuitBreaking = .none,
+            circuitBreaker: CircuitBreakerScope = .none,
             limits: Limits = Limits(),
             hedging: HedgingPolicy? = nil,
             deadline: Duration? = nil,
@@ -101,7 +102,7 @@ extension AsyncRequestEngine {
         public var throttling: RetryThrottling?
         /// What a valid `Retry-After` on 429 and 503 does. Default: it replaces the policy's
         /// delay, capped at 60 s.
-        public var retryAfter: RetryAfter
+        public var retryAfter: RetryAfterPolicy
         /// Longest wait taken from the policy (longer, infinite or NaN values are capped or
         /// zeroed). Default 300 s.
         public var maximumDelay: Duration
@@ -110,7 +111,7 @@ extension AsyncRequestEngine {
             policy: (any RetryPolicy)?,
             budget: RetryBudget? = nil,
             throttling: RetryThrottling? = nil,
-            retryAfter: RetryAfter = .honored(atMost: .seconds(60)),
+            retryAfter: RetryAfterPolicy = .honored(atMost: .seconds(60)),
             maximumDelay: Duration = RetryPolicyDelay.defaultMaximum
         ) {
             self.policy = policy
@@ -122,7 +123,7 @@ extension AsyncRequestEngine {
     }
 
     /// What a server's `Retry-After` (on 429 and 503) does to the wait before a retry.
-    public enum RetryAfter: Sendable, Hashable {
+    public enum RetryAfterPolicy: Sendable, Hashable {
         /// The policy's delay is used whatever the server says.
         case ignored
         /// A valid `Retry-After` replaces the policy's delay, capped at `atMost`.
@@ -130,7 +131,7 @@ extension AsyncRequestEngine {
     }
 
     /// Which circuit breaker a request goes through.
-    public enum CircuitBreaking: Sendable {
+    public enum CircuitBreakerScope: Sendable {
         /// No breaker.
         case none
         /// One breaker for every request of the engine: for an engine that calls one dependency.

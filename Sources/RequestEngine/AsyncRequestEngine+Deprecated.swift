@@ -83,7 +83,7 @@ extension AsyncRequestEngine {
         options: Options = Options(),
         clock: some Clock<Duration> = ContinuousClock()
     ) {
-        let breaking: CircuitBreaking =
+        let breaking: CircuitBreakerScope =
             if let circuitBreakers { .perHost(circuitBreakers) } else if let circuitBreaker { .shared(circuitBreaker) } else { .none }
         let configuration = Configuration(
             retry: RetryStrategy(
@@ -118,7 +118,8 @@ extension AsyncRequestEngine {
     /// Now `configuration.retry.budget`.
     @available(*, deprecated, renamed: "configuration.retry.budget")
     public var retryBudget: RetryBudget? { configuration.retry.budget }
-    /// Now `configuration.circuitBreaker` (`.shared`).
+    /// Now `configuration.circuitBreaker` (`.shared`); `nil` when the engine was given a registry,
+    /// even if it was given a single breaker too (the registry is the one used).
     @available(*, deprecated, message: "Use configuration.circuitBreaker")
     public var circuitBreaker: CircuitBreaker? {
         if case .shared(let breaker) = configuration.circuitBreaker { breaker } else { nil }
@@ -128,7 +129,8 @@ extension AsyncRequestEngine {
     public var circuitBreakers: CircuitBreakerRegistry? {
         if case .perHost(let registry) = configuration.circuitBreaker { registry } else { nil }
     }
-    /// Now `configuration`.
+    /// Now `configuration`. With `retry.retryAfter` `.ignored`, `maximumRetryAfter` reads 60 s
+    /// (the value given then is not used, so not kept).
     @available(*, deprecated, renamed: "configuration")
     public var options: Options {
         Options(

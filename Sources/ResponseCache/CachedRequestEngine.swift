@@ -20,7 +20,7 @@ import FoundationNetworking
 /// }
 /// ```
 ///
-/// It is itself a `RequestSending` (with `defaultMode` and `defaultStaleTime`, which follow HTTP by
+/// It is itself a `RequestSending` (with `configuration.defaultMode` and `configuration.defaultStaleTime`, which follow HTTP by
 /// default), so it composes: put `AuthenticatedRequestEngine` around it (with a `partition` for
 /// the user) to cache authenticated reads, or give it to the offline queue. Other methods pass
 /// straight through, and a successful one marks what is stored for its URL (and for the
@@ -247,7 +247,7 @@ public final class CachedRequestEngine: RequestSending {
 
     // MARK: - RequestSending
 
-    /// `response(for:mode:staleTime:)` with `defaultMode` and `defaultStaleTime`, whatever the status.
+    /// `response(for:mode:staleTime:)` with `configuration.defaultMode` and `configuration.defaultStaleTime`, whatever the status.
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         let answer = try await response(for: request, mode: configuration.defaultMode, staleTime: configuration.defaultStaleTime)
         return (answer.data, answer.response)

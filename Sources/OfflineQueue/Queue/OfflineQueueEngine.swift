@@ -167,7 +167,7 @@ public actor OfflineQueueEngine {
     }
 
     /// When `enqueue(_:sending:)` sends its request.
-    public enum Sending: Sendable, Hashable {
+    public enum SendTiming: Sendable, Hashable {
         /// At once when the network is up; stored when that fails (what `enqueue(_:)` does).
         case atOnce
         /// Never now: the request is stored, and the next drain sends it (e.g. raw data from
@@ -177,7 +177,7 @@ public actor OfflineQueueEngine {
 
     /// Like `enqueue(_:)`, sending the request at once or leaving it to the next drain.
     @discardableResult
-    public func enqueue(_ request: some QueueableRequest, sending: Sending) async throws -> EnqueueResult {
+    public func enqueue(_ request: some QueueableRequest, sending: SendTiming) async throws -> EnqueueResult {
         let attemptFirst = sending == .atOnce
         _ = try request.makeURLRequest()  // invalid requests are thrown, never stored
         // A deadline with nothing left would fail every send of the entry: refused, not stored.
