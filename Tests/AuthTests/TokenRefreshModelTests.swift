@@ -14,74 +14,37 @@ import Testing
 struct TokenRefreshModelTests {
     typealias Machine = TokenRefreshStateMachine
 
-    static let spin: String? = ["/usr/bin/spin", "/usr/local/bin/spin", "/opt/homebrew/bin/spin"]
-        .first { FileManager.default.isExecutableFile(atPath: $0) }
-
-    static let model = URL(fileURLWithPath: #filePath)
-        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        .appendingPathComponent("Models/TokenRefresh.pml").path
+    typealias Step = SpinTrace.Step
 
     struct ModelError: Error {}
 
-    /// One `TRACE` line: its event and its `key=value` fields.
-    struct Step: CustomStringConvertible {
-        let event: String
-        let fields: [String: UInt64]
-        let line: String
-        var description: String { line }
-
-        init?(_ line: Substring) {
-            let words = line.split(separator: " ")
-            guard words.count >= 2, words[0] == "TRACE" else { return nil }
-            event = String(words[1])
-            var fields: [String: UInt64] = [:]
-            for word in words.dropFirst(2) {
-                let pair = word.split(separator: "=", maxSplits: 1)
-                if pair.count == 2, let value = UInt64(pair[1]) { fields[String(pair[0])] = value }
-            }
-            self.fields = fields
-            self.line = String(line)
-        }
-
-        subscript(_ key: String) -> UInt64 { fields[key] ?? .max }
-    }
-
-    static func trace(seed: Int) throws -> [Step] {
-        let spin = try #require(Self.spin)
-        let (termination, output) = try SpawnedProcess.run(spin, ["-T", "-n\(seed)", model])
-        #expect(termination == .exited(0), "spin -n\(seed) failed: \(String(decoding: output, as: UTF8.self).suffix(500))")
-        let text = String(decoding: output, as: UTF8.self)
-        #expect(!text.contains("assertion violated"), "seed \(seed): \(text.suffix(800))")
-        return text.split(separator: "\n").compactMap(Step.init)
-    }
-
-    @Test(.enabled(if: spin != nil, "spin is not installed (Debian package `spin`): the model's traces cannot be made"))
+    @Test(.enabled(if: SpinTrace.spin != nil, "spin is not installed (Debian package `spin`): the model's traces cannot be made"))
     func everyDecisionOfTheModelIsTheSwiftMachines() throws {
         var decisions = 0
         var kinds = Set<String>()
         for seed in 1...60 {
-            let steps = try Self.trace(seed: seed)
+            let steps = try SpinTrace.simulate("TokenRefresh", seed: seed)
             #expect(steps.contains { $0.event == "read" }, "seed \(seed) made no trace")
             var machine = Machine(configuration: .init(maxRefreshes: 1_000, window: .zero, proactiveRefreshLead: .zero))
             for step in steps {
                 switch step.event {
                 case "read":
-                    let provider = step["provider"]
+                    let provider = step[u: "provider"]
                     let token = provider == 0 ? nil : "t\(provider)"
-                    let stamp = Machine.Stamp(generation: step["sg"], epoch: step["se"])
+                    let stamp = Machine.Stamp(generation: step[u: "sg"], epoch: step[u: "se"])
                     check(machine.tokenRead(token, stamp: stamp, now: .zero), step, seed: seed, kinds: &kinds)
                 case "unauthorized":
-                    let stamp = Machine.Stamp(generation: step["sg"], epoch: step["se"])
+                    let stamp = Machine.Stamp(generation: step[u: "sg"], epoch: step[u: "se"])
                     check(machine.unauthorized(stamp, now: .zero), step, seed: seed, kinds: &kinds)
                 case "succeeded":
-                    let completion = machine.refreshSucceeded(step["id"], token: "t\(step["result"])", expiresAt: nil, now: .zero)
+                    let completion = machine.refreshSucceeded(step[u: "id"], token: "t\(step[u: "result"])", expiresAt: nil, now: .zero)
                     check(completion, step, seed: seed)
                 case "failed":
-                    check(machine.refreshFailed(step["id"], .refreshFailed(underlying: ModelError())), step, seed: seed)
+                    check(machine.refreshFailed(step[u: "id"], .refreshFailed(underlying: ModelError())), step, seed: seed)
                 case "timedout":
-                    check(machine.refreshTimedOut(step["id"]), step, seed: seed)
+                    check(machine.refreshTimedOut(step[u: "id"]), step, seed: seed)
                 case "left":
-                    let removed = machine.waiterLeft(step["w"])
+                    let removed = machine.waiterLeft(step[u: "w"])
                     #expect(removed, "seed \(seed): \(step)")
                 case "expired":
                     continue
@@ -100,8 +63,8 @@ struct TokenRefreshModelTests {
     private func check(_ action: Machine.Action, _ step: Step, seed: Int, kinds: inout Set<String>) {
         let context = "seed \(seed): \(step), Swift: \(action)"
         let issued = Machine.IssuedToken(
-            token: "t\(step["tok"])", stamp: Machine.Stamp(generation: step["gen"], epoch: step["epoch"]))
-        switch (step["act"], action) {
+            token: "t\(step[u: "tok"])", stamp: Machine.Stamp(generation: step[u: "gen"], epoch: step[u: "epoch"]))
+        switch (step[u: "act"], action) {
         case (1, .send(let token)):
             #expect(token == issued, "\(context)")
             kinds.insert("send")
@@ -109,13 +72,13 @@ struct TokenRefreshModelTests {
             #expect(token == issued, "\(context)")
             kinds.insert("sendAndReadExpiry")
         case (4, .wait(let waiter)):
-            #expect(waiter == step["w"], "\(context)")
+            #expect(waiter == step[u: "w"], "\(context)")
             kinds.insert("wait")
         case (5, .startRefreshAndWait(let waiter, let refresh)):
-            #expect(waiter == step["w"] && refresh == step["r"], "\(context)")
+            #expect(waiter == step[u: "w"] && refresh == step[u: "r"], "\(context)")
             kinds.insert("startRefreshAndWait")
         case (6, .fail(let error)):
-            #expect(Self.code(of: error) == step["err"], "\(context)")
+            #expect(Self.code(of: error) == step[u: "err"], "\(context)")
             kinds.insert("fail")
         default:
             Issue.record("the model and the machine decided differently: \(context)")
@@ -125,13 +88,13 @@ struct TokenRefreshModelTests {
     private func check(_ completion: Machine.Completion, _ step: Step, seed: Int) {
         let context = "seed \(seed): \(step), Swift: \(completion)"
         let waiters = completion.waiters.reduce(UInt64(0)) { $0 | (1 << $1) }
-        #expect(waiters == step["waiters"], "\(context)")
-        switch (step["outcome"], completion.outcome) {
+        #expect(waiters == step[u: "waiters"], "\(context)")
+        switch (step[u: "outcome"], completion.outcome) {
         case (1, .success(let token)):
-            let issued = Machine.IssuedToken(token: "t\(step["tok"])", stamp: Machine.Stamp(generation: step["gen"], epoch: step["epoch"]))
+            let issued = Machine.IssuedToken(token: "t\(step[u: "tok"])", stamp: Machine.Stamp(generation: step[u: "gen"], epoch: step[u: "epoch"]))
             #expect(token == issued, "\(context)")
         case (2, .failure(let error)):
-            #expect(Self.code(of: error) == step["err"], "\(context)")
+            #expect(Self.code(of: error) == step[u: "err"], "\(context)")
         default:
             Issue.record("the model and the machine ended a refresh differently: \(context)")
         }
@@ -145,4 +108,9 @@ struct TokenRefreshModelTests {
         default: 99
         }
     }
+}
+
+extension SpinTrace.Step {
+    /// A field as the machine's ids, generations and epochs are: unsigned.
+    fileprivate subscript(u key: String) -> UInt64 { UInt64(clamping: self[key]) }
 }

@@ -19,44 +19,7 @@ import FoundationNetworking
 struct SharedCallModelTests {
     typealias Machine = SharedCallStateMachine
 
-    static let spin: String? = ["/usr/bin/spin", "/usr/local/bin/spin", "/opt/homebrew/bin/spin"]
-        .first { FileManager.default.isExecutableFile(atPath: $0) }
-
-    static let model = URL(fileURLWithPath: #filePath)
-        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        .appendingPathComponent("Models/SharedCall.pml").path
-
-    /// One `TRACE` line: its event and its `key=value` fields.
-    struct Step: CustomStringConvertible {
-        let event: String
-        let fields: [String: Int]
-        let line: String
-        var description: String { line }
-
-        init?(_ line: Substring) {
-            let words = line.split(separator: " ")
-            guard words.count >= 2, words[0] == "TRACE" else { return nil }
-            event = String(words[1])
-            var fields: [String: Int] = [:]
-            for word in words.dropFirst(2) {
-                let pair = word.split(separator: "=", maxSplits: 1)
-                if pair.count == 2, let value = Int(pair[1]) { fields[String(pair[0])] = value }
-            }
-            self.fields = fields
-            self.line = String(line)
-        }
-
-        subscript(_ key: String) -> Int { fields[key] ?? -99 }
-    }
-
-    static func trace(seed: Int) throws -> [Step] {
-        let spin = try #require(Self.spin)
-        let (termination, output) = try SpawnedProcess.run(spin, ["-T", "-n\(seed)", model])
-        let text = String(decoding: output, as: UTF8.self)
-        #expect(termination == .exited(0), "spin -n\(seed) failed: \(text.suffix(500))")
-        #expect(!text.contains("assertion violated"), "seed \(seed): \(text.suffix(800))")
-        return text.split(separator: "\n").compactMap(Step.init)
-    }
+    typealias Step = SpinTrace.Step
 
     /// The model's outcome numbers.
     static func code(of outcome: Machine.Outcome) -> Int {
@@ -76,12 +39,12 @@ struct SharedCallModelTests {
         }
     }
 
-    @Test(.enabled(if: spin != nil, "spin is not installed (Debian package `spin`): the model's traces cannot be made"))
+    @Test(.enabled(if: SpinTrace.spin != nil, "spin is not installed (Debian package `spin`): the model's traces cannot be made"))
     func everyDecisionOfTheModelIsTheSwiftMachines() async throws {
         var kinds = Set<String>()
         var steps = 0
         for seed in 1...150 {
-            let trace = try Self.trace(seed: seed)
+            let trace = try SpinTrace.simulate("SharedCall", seed: seed)
             #expect(trace.contains { $0.event == "install" }, "seed \(seed) made no trace")
             steps += trace.count
             try await replay(trace, seed: seed, kinds: &kinds)

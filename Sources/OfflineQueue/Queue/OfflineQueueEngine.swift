@@ -208,6 +208,8 @@ public actor OfflineQueueEngine {
         let id = UUID()
         var offered: QueueEntry?
         if attemptFirst, await mayTrySending(request) {
+            // As for a replay: no older edit of its key may come back after a crash.
+            if request.coalescingKey != nil { try? await store.makeDeletionsDurable() }
             let entry = QueueEntry(id: id, request: request, idempotencyKey: key, enqueuedAt: now, sequence: QueueEntry.unplacedSequence)
             var keyed = entry.replayRequest
             keyed?.keepSecretHeaders(from: request)
@@ -614,6 +616,9 @@ public actor OfflineQueueEngine {
             return .permanent(.invalidRequest(reason: "unknown method \(entry.method)"))
         }
         lifecycle.replayStarted(entry.id)
+        // An edit of a coalescing key goes out only once every deletion so far is durable: an
+        // older edit's file must not come back after a crash once this one is delivered.
+        if entry.coalescingKey != nil { try? await store.makeDeletionsDurable() }
         store.announce(.attemptStarted(id: entry.id))
         defer { store.announce(.attemptEnded(id: entry.id)) }
         let outcome = await attempt(request.addingReplayHeaders(for: entry, from: configuration.replayHeaders), previousAttempts: entry.attempts)

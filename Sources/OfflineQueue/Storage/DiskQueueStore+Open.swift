@@ -141,6 +141,9 @@ extension DiskQueueStore {
             try? DurableFiles.removeFile(directory.appendingPathComponent("\(entry.id.uuidString).json").path)
             loaded.removedSuperseded += 1
         }
+        // Made durable before any edit is sent: else a crash could bring an older edit back alone
+        // after the newer one was delivered and deleted (see `makeDeletionsDurable`).
+        if !superseded.isEmpty { try? DurableFiles.syncDirectory(directory.path) }
         for file in corrupt {
             loaded.quarantined.append(moveToQuarantine(file, from: directory, to: quarantine))
         }

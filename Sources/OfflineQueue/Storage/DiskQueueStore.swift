@@ -114,6 +114,9 @@ public final class DiskQueueStore: Sendable {
     private let pool: BlockingIOPool
     /// Deletes finished entries' files off the caller's thread (see `DeferredRemovals`).
     private let removals: DeferredRemovals
+    /// Deletions from the folder so far (`made`), and how many of them a directory fsync is known
+    /// to have made durable (`durable`): see `makeDeletionsDurable()`.
+    private let deletions = Locked(DeletionCount())
     /// The descriptor holding the folder's `flock`; nil once released.
     private let lock: Locked<Int32?>
 
@@ -455,15 +458,20 @@ public final class DiskQueueStore: Sendable {
             }
         }
         guard stands else { return }  // removed while it was written (a `save` raced a `delete`)
+        // The predecessor's file goes before the index shows the new entry: once a pass can see
+        // (and send) the new edit, the older one's deletion is counted, so the pass makes it
+        // durable first (`makeDeletionsDurable`).
+        if let old, old != entry.id {
+            try? DurableFiles.removeFile(filePath(old))
+            noteDeletion()
+        }
         // The replacement and its predecessor's departure are one change: the count never blips.
-        let replaced = state.withLock { state -> Bool in
+        state.withLock { state in
             state.index.upsert(entry)
             let replaced = old.flatMap { $0 == entry.id ? nil : Self.forget($0, in: &state) } != nil
             publishCount(&state)
             publish(.stored(entry, replacing: replaced ? old : nil), &state)
-            return replaced
         }
-        if replaced, let old { try? DurableFiles.removeFile(filePath(old)) }
     }
 
     /// Replaces a live entry's file (attempts, next attempt). A no-op for an entry no longer
@@ -499,6 +507,7 @@ public final class DiskQueueStore: Sendable {
         guard let removed = forget(id, reason: .cancelled) else { return }
         do {
             try DurableFiles.removeFile(filePath(id))
+            noteDeletion()
         } catch {
             state.withLock { state in
                 state.removedAt[id] = nil  // not removed after all: a write in flight stands
@@ -519,7 +528,34 @@ public final class DiskQueueStore: Sendable {
     /// `Idempotency-Key` (at-least-once).
     func discard(id: UUID, reason: QueueRemovalReason) {
         guard forget(id, reason: reason) != nil else { return }
+        noteDeletion()
         removals.remove(filePath(id))
+    }
+
+    /// Makes every deletion from the folder so far durable — the queued ones are run, then the
+    /// directory is fsynced — unless a fsync already did. The queue calls it before it sends an
+    /// edit of a coalescing key: deletions are not fsynced as they happen (an unlink does not wait
+    /// for the disk), and a crash may undo any of them, so without this an older edit's file
+    /// could come back alone after this edit was delivered and deleted, and the older edit be sent
+    /// last (found by Models/QueueCoalescing.pml). Costs one directory fsync when anything was
+    /// deleted since the last one, nothing otherwise.
+    func makeDeletionsDurable() async throws {
+        let made = deletions.withLock { $0.made > $0.durable ? $0.made : nil }
+        guard let made else { return }
+        let removals = self.removals
+        let syncer = self.syncer
+        try await pool.run {
+            removals.finish()
+            try syncer.sync()
+        }
+        deletions.withLock { $0.durable = max($0.durable, made) }
+    }
+
+    /// Directory fsyncs of the queue's folder so far (for tests).
+    var directorySyncs: Int { syncer.completedRounds }
+
+    private func noteDeletion() {
+        deletions.withLock { $0.made &+= 1 }
     }
 
     /// Runs the file deletions `discard` queued and waits for any in progress: afterwards no
@@ -575,6 +611,7 @@ public final class DiskQueueStore: Sendable {
             return false
         }
         try? DurableFiles.removeFile(filePath(entry.id))
+        noteDeletion()
         return true
     }
 
@@ -674,4 +711,10 @@ public final class DiskQueueStore: Sendable {
         }
         try DurableFiles.makeDirectory(path)
     }
+}
+
+/// Deletions from a store's folder: made, and known to be durable (a directory fsync after them).
+private struct DeletionCount: Sendable {
+    var made: UInt64 = 0
+    var durable: UInt64 = 0
 }

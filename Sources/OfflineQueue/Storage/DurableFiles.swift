@@ -99,6 +99,13 @@ final class DirectorySyncer: Sendable {
         self.path = path
     }
 
+    /// Directory fsyncs completed so far (for tests).
+    var completedRounds: Int {
+        condition.lock()
+        defer { condition.unlock() }
+        return state.completedRounds
+    }
+
     /// Blocks until a directory fsync that started after this call has completed; throws its error.
     func sync() throws {
         condition.lock()
