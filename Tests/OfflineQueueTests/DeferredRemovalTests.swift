@@ -32,10 +32,6 @@ import FoundationNetworking
         var fileExists: Bool { FileManager.default.fileExists(atPath: directory.url.appendingPathComponent("\(queued.id.uuidString).json").path) }
     }
 
-    private func file(_ directory: TemporaryDirectory, _ id: UUID) -> String {
-        directory.url.appendingPathComponent("\(id.uuidString).json").path
-    }
-
     @Test func aDiscardedEntryLeavesTheIndexAtOnceAndItsFileWhenTheDeletionRuns() async throws {
         let h = try await Harness()
         h.store.discard(id: h.queued.id, reason: .delivered(statusCode: 201))
@@ -80,7 +76,7 @@ import FoundationNetworking
         try await store.save(expiring)
         await held.hold()
         #expect(await store.deleteExpired() == 1)
-        #expect(!FileManager.default.fileExists(atPath: file(directory, expiring.id)))
+        #expect(!FileManager.default.fileExists(atPath: directory.entryFile(expiring.id)))
         held.release()
     }
 
@@ -99,7 +95,7 @@ import FoundationNetworking
         await monitor.setConnected(true)
         let report = await queue.flush()
         #expect(report.delivered.count == 3)
-        for id in ids { #expect(!FileManager.default.fileExists(atPath: file(directory, id))) }
+        for id in ids { #expect(!FileManager.default.fileExists(atPath: directory.entryFile(id))) }
         held.release()
     }
 }

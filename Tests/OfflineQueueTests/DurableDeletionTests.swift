@@ -14,9 +14,6 @@ import Testing
 /// fsync, then the send — and that entries without a coalescing key pay nothing.
 @Suite("Deletions made durable before an edit of a coalescing key is sent", .timeLimit(.minutes(1)))
 struct DurableDeletionTests {
-    private func file(_ directory: TemporaryDirectory, _ id: UUID) -> String {
-        directory.url.appendingPathComponent("\(id.uuidString).json").path
-    }
 
     private func edit(_ text: String) -> Mutation {
         var request = Mutation("/profile", body: text)
@@ -37,7 +34,7 @@ struct DurableDeletionTests {
 
         store.discard(id: entry.id, reason: .delivered(statusCode: 200))
         try await store.makeDeletionsDurable()
-        #expect(!FileManager.default.fileExists(atPath: file(directory, entry.id)))  // the queued deletion ran first
+        #expect(!FileManager.default.fileExists(atPath: directory.entryFile(entry.id)))  // the queued deletion ran first
         #expect(store.directorySyncs == before + 1)
         try await store.makeDeletionsDurable()
         #expect(store.directorySyncs == before + 1)  // already durable
@@ -48,8 +45,8 @@ struct DurableDeletionTests {
         defer { harness.store.releaseLock() }
         guard case .queued(let first) = try await harness.engine.enqueue(edit("one")) else { Issue.record("not queued"); return }
         guard case .queued(let second) = try await harness.engine.enqueue(edit("two")) else { Issue.record("not queued"); return }
-        #expect(!FileManager.default.fileExists(atPath: file(harness.directory, first)))
-        #expect(FileManager.default.fileExists(atPath: file(harness.directory, second)))
+        #expect(!FileManager.default.fileExists(atPath: harness.directory.entryFile(first)))
+        #expect(FileManager.default.fileExists(atPath: harness.directory.entryFile(second)))
         #expect(harness.store.entryCount == 1)
     }
 

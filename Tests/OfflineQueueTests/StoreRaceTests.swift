@@ -20,10 +20,6 @@ struct StoreRaceTests {
         return QueueEntry(request)
     }
 
-    private func file(_ directory: TemporaryDirectory, _ id: UUID) -> String {
-        directory.url.appendingPathComponent("\(id.uuidString).json").path
-    }
-
     @Test func aSavedCoalescingEditReplacesTheKeysHolderAndSurvivesAReopen() async throws {
         let h = try QueueHarness([.ok()], connected: false)
         var first = Mutation("/profile", body: "v1")
@@ -32,7 +28,7 @@ struct StoreRaceTests {
         let saved = entry("/profile", coalescingKey: "profile")
         try await h.store.save(saved)
         #expect(await h.store.load().map(\.id) == [saved.id])  // the holder was replaced
-        #expect(!FileManager.default.fileExists(atPath: file(h.directory, engineEdit)))
+        #expect(!FileManager.default.fileExists(atPath: h.directory.entryFile(engineEdit)))
         h.store.releaseLock()
         let reopened = try DiskQueueStore(directory: h.directory.url)
         #expect(await reopened.load().map(\.id) == [saved.id])
@@ -53,7 +49,7 @@ struct StoreRaceTests {
         try store.remove(id: queued.id)
         held.release()
         try await update.value
-        #expect(!FileManager.default.fileExists(atPath: file(directory, queued.id)))
+        #expect(!FileManager.default.fileExists(atPath: directory.entryFile(queued.id)))
         #expect(store.entry(id: queued.id) == nil)
         store.releaseLock()
         #expect(try DiskQueueStore(directory: directory.url).openReport.loaded == 0)

@@ -97,3 +97,10 @@ struct HeldPool {
         while pool.queuedJobCount < count { await Task.yield() }
     }
 }
+
+extension TemporaryDirectory {
+    /// The path of entry `id`'s file in a queue folder.
+    func entryFile(_ id: UUID) -> String {
+        url.appendingPathComponent("\(id.uuidString).json").path
+    }
+}
