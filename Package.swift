@@ -21,6 +21,7 @@ let package = Package(
         .library(name: "OfflineFirst", targets: ["OfflineFirst"]),
         .library(name: "Resilience", targets: ["Resilience"]),
         .library(name: "ResilienceTesting", targets: ["ResilienceTesting"]),
+        .library(name: "ResilienceSimulation", targets: ["ResilienceSimulation"]),
         .executable(name: "resilience-demo", targets: ["resilience-demo"]),
     ],
     targets: [
@@ -46,9 +47,13 @@ let package = Package(
             dependencies: ["Retry", "RequestEngine", "Reachability", "OfflineQueue", "ResponseCache", "Auth", "Observability", "Drainer", "OfflineFirst"]
         ),
         .target(name: "ResilienceTesting", dependencies: ["Retry", "RequestEngine", "Reachability", "ResilienceCore"]),
+        .target(
+            name: "ResilienceSimulation",
+            dependencies: ["ResilienceTesting", "RequestEngine", "Auth", "OfflineQueue", "Reachability", "Retry", "ResilienceCore"]
+        ),
         // Helpers for this package's own tests and demo (package access, not a product).
         .target(name: "ResilienceTestSupport", dependencies: ["Retry", "RequestEngine", "ResilienceCore"]),
-        .executableTarget(name: "resilience-demo", dependencies: ["Resilience", "ResilienceTesting", "ResilienceTestSupport", "ResilienceCore"]),
+        .executableTarget(name: "resilience-demo", dependencies: ["Resilience", "ResilienceTesting", "ResilienceSimulation", "ResilienceTestSupport", "ResilienceCore"]),
 
         .testTarget(name: "ResilienceCoreTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "ResilienceTesting"]),
         .testTarget(name: "RetryTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Retry", "ResilienceTesting"]),

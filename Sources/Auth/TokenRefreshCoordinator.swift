@@ -115,7 +115,7 @@ public final class TokenRefreshCoordinator: Sendable {
         self.state = Locked(State(machine: Machine(configuration: configuration)))
         self.time = TimeSource(clock)
         self.waitDeadlines = DeadlineTimer(time: time)
-        self.wallClockOrigin = Date()
+        self.wallClockOrigin = SimulationPoints.date()  // Date() but under a simulation
     }
 
     /// The token the next request would carry, without refreshing: the provider's current token,

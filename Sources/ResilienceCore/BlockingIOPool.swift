@@ -32,8 +32,10 @@ package final class BlockingIOPool: Sendable {
     }
 
     /// Runs `body` on a pool thread and returns its result.
+    /// While a simulation runs (`SimulationPoints`), it runs `body` at once on the caller's thread.
     package func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+        if SimulationPoints.isActive { return try body() }
+        return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             submit {
                 do { continuation.resume(returning: try body()) } catch { continuation.resume(throwing: error) }
             }
@@ -49,6 +51,7 @@ package final class BlockingIOPool: Sendable {
 
     /// Runs `job` on a pool thread without waiting for it.
     package func submit(_ job: @escaping @Sendable () -> Void) {
+        if SimulationPoints.isActive { return job() }
         condition.lock()
         state.jobs.append(job)
         // A worker that was signalled but has not woken yet still counts as idle, so compare the

@@ -322,10 +322,23 @@ public struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
 @inlinable
 public func suspendCancellably<Value: Sendable>(
     install: (UnsafeContinuation<Value, Never>) -> Value?,
-    onCancel: @Sendable () -> Void
+    onCancel: @Sendable () -> Void,
+    site: StaticString = #fileID,
+    line: UInt = #line
 ) async -> Value {
     await withTaskCancellationHandler {
-        await withUnsafeContinuation { (continuation: UnsafeContinuation<Value, Never>) in
+        guard SimulationPoints.isActive else {
+            return await withUnsafeContinuation { (continuation: UnsafeContinuation<Value, Never>) in
+                if let value = install(continuation) { continuation.resume(returning: value) }
+            }
+        }
+        // Under a simulation, the window between joining a line and suspending is opened to other
+        // tasks, as other threads can act in it for real, and the simulation knows where every
+        // waiter waits (see `SimulationPoints`).
+        await SimulationPoints.yield()
+        let waiting = SimulationPoints.suspending(at: site, line: line)
+        defer { SimulationPoints.resumed(waiting) }
+        return await withUnsafeContinuation { (continuation: UnsafeContinuation<Value, Never>) in
             if let value = install(continuation) { continuation.resume(returning: value) }
         }
     } onCancel: {
@@ -353,7 +366,9 @@ extension StateLock {
         on list: WritableKeyPath<State, WaiterList<Value, Tag>> & Sendable,
         tag: Tag,
         cancelled: Value,
-        until ready: (inout State) -> Value? = { _ in nil }
+        until ready: (inout State) -> Value? = { _ in nil },
+        site: StaticString = #fileID,
+        line: UInt = #line
     ) async -> Value {
         let start = withLock { (state: inout State) -> WaitStart<Value, Tag> in
             if let value = ready(&state) { return .ready(value) }
@@ -361,7 +376,7 @@ extension StateLock {
         }
         switch start {
         case .ready(let value): return value
-        case .issued(let ticket): return await wait(for: ticket, on: list, cancelled: cancelled, until: ready)
+        case .issued(let ticket): return await wait(for: ticket, on: list, cancelled: cancelled, until: ready, site: site, line: line)
         }
     }
 
@@ -374,7 +389,9 @@ extension StateLock {
         for ticket: WaiterList<Value, Tag>.Ticket,
         on list: WritableKeyPath<State, WaiterList<Value, Tag>> & Sendable,
         cancelled: Value,
-        until ready: (inout State) -> Value? = { _ in nil }
+        until ready: (inout State) -> Value? = { _ in nil },
+        site: StaticString = #fileID,
+        line: UInt = #line
     ) async -> Value {
         await suspendCancellably(
             install: { continuation in
@@ -390,7 +407,9 @@ extension StateLock {
             },
             onCancel: {
                 self.withLock { $0[keyPath: list].cancel(ticket, with: cancelled) }?.resume(returning: cancelled)
-            }
+            },
+            site: site,
+            line: line
         )
     }
 }

@@ -10,6 +10,10 @@ import FoundationNetworking
 // LoopbackHTTPServer on 127.0.0.1. Exits 0 only if every scenario met its expectation.
 
 let arguments = Array(CommandLine.arguments.dropFirst())
+if arguments.first == "simulate" {
+    // Before any other task starts: a simulation owns the process's task scheduling.
+    exit(SimulateCommand.run(Array(arguments.dropFirst())))
+}
 if arguments.first == "serve" {
     exit(await Serve.run(Array(arguments.dropFirst())))
 }
@@ -26,6 +30,8 @@ if arguments.contains("--help") || arguments.contains("-h") {
                resilience-demo --list                  list the scenarios
                resilience-demo stress dedup --callers N | auth --callers N | queue --entries N
                resilience-demo queue inspect DIR       list an on-disk offline queue (read-only)
+               resilience-demo simulate [--scenario NAME] [--seed N | --seeds A..B] [--trace]
+                                                       the deterministic simulation (seeds 1..100 by default)
                resilience-demo serve [--port N] [--duration S]
                                                        steady workload with Prometheus metrics at /metrics
                resilience-demo drain [--interval S] [--budget S] [--entries N]

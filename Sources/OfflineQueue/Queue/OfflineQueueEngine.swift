@@ -118,7 +118,7 @@ public actor OfflineQueueEngine {
         self.configuration = configuration
         self.time = TimeSource(clock)
         self.firstAttemptDeadlines = DeadlineTimer(time: self.time)
-        self.wallClockOrigin = Date()
+        self.wallClockOrigin = SimulationPoints.date()  // Date() but under a simulation
     }
 
     /// A queue on the default folder — SwiftResilience's `OfflineQueueEngine(reachabilityMonitor:)`:
@@ -205,7 +205,7 @@ public actor OfflineQueueEngine {
         var lastError: String?
         // The entry's identity from the start: the request offered to the network at once and
         // the entry stored after it are the same write on `changes`.
-        let id = UUID()
+        let id = SimulationPoints.uuid()  // UUID(), but drawn from the seed under a simulation
         var offered: QueueEntry?
         if attemptFirst, await mayTrySending(request) {
             // As for a replay: no older edit of its key may come back after a crash.

@@ -1,0 +1,91 @@
+import Foundation
+import Synchronization
+
+/// Whether a deterministic simulation (the ResilienceSimulation product) runs this process, and
+/// what changes while it does.
+///
+/// The simulation runs every task on one thread, one job at a time. Two things would escape it or
+/// hide from it, and change while it is active:
+/// - `BlockingIOPool` runs its jobs inline on the caller's thread (a job finishing on a pool
+///   thread at a moment of the kernel's choosing would make the run depend on more than its seed);
+/// - the wall-clock time layers start their clocks from (`SimulationPoints.date()`) is the
+///   simulation's, so the dates they compute follow the seed and not the machine's clock;
+/// - identifiers the layers make (`SimulationPoints.uuid()`) are drawn from the seed, so
+///   collections keyed by them are visited in the same order in every run of a seed;
+/// - `suspendCancellably` suspends once before it installs its continuation. On real threads,
+///   another thread can cancel the task, or hand it a value, in the window between a caller
+///   joining a waiter line and suspending; on one thread nothing else runs in that window unless
+///   it suspends. The suspension opens it, so the simulation explores what real threads can do
+///   there (FoundationDB's simulator calls such points "buggify").
+public enum SimulationPoints {
+    @usableFromInline static let active = Atomic(false)
+
+    /// Whether a simulation is running.
+    @inlinable
+    public static var isActive: Bool { active.load(ordering: .relaxed) }
+
+    /// Set by the simulation as it starts and ends; `date` is its wall clock.
+    package static func setActive(_ on: Bool, seed: UInt64 = 0, date: (@Sendable () -> Date)? = nil) {
+        wallClock.withLock { $0 = on ? date : nil }
+        identifiers.withLock { $0 = SplitMix64(seed: seed ^ 0x1D_E471_F1E5) }
+        active.store(on, ordering: .relaxed)
+        if !on { waiters.withLock { $0 = [:] } }
+    }
+
+    private static let wallClock = Mutex<(@Sendable () -> Date)?>(nil)
+    private static let identifiers = Mutex(SplitMix64(seed: 0))
+
+    /// A new random identifier: `UUID()`, or one drawn from the simulation's seed while one runs.
+    package static func uuid() -> UUID {
+        guard isActive else { return UUID() }
+        return identifiers.withLock { generator in
+            var bytes = (generator.next(), generator.next())
+            return withUnsafeBytes(of: &bytes) { raw in
+                var uuid = UUID().uuid
+                withUnsafeMutableBytes(of: &uuid) { $0.copyBytes(from: raw) }
+                uuid.6 = (uuid.6 & 0x0F) | 0x40  // version 4
+                uuid.8 = (uuid.8 & 0x3F) | 0x80  // RFC 4122 variant
+                return UUID(uuid: uuid)
+            }
+        }
+    }
+
+    /// The current date: the machine's, or the simulation's while one runs. Layers that measure
+    /// wall-clock times on an injected clock take their starting date from here.
+    package static func date() -> Date {
+        guard isActive, let date = wallClock.withLock({ $0 }) else { return Date() }
+        return date()
+    }
+
+    /// Tasks suspended in `suspendCancellably` while the simulation runs, by the place they wait
+    /// at: what a stuck run reports.
+    @usableFromInline static let waiters = Mutex<[String: Int]>([:])
+
+    @inlinable
+    public static func suspending(at site: StaticString, line: UInt) -> String {
+        let key = "\(site):\(line)"
+        waiters.withLock { $0[key, default: 0] += 1 }
+        return key
+    }
+
+    @inlinable
+    public static func resumed(_ key: String) {
+        waiters.withLock { waiters in
+            waiters[key, default: 1] -= 1
+            if waiters[key] == 0 { waiters[key] = nil }
+        }
+    }
+
+    /// Lets other tasks run before the caller goes on (through a new task, whose start goes to the
+    /// simulation's scheduler; `Task.yield()` is not used: Swift 6.3 enqueues its job past the
+    /// runtime's global-enqueue hook, on a thread of the system's pool).
+    @inlinable
+    public static func yield() async {
+        await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+            Task { continuation.resume() }
+        }
+    }
+
+    /// Where tasks wait now, with how many at each place (call sites of the package's waits).
+    package static var waitingSites: [String: Int] { waiters.withLock { $0 } }
+}

@@ -1,0 +1,229 @@
+import Foundation
+import OfflineQueue
+import RequestEngine
+import ResilienceCore
+
+/// The queue scenario: writers enqueue through `OfflineQueueEngine` on a `DiskQueueStore` (real
+/// files in a folder of the run's own, written inline on the simulation's thread) while the
+/// device goes on and off line, the host fails, and the app restarts between bursts of work
+/// (engine and store dropped, the folder opened again). At the end the device is online for good
+/// and the queue is flushed until it is empty.
+///
+/// Invariants: every acknowledged write reaches the origin (for a coalescing key, the newest
+/// acknowledged edit is what the origin ends with), none takes effect twice (one
+/// `Idempotency-Key` across attempts, replays and restarts), writes of one ordering key take
+/// effect in the order they were enqueued, and the queue ends empty.
+struct QueueWorkload {
+    let simulation: Simulation
+
+    static let host = "api.sim"
+    static let writers = 4
+    static let bursts = 6
+    static let writesPerBurst = 5
+    static let coalescingKeys = 3
+    static let orderingKeys = 2
+
+    private struct Written {
+        var acknowledged: [String] = []
+        var edits: Set<String> = []
+        var newestEdit: [String: Int] = [:]
+        var orderSequence: [String: Int] = [:]
+        var editVersion: [String: Int] = [:]
+        var restarts = 0
+    }
+
+    func run() async -> [String] {
+        let simulation = simulation
+        // In memory where the system has it (tmpfs: fsync costs nothing); the files are real either way.
+        let base = FileManager.default.fileExists(atPath: "/dev/shm") ? URL(fileURLWithPath: "/dev/shm") : FileManager.default.temporaryDirectory
+        let folder =
+            base
+            .appendingPathComponent("resilience-simulation-\(getpid())-\(simulation.seed)", isDirectory: true)
+        try? FileManager.default.removeItem(at: folder)
+        defer { try? FileManager.default.removeItem(at: folder) }
+        simulation.network.setHost(
+            Self.host,
+            .init(
+                latency: .milliseconds(5)...(.milliseconds(150)),
+                faults: .init(refused: 0.05, resetBefore: 0.04, resetAfter: 0.05, timeout: 0.04, serverError: 0.06, throttled: 0.04)
+            )
+        )
+        let written = Locked(Written())
+        var violations: [String] = []
+        var engine: OfflineQueueEngine!
+        do {
+            engine = try makeEngine(folder)
+        } catch {
+            return ["the queue folder could not be opened: \(error)"]
+        }
+        await engine.start()
+        for burst in 0..<Self.bursts {
+            await burstOfWork(burst, engine: engine, written: written)
+            if simulation.chance(0.5) {
+                // The app restarts: everything in memory goes, the folder is opened again.
+                // In one process, the folder's lock goes with the last reference to its store, and
+                // a first attempt that `enqueue` stopped waiting for still holds one until the
+                // network answers: wait (virtual time) for the old stack to be gone, as the app's
+                // process would be.
+                await engine.stop()
+                weak let oldStore = engine.store
+                weak let oldEngine = engine
+                engine = nil
+                var waited = Duration.zero
+                while oldStore != nil, waited < .seconds(600) {
+                    try? await simulation.clock.sleep(for: .seconds(1))
+                    waited += .seconds(1)
+                }
+                if oldStore != nil { violations.append("the stopped queue's store was still alive 10 minutes later (engine alive: \(oldEngine != nil))") }
+                guard let reopened = try? makeEngine(folder, reopening: true, violations: &violations) else { return violations }
+                engine = reopened
+                await reopened.start()
+                written.withLock { $0.restarts += 1 }
+                simulation.record("restart: \(reopened.store.entryCount) entries on disk")
+            }
+        }
+        // Online for good, a healthy host: everything acknowledged must now reach the origin.
+        simulation.network.setHost(Self.host, .init(latency: .milliseconds(5)...(.milliseconds(50))))
+        if simulation.isOffline { await simulation.setOnline(true) }
+        var rounds = 0
+        while await engine.pendingCount() > 0, rounds < 30 {
+            let report = await engine.flush(.ignoringReachability)
+            simulation.record("final flush: \(report.delivered.count) delivered, \(report.remaining) remaining")
+            rounds += 1
+            if report.remaining > 0 { try? await simulation.clock.sleep(for: .seconds(300)) }
+        }
+        await engine.stop()
+        return violations + check(written.withLock { $0 }, pending: await engine.pendingCount())
+    }
+
+    /// Writers, connectivity flips and maybe a flush, all at once; returns when all are done.
+    private func burstOfWork(_ burst: Int, engine: OfflineQueueEngine, written: Locked<Written>) async {
+        let simulation = simulation
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                // Connectivity flips during the burst.
+                for _ in 0..<simulation.random(in: 0...3) {
+                    try? await simulation.clock.sleep(for: simulation.random(in: .milliseconds(10)...(.seconds(2))))
+                    await simulation.setOnline(simulation.isOffline)
+                }
+            }
+            for writer in 0..<Self.writers {
+                group.addTask {
+                    for index in 0..<Self.writesPerBurst {
+                        try? await simulation.clock.sleep(for: simulation.random(in: .zero...(.milliseconds(500))))
+                        await write(burst: burst, writer: writer, index: index, engine: engine, written: written)
+                    }
+                }
+            }
+            if simulation.chance(0.5) {
+                group.addTask {
+                    try? await simulation.clock.sleep(for: simulation.random(in: .zero...(.seconds(2))))
+                    let report = await engine.flush()
+                    simulation.record("flush: \(report.delivered.count) delivered, \(report.remaining) remaining")
+                }
+            }
+        }
+    }
+
+    private func makeEngine(_ folder: URL) throws -> OfflineQueueEngine {
+        let store = try DiskQueueStore(directory: folder)
+        let requestEngine = AsyncRequestEngine(
+            session: simulation.network,
+            configuration: .init(retry: .init(policy: SeededRetryPolicy(simulation: simulation, maxRetries: 1, base: .milliseconds(100)))),
+            clock: simulation.clock
+        )
+        let engine = OfflineQueueEngine(
+            requestEngine: requestEngine,
+            reachabilityMonitor: simulation.connectivity,
+            store: store,
+            maxQueueSize: 10_000,
+            configuration: .init(retryPolicy: SeededRetryPolicy(simulation: simulation, maxRetries: .max, base: .milliseconds(500))),
+            clock: simulation.clock
+        )
+        return engine
+    }
+
+    private func makeEngine(_ folder: URL, reopening: Bool, violations: inout [String]) throws -> OfflineQueueEngine {
+        do {
+            let engine = try makeEngine(folder)
+            if !engine.store.openReport.quarantined.isEmpty {
+                violations.append("reopening quarantined \(engine.store.openReport.quarantined.count) entry files")
+            }
+            return engine
+        } catch {
+            violations.append("reopening the queue folder failed: \(error)")
+            throw error
+        }
+    }
+
+    private func write(burst: Int, writer: Int, index: Int, engine: OfflineQueueEngine, written: Locked<Written>) async {
+        let simulation = simulation
+        let name = "w\(burst).\(writer).\(index)"
+        var request = QueuedRequest(method: .put, url: URL(string: "https://\(Self.host)/docs/\(name)")!, idempotencyKey: "ik-\(name)")
+        request.priority = simulation.pick(QueuePriority.allCases)
+        request.body = Data("1".utf8)
+        var edit: (key: String, version: Int)?
+        switch simulation.random(in: 0...9) {
+        case 0...3:
+            // An edit of a document that coalesces: only the newest must reach the server.
+            let key = "e\(simulation.random(in: 0...(Self.coalescingKeys - 1)))"
+            let version = written.withLock { state -> Int in
+                state.editVersion[key, default: 0] += 1
+                return state.editVersion[key]!
+            }
+            request.url = URL(string: "https://\(Self.host)/docs/\(key)")!
+            request.body = Data("\(version)".utf8)
+            request.coalescingKey = key
+            edit = (key, version)
+        case 4...6:
+            let key = "o\(simulation.random(in: 0...(Self.orderingKeys - 1)))"
+            let sequence = written.withLock { state -> Int in
+                state.orderSequence[key, default: 0] += 1
+                return state.orderSequence[key]!
+            }
+            request.method = .post
+            request.orderingKey = key
+            request.headers["X-Sim-Order"] = "\(key):\(sequence)"
+        default:
+            break
+        }
+        request.headers["X-Sim-Mutation"] = name
+        do {
+            let result = try await engine.enqueue(request, sending: simulation.chance(0.5) ? .atOnce : .onNextDrain)
+            written.withLock { state in
+                state.acknowledged.append(name)
+                if let edit {
+                    state.edits.insert(name)
+                    state.newestEdit[edit.key] = max(state.newestEdit[edit.key] ?? 0, edit.version)
+                }
+            }
+            simulation.record("\(name)\(edit.map { " \($0.key)=\($0.version)" } ?? "") \(request.orderingKey ?? "") -> \(result.queuedID == nil ? "sent" : "queued")")
+        } catch {
+            simulation.record("\(name) -> not accepted: \(error)")
+        }
+    }
+
+    private func check(_ written: Written, pending: Int) -> [String] {
+        var violations: [String] = []
+        if pending > 0 { violations.append("\(pending) entries still queued after the final flushes") }
+        let origin = simulation.origin
+        for name in written.acknowledged {
+            let effects = origin.effects(of: name)
+            if effects > 1 { violations.append("write \(name) took effect \(effects) times") }
+        }
+        for (key, newest) in written.newestEdit where origin.version(of: key) != newest {
+            violations.append("coalescing key \(key): the origin ends with edit \(origin.version(of: key)), the newest acknowledged is \(newest)")
+        }
+        // Writes of an ordering key take effect in enqueue order (each once).
+        for key in written.orderSequence.keys.sorted() {
+            let order = origin.appliedOrder(of: key)
+            if order != order.sorted() { violations.append("ordering key \(key) applied out of order: \(order)") }
+        }
+        // Every acknowledged write that is not a coalescing edit (which a newer one may replace)
+        // took effect.
+        for name in written.acknowledged where !written.edits.contains(name) && origin.effects(of: name) == 0 {
+            violations.append("acknowledged write \(name) never reached the origin")
+        }
+        return violations
+    }
+}

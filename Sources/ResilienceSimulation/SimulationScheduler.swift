@@ -1,0 +1,131 @@
+import Foundation
+import ResilienceCore
+import ResilienceTesting
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Runs every task of the process on one thread, one job at a time, in an order drawn from a
+/// seed, with time that moves only when nothing can run.
+///
+/// Swift's global executor normally runs jobs on a pool of threads in whatever order they come.
+/// While a simulation runs, the runtime's global-enqueue hook hands every job to this scheduler
+/// instead: jobs of default actors and of unstructured, detached and child tasks alike (the
+/// package's actors have no executors of their own). The scheduler keeps them in a list and runs
+/// one picked at random with the simulation's generator, so one seed gives one interleaving and
+/// other seeds explore others. When no job can run, the virtual clock moves to the earliest
+/// sleeper's deadline; when no job can run and nobody sleeps while the simulation's body has not
+/// finished, something waits for an event that will never come, and the run ends as stuck.
+///
+/// The hook is process-wide, so a simulation owns its process while it runs: run it from an
+/// executable (`resilience-demo simulate`) or a test's exit-test child, never beside other
+/// concurrent work. Meanwhile `SimulationPoints` is active: blocking file I/O runs inline on the
+/// scheduler's thread, and waiters suspend once before they park, so other tasks can act in
+/// that window as other threads could.
+final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
+    typealias Original = @convention(thin) (UnownedJob) -> Void
+    typealias Hook = @convention(thin) (UnownedJob, Original) -> Void
+
+    /// How a run ended.
+    enum Ending: Equatable {
+        /// The body returned.
+        case finished
+        /// No job could run, no sleeper could be woken, and the body had not returned; with the
+        /// places tasks wait at (`SimulationPoints.waitingSites`).
+        case stuck(waiting: [String: Int])
+        /// Virtual time passed the run's limit with the body still running.
+        case timeLimit
+    }
+
+    private let lock = NSLock()
+    private var jobs: [UnownedJob] = []
+    private var generator: SplitMix64
+    /// Jobs run so far.
+    private(set) var steps = 0
+
+    /// The scheduler the hook hands jobs to (one run at a time per process).
+    nonisolated(unsafe) private static var current: SimulationScheduler?
+    private static let hookLock = NSLock()
+
+    private let seed: UInt64
+
+    init(seed: UInt64) {
+        self.seed = seed
+        generator = SplitMix64(seed: seed)
+    }
+
+    /// The thread running the simulation.
+    private var owner: pthread_t?
+    /// Jobs enqueued from another thread: work that escaped the scheduler (a system thread that
+    /// resumed a task), which makes the run depend on more than its seed.
+    private(set) var foreignEnqueues = 0
+
+    func enqueue(_ job: UnownedJob) {
+        lock.lock()
+        if let owner, pthread_equal(owner, pthread_self()) == 0 { foreignEnqueues += 1 }
+        jobs.append(job)
+        lock.unlock()
+    }
+
+    func asUnownedSerialExecutor() -> UnownedSerialExecutor {
+        UnownedSerialExecutor(ordinary: self)
+    }
+
+    /// Runs `body` and everything it starts until `body` returns, gets stuck, or `clock` passes
+    /// `timeLimit`. Blocks the calling thread, which must not be one of Swift's pool threads.
+    func run(clock: ManualClock, timeLimit: Duration, _ body: @escaping @Sendable () async -> Void) -> Ending {
+        Self.hookLock.lock()
+        defer { Self.hookLock.unlock() }
+        let hook = Self.hookPointer
+        Self.current = self
+        hook.pointee = { job, _ in SimulationScheduler.current?.enqueue(job) }
+        // The simulation's wall clock: a fixed date plus virtual time.
+        let epoch = Date(timeIntervalSince1970: 1_767_225_600)  // 2026-01-01
+        SimulationPoints.setActive(true, seed: seed, date: { epoch.addingTimeInterval(Double(clock.now.offset / .nanoseconds(1)) / 1e9) })
+        defer {
+            hook.pointee = nil
+            SimulationPoints.setActive(false)
+            Self.current = nil
+        }
+        owner = pthread_self()
+        let done = Locked(false)
+        Task {
+            await body()
+            done.withLock { $0 = true }
+        }
+        while true {
+            if let job = nextJob() {
+                job.runSynchronously(on: asUnownedSerialExecutor())
+                steps += 1
+                continue
+            }
+            if done.withLock({ $0 }) { return .finished }
+            guard let deadline = clock.nextDeadline else { return .stuck(waiting: SimulationPoints.waitingSites) }
+            guard deadline.offset <= timeLimit else { return .timeLimit }
+            clock.advance(to: deadline)
+        }
+    }
+
+    private func nextJob() -> UnownedJob? {
+        lock.lock()
+        defer { lock.unlock() }
+        guard !jobs.isEmpty else { return nil }
+        let index = Int(generator.next() % UInt64(jobs.count))
+        return jobs.remove(at: index)
+    }
+
+    /// The Swift runtime's `swift_task_enqueueGlobal_hook`.
+    // Written only under `hookLock`, by `run`.
+    nonisolated(unsafe) private static let hookPointer: UnsafeMutablePointer<Hook?> = {
+        let handle = dlopen(nil, RTLD_NOW)
+        guard let symbol = dlsym(handle, "swift_task_enqueueGlobal_hook") else {
+            fatalError("ResilienceSimulation: this Swift runtime has no swift_task_enqueueGlobal_hook")
+        }
+        return symbol.assumingMemoryBound(to: Hook?.self)
+    }()
+}
