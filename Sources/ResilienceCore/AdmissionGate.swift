@@ -29,6 +29,10 @@ package final class AdmissionGate: Sendable {
     package init(limit: Int, beforeWaiting: (@Sendable () async -> Void)? = nil) {
         state = Locked(State(available: max(1, limit)))
         self.beforeWaiting = beforeWaiting
+        SimulationPoints.watch(self) { [weak self] in
+            guard let (available, waiting) = self?.state.withLock({ ($0.available, $0.waiters.count) }) else { return nil }
+            return waiting > 0 && available > 0 ? "AdmissionGate: \(waiting) waiting while \(available) places are free" : nil
+        }
     }
 
     /// The number of callers waiting for a place.

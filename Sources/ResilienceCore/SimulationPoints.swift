@@ -12,6 +12,8 @@ import Synchronization
 ///   simulation's, so the dates they compute follow the seed and not the machine's clock;
 /// - identifiers the layers make (`SimulationPoints.uuid()`) are drawn from the seed, so
 ///   collections keyed by them are visited in the same order in every run of a seed;
+/// - objects that keep an invariant the simulation cannot see from outside (a wait line that
+///   must be empty while a place is free) register a check (`watch(_:)`), run after every step;
 /// - `suspendCancellably` suspends once before it installs its continuation. On real threads,
 ///   another thread can cancel the task, or hand it a value, in the window between a caller
 ///   joining a waiter line and suspending; on one thread nothing else runs in that window unless
@@ -25,11 +27,47 @@ public enum SimulationPoints {
     public static var isActive: Bool { active.load(ordering: .relaxed) }
 
     /// Set by the simulation as it starts and ends; `date` is its wall clock.
-    package static func setActive(_ on: Bool, seed: UInt64 = 0, date: (@Sendable () -> Date)? = nil) {
+    package static func setActive(
+        _ on: Bool,
+        seed: UInt64 = 0,
+        date: (@Sendable () -> Date)? = nil,
+        pause: (@Sendable (UnsafeContinuation<Void, Never>) -> Void)? = nil
+    ) {
         wallClock.withLock { $0 = on ? date : nil }
+        pauser.withLock { $0 = on ? pause : nil }
         identifiers.withLock { $0 = SplitMix64(seed: seed ^ 0x1D_E471_F1E5) }
         active.store(on, ordering: .relaxed)
-        if !on { waiters.withLock { $0 = [:] } }
+        if !on {
+            waiters.withLock { $0 = [:] }
+            checks.withLock { $0 = [] }
+        }
+    }
+
+    private struct Check: @unchecked Sendable {  // `owner` is only compared with nil
+        weak var owner: AnyObject?
+        let check: @Sendable () -> String?
+    }
+
+    private static let checks = Mutex<[Check]>([])
+
+    /// Registers `check` for as long as `owner` lives, while a simulation runs (nothing
+    /// otherwise): it runs after every step of the run and returns a description of the broken
+    /// invariant, or nil. Capture `owner` weakly in it.
+    package static func watch(_ owner: AnyObject, _ check: @escaping @Sendable () -> String?) {
+        guard isActive else { return }
+        checks.withLock { $0.append(Check(owner: owner, check: check)) }
+    }
+
+    /// The first registered invariant that does not hold now, if any.
+    package static func brokenInvariant() -> String? {
+        let live = checks.withLock { checks in
+            checks.removeAll { $0.owner == nil }
+            return checks.map(\.check)
+        }
+        for check in live {
+            if let broken = check() { return broken }
+        }
+        return nil
     }
 
     private static let wallClock = Mutex<(@Sendable () -> Date)?>(nil)
@@ -76,13 +114,19 @@ public enum SimulationPoints {
         }
     }
 
-    /// Lets other tasks run before the caller goes on (through a new task, whose start goes to the
-    /// simulation's scheduler; `Task.yield()` is not used: Swift 6.3 enqueues its job past the
-    /// runtime's global-enqueue hook, on a thread of the system's pool).
+    @usableFromInline static let pauser = Mutex<(@Sendable (UnsafeContinuation<Void, Never>) -> Void)?>(nil)
+
+    /// Lets other tasks run before the caller goes on, for a turn or a while of virtual time, as
+    /// the simulation decides. (`Task.yield()` is not used: Swift 6.3 enqueues its job past the
+    /// runtime's global-enqueue hook, on a thread of the system's pool.)
     @inlinable
     public static func yield() async {
         await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
-            Task { continuation.resume() }
+            if let pause = pauser.withLock({ $0 }) {
+                pause(continuation)
+            } else {
+                Task { continuation.resume() }
+            }
         }
     }
 

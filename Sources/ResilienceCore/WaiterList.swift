@@ -324,10 +324,11 @@ public func suspendCancellably<Value: Sendable>(
     install: (UnsafeContinuation<Value, Never>) -> Value?,
     onCancel: @Sendable () -> Void,
     site: StaticString = #fileID,
-    line: UInt = #line
+    line: UInt = #line,
+    opensWindow: Bool = true
 ) async -> Value {
     await withTaskCancellationHandler {
-        guard SimulationPoints.isActive else {
+        guard opensWindow, SimulationPoints.isActive else {
             return await withUnsafeContinuation { (continuation: UnsafeContinuation<Value, Never>) in
                 if let value = install(continuation) { continuation.resume(returning: value) }
             }

@@ -110,12 +110,16 @@ public final class Simulation: Sendable {
             case stuck(waiting: [String])
             /// Virtual time passed the limit with `body` still running.
             case timeLimit
+            /// An invariant kept inside the package's code (a wait line that must be empty while a
+            /// place is free) broke after a step; the run stopped there.
+            case violated(String)
 
             public var description: String {
                 switch self {
                 case .finished: "finished"
                 case .stuck(let waiting): "stuck, tasks waiting at \(waiting.isEmpty ? "places outside the package" : waiting.joined(separator: ", "))"
                 case .timeLimit: "time limit"
+                case .violated(let invariant): "violated: \(invariant)"
                 }
             }
         }
@@ -170,6 +174,7 @@ public final class Simulation: Sendable {
             switch ending.withLock({ $0 }) {
             case .finished?: .finished
             case .stuck(let waiting)?: .stuck(waiting: waiting.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" })
+            case .violated(let invariant)?: .violated(invariant)
             case .timeLimit?, nil: .timeLimit
             }
         if result != .finished { simulation.record("run ended: \(result)") }

@@ -70,6 +70,7 @@ public struct SimulationScenario: Sendable, Hashable, CustomStringConvertible {
         case .stuck(let waiting):
             all.append("a waiter was left suspended: every task waits and nothing will wake one (at \(run.elapsed); waiting at \(waiting.joined(separator: ", ")))")
         case .timeLimit: all.append("the run did not finish within \(Duration.seconds(3_600)) of virtual time")
+        case .violated(let invariant): all.append(invariant)
         }
         return SimulationReport(scenario: self, run: run, violations: all)
     }
@@ -187,6 +188,8 @@ struct ClientWorkload {
         var started: Duration
         var ended: Duration
         var deadline: Duration?
+        /// Time the scheduler held this request's tasks in opened windows (see `PauseLedger`).
+        var paused: Duration
         var result: String
     }
 
@@ -204,7 +207,7 @@ struct ClientWorkload {
             session: simulation.network,
             configuration: .init(
                 retry: .init(policy: SeededRetryPolicy(simulation: simulation, maxRetries: Self.maxRetries, base: .milliseconds(100)), budget: budget),
-                limits: .init(concurrencyPerHost: 4, waitingPerHost: 100)
+                limits: .init(concurrencyPerHost: 3, waitingPerHost: 100)
             ),
             clock: simulation.clock
         )
@@ -249,24 +252,30 @@ struct ClientWorkload {
         let name = "c\(caller).\(operation)"
         let document = "d\(simulation.random(in: 0...(Self.documents - 1)))"
         let url = URL(string: "https://\(Self.host)/docs/\(document)")!
-        var request = SimulatedRequest(url: url, method: .get)
+        var draft = SimulatedRequest(url: url, method: .get)
         let write = simulation.chance(0.4)
         if write {
-            request.method = .put
-            request.body = Data("\(caller * 1_000 + operation)".utf8)
-            request.headers = ["Idempotency-Key": "k-\(name)", "X-Sim-Mutation": name, "X-Sim-Request": name]
+            draft.method = .put
+            draft.body = Data("\(caller * 1_000 + operation)".utf8)
+            draft.headers = ["Idempotency-Key": "k-\(name)", "X-Sim-Mutation": name, "X-Sim-Request": name]
         }
-        if simulation.chance(0.5) { request.deadline = simulation.random(in: .milliseconds(100)...(.seconds(3))) }
-        let cancelAfter: Duration? = simulation.chance(0.15) ? simulation.random(in: .zero...(.milliseconds(300))) : nil
+        if simulation.chance(0.5) { draft.deadline = simulation.random(in: .milliseconds(100)...(.seconds(3))) }
+        // Some callers give up at once (a screen closed as it opened), some a little later.
+        let cancelAfter: Duration? =
+            simulation.chance(0.15) ? (simulation.chance(0.3) ? .zero : simulation.random(in: .zero...(.milliseconds(300)))) : nil
+        let request = draft
         let started = simulation.now
+        let ledger = PauseLedger()
         let call = Task { () -> String in
-            do {
-                let (data, response) = try await sender.response(for: request)
-                return "\(response.statusCode) \(String(decoding: data, as: UTF8.self))"
-            } catch let error as NetworkError {
-                return "error \(error)"
-            } catch {
-                return "error \(type(of: error))"
+            await PauseLedger.$current.withValue(ledger) {
+                do {
+                    let (data, response) = try await sender.response(for: request)
+                    return "\(response.statusCode) \(String(decoding: data, as: UTF8.self))"
+                } catch let error as NetworkError {
+                    return "error \(error)"
+                } catch {
+                    return "error \(type(of: error))"
+                }
             }
         }
         if let cancelAfter {
@@ -278,7 +287,7 @@ struct ClientWorkload {
         let result = await call.value
         let line = "\(name) \(request.method.rawValue) \(document)\(request.deadline.map { " deadline \(Int($0 / .milliseconds(1)))ms" } ?? "")\(cancelAfter == nil ? "" : " cancellable") -> \(result)"
         simulation.record(line)
-        return Outcome(name: name, started: started, ended: simulation.now, deadline: request.deadline, result: result)
+        return Outcome(name: name, started: started, ended: simulation.now, deadline: request.deadline, paused: ledger.paused, result: result)
     }
 
     private func check(_ outcomes: [Outcome], provider: SimulatedTokenProvider, revocations: Int, budget: RetryBudget) -> [String] {
@@ -286,8 +295,12 @@ struct ClientWorkload {
         let expected = Self.callers * Self.operations
         if outcomes.count != expected { violations.append("\(expected - outcomes.count) callers never got an answer") }
         for outcome in outcomes {
-            if let deadline = outcome.deadline, outcome.ended - outcome.started > deadline {
-                violations.append("\(outcome.name) outlived its deadline of \(deadline): answered after \(outcome.ended - outcome.started)")
+            // A deadline is kept up to the time the scheduler held the request's own tasks, as
+            // a preempted thread would be late by as much.
+            if let deadline = outcome.deadline, outcome.ended - outcome.started > deadline + outcome.paused {
+                violations.append(
+                    "\(outcome.name) outlived its deadline of \(deadline): answered after \(outcome.ended - outcome.started) (\(outcome.paused) of it held by the scheduler)"
+                )
             }
         }
         for (mutation, count) in simulation.origin.allEffects where count > 1 {

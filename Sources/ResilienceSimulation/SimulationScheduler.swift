@@ -40,6 +40,8 @@ final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
         case stuck(waiting: [String: Int])
         /// Virtual time passed the run's limit with the body still running.
         case timeLimit
+        /// An invariant registered with `SimulationPoints.watch` broke after a step.
+        case violated(String)
     }
 
     private let lock = NSLock()
@@ -86,7 +88,12 @@ final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
         hook.pointee = { job, _ in SimulationScheduler.current?.enqueue(job) }
         // The simulation's wall clock: a fixed date plus virtual time.
         let epoch = Date(timeIntervalSince1970: 1_767_225_600)  // 2026-01-01
-        SimulationPoints.setActive(true, seed: seed, date: { epoch.addingTimeInterval(Double(clock.now.offset / .nanoseconds(1)) / 1e9) })
+        SimulationPoints.setActive(
+            true,
+            seed: seed,
+            date: { epoch.addingTimeInterval(Double(clock.now.offset / .nanoseconds(1)) / 1e9) },
+            pause: { [self] continuation in pause(continuation, now: clock.now.offset) }
+        )
         defer {
             hook.pointee = nil
             SimulationPoints.setActive(false)
@@ -102,12 +109,49 @@ final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
             if let job = nextJob() {
                 job.runSynchronously(on: asUnownedSerialExecutor())
                 steps += 1
+                if let broken = SimulationPoints.brokenInvariant() { return .violated("\(broken) (after step \(steps))") }
                 continue
             }
             if done.withLock({ $0 }) { return .finished }
-            guard let deadline = clock.nextDeadline else { return .stuck(waiting: SimulationPoints.waitingSites) }
-            guard deadline.offset <= timeLimit else { return .timeLimit }
-            clock.advance(to: deadline)
+            // Time moves to the earliest sleeper or paused waiter.
+            let paused = lock.withLock { self.paused.map(\.until).min() }
+            let sleeper = clock.nextFutureDeadline?.offset
+            guard let next = [paused, sleeper].compactMap({ $0 }).min() else { return .stuck(waiting: SimulationPoints.waitingSites) }
+            guard next <= timeLimit else { return .timeLimit }
+            clock.advance(to: ManualClock.Instant(offset: next))
+            let due = lock.withLock {
+                let due = self.paused.filter { $0.until <= next }
+                self.paused.removeAll { $0.until <= next }
+                return due
+            }
+            for waiter in due { waiter.continuation.resume() }
+        }
+    }
+
+    /// A waiter held back in the window between joining a line and suspending
+    /// (`SimulationPoints.yield()`), until a virtual time.
+    private struct Paused {
+        let until: Duration
+        let continuation: UnsafeContinuation<Void, Never>
+    }
+
+    private var paused: [Paused] = []
+
+    /// Lets other tasks run before `continuation`'s task goes on: usually just a turn (a new
+    /// task resumes it, scheduled like any other job); one time in four, a pause of 1 to 50 ms of
+    /// virtual time, as a thread can be preempted at that point for that long, so that
+    /// cancellations, hand-overs and other callers land in the window.
+    private func pause(_ continuation: UnsafeContinuation<Void, Never>, now: Duration) {
+        lock.lock()
+        let draw = generator.next()
+        if draw % 4 == 0 {
+            let length = Duration.milliseconds(1 + Int((draw >> 8) % 50))
+            paused.append(Paused(until: now + length, continuation: continuation))
+            lock.unlock()
+            PauseLedger.current?.add(length)
+        } else {
+            lock.unlock()
+            Task { continuation.resume() }
         }
     }
 
@@ -128,4 +172,19 @@ final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
         }
         return symbol.assumingMemoryBound(to: Hook?.self)
     }()
+}
+
+/// The virtual time a task (and the tasks it starts, which inherit the ledger) spent paused by
+/// the scheduler in windows it opened: time a real thread could lose to preemption, which an
+/// invariant on elapsed time (a deadline) must allow for.
+final class PauseLedger: Sendable {
+    @TaskLocal static var current: PauseLedger?
+
+    private let total = Locked(Duration.zero)
+
+    func add(_ pause: Duration) {
+        total.withLock { $0 += pause }
+    }
+
+    var paused: Duration { total.withLock { $0 } }
 }

@@ -50,23 +50,35 @@ public final class ManualClock: Clock, Sendable {
             return state.sleepers.issue(deadline)
         }
         guard let ticket else { return }
-        let woke = await suspendCancellably { continuation in
-            let (value, watchers) = state.withLock { state -> (Bool?, [WaiterList<Void, Int>.Waiter]) in
-                if let handed = state.sleepers.claim(ticket) { return (handed, []) }
-                if deadline <= state.now {
-                    state.sleepers.withdraw(ticket)
-                    return (true, [])
+        // The clock is the simulation's own timer, not code whose windows it explores: no
+        // pause before it suspends (which would make every timer late).
+        let woke = await suspendCancellably(
+            install: { continuation in
+                let (value, watchers) = state.withLock { state -> (Bool?, [WaiterList<Void, Int>.Waiter]) in
+                    if let handed = state.sleepers.claim(ticket) { return (handed, []) }
+                    if deadline <= state.now {
+                        state.sleepers.withdraw(ticket)
+                        return (true, [])
+                    }
+                    state.sleepers.park(ticket, continuation)
+                    let sleeping = state.sleepers.waitingCount()
+                    return (nil, state.watchers.takeAll { $0 <= sleeping })
                 }
-                state.sleepers.park(ticket, continuation)
-                let sleeping = state.sleepers.waitingCount()
-                return (nil, state.watchers.takeAll { $0 <= sleeping })
-            }
-            for watcher in watchers { watcher.resume(returning: ()) }
-            return value
-        } onCancel: {
-            state.withLock { $0.sleepers.cancel(ticket, with: false) }?.resume(returning: false)
-        }
+                for watcher in watchers { watcher.resume(returning: ()) }
+                return value
+            },
+            onCancel: {
+                state.withLock { $0.sleepers.cancel(ticket, with: false) }?.resume(returning: false)
+            },
+            opensWindow: false
+        )
         if !woke { throw CancellationError() }
+    }
+
+    /// The earliest deadline of a sleeper later than now (the simulation's next moment; a sleeper
+    /// due already but not yet suspended wakes itself as it suspends).
+    package var nextFutureDeadline: Instant? {
+        state.withLock { state in state.sleepers.tags.filter { $0 > state.now }.min() }
     }
 
     /// Moves time forward by `duration` and wakes every sleeper now due, in deadline order.

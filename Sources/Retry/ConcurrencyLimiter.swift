@@ -35,6 +35,12 @@ public final class ConcurrencyLimiter: Sendable {
     public init(maxConcurrent: Int, maxWaiting: Int) {
         self.maxConcurrent = max(1, maxConcurrent)
         self.maxWaiting = max(0, maxWaiting)
+        SimulationPoints.watch(self) { [weak self] in
+            guard let self else { return nil }
+            let (inFlight, waiting) = state.withLock { ($0.inFlight, $0.waiters.count) }
+            return waiting > 0 && inFlight < self.maxConcurrent
+                ? "ConcurrencyLimiter: \(waiting) waiting while \(self.maxConcurrent - inFlight) of \(self.maxConcurrent) places are free" : nil
+        }
     }
 
     /// Operations running now (places taken, including one just handed to a waiter that has not
