@@ -162,6 +162,10 @@ struct QueueWorkload {
         var request = QueuedRequest(method: .put, url: URL(string: "https://\(Self.host)/docs/\(name)")!, idempotencyKey: "ik-\(name)")
         request.priority = simulation.pick(QueuePriority.allCases)
         request.body = Data("1".utf8)
+        if simulation.chance(0.1) {
+            await reprioritize(engine: engine)
+            return
+        }
         var edit: (key: String, version: Int)?
         switch simulation.random(in: 0...9) {
         case 0...3:
@@ -200,6 +204,34 @@ struct QueueWorkload {
             simulation.record("\(name)\(edit.map { " \($0.key)=\($0.version)" } ?? "") \(request.orderingKey ?? "") -> \(result.queuedID == nil ? "sent" : "queued")")
         } catch {
             simulation.record("\(name) -> not accepted: \(error)")
+        }
+    }
+
+    /// The app moves a queued write to another priority (`DiskQueueStore.save` of the entry
+    /// with its id and a new priority): it keeps its place, in its new priority's line. Edits of a
+    /// coalescing key are left alone (saving one is a new edit of the key, by design).
+    private func reprioritize(engine: OfflineQueueEngine) async {
+        let candidates = await engine.items.filter { $0.coalescingKey == nil }
+        guard !candidates.isEmpty else { return }
+        let entry = simulation.pick(candidates)
+        let priority = simulation.pick(QueuePriority.allCases.filter { $0.rawValue != entry.priority })
+        var request = QueuedRequest(
+            method: entry.httpMethod ?? .put,
+            url: entry.url,
+            headers: entry.headers,
+            body: entry.body,
+            timeout: entry.timeout,
+            ttl: entry.ttl,
+            priority: priority,
+            idempotencyKey: entry.idempotencyKey,
+            orderingKey: entry.orderingKey
+        )
+        request.deadline = entry.deadline
+        do {
+            try await engine.store.save(QueueEntry(request, id: entry.id, enqueuedAt: entry.enqueuedAt))
+            simulation.record("\(entry.headers["X-Sim-Mutation"] ?? "?") moved to priority \(priority)")
+        } catch {
+            simulation.record("moving \(entry.headers["X-Sim-Mutation"] ?? "?") failed: \(error)")
         }
     }
 

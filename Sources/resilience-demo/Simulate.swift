@@ -13,10 +13,11 @@ import Darwin
 /// reports violated invariants with the command that replays each.
 enum SimulateCommand {
     static let usage = """
-        usage: resilience-demo simulate [--scenario NAME|all] [--seed N | --seeds FIRST..LAST] [--trace]
+        usage: resilience-demo simulate [--scenario NAME|all] [--seed N | --seeds FIRST..LAST] [--trace] [--stop-at-first]
           scenarios: \(SimulationScenario.all.map { $0.name }.joined(separator: ", "))
           --seed N      run one seed (prints the trace with --trace)
           --seeds A..B  run every seed from A to B (default 1..100)
+          --stop-at-first  end a scenario's seeds at its first failing run
         """
 
     static func run(_ arguments: [String]) -> Int32 {
@@ -34,6 +35,7 @@ enum SimulateCommand {
         var scenarios = SimulationScenario.all
         var seeds: ClosedRange<UInt64> = 1...100
         var printTrace = false
+        var stopAtFirst = false
         var index = 0
         while index < arguments.count {
             let argument = arguments[index]
@@ -58,6 +60,9 @@ enum SimulateCommand {
             case "--trace":
                 printTrace = true
                 index += 1
+            case "--stop-at-first":
+                stopAtFirst = true
+                index += 1
             default:
                 return fail("unknown argument '\(argument)'")
             }
@@ -77,6 +82,7 @@ enum SimulateCommand {
                     print("FAIL \(scenario.name) seed \(seed):")
                     for violation in report.violations { print("  \(violation)") }
                     print("  replay: \(report.replayCommand) --trace")
+                    if stopAtFirst { break }
                 }
             }
             let elapsed = ContinuousClock.now - started
