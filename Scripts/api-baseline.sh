@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-check}
-products=(Retry RequestEngine Reachability OfflineQueue ResponseCache Auth Observability Drainer OfflineFirst Resilience ResilienceTesting)
+products=(Retry RequestEngine Reachability OfflineQueue ResponseCache Auth Observability Drainer OfflineFirst Resilience ResilienceTesting ResilienceSimulation)
 swift build >/dev/null
 modules="$(swift build --show-bin-path)/Modules"
 swift build --package-path Scripts/APIBaseline -c release >/dev/null

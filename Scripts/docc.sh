@@ -6,7 +6,7 @@
 # to .build/docc/<Target>.doccarchive.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-products=(Retry RequestEngine Reachability OfflineQueue ResponseCache Auth Observability Drainer OfflineFirst ResilienceTesting)
+products=(Retry RequestEngine Reachability OfflineQueue ResponseCache Auth Observability Drainer OfflineFirst ResilienceTesting ResilienceSimulation)
 swift build >/dev/null
 bin="$(swift build --show-bin-path)"
 out=.build/docc

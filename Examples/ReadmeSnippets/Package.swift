@@ -5,6 +5,8 @@ import PackageDescription
 // - `ReadmeSnippets`, on the products `Retry` and `RequestEngine` only: this README's snippets;
 // - `OfflineReads`, on the products `ResponseCache`, `OfflineQueue` and `RequestEngine`: this
 //   README's offline-reads and pending-indicator snippets;
+// - `SimulationSnippet`, on `ResilienceSimulation` and `RequestEngine`: the simulation snippet
+//   (compiled; a simulation owns its process while it runs);
 // - `PublishedReadme`, on the product `Resilience` only, with nothing but `import Resilience`:
 //   SwiftResilience's published README and public API, unchanged but for the import, to prove the
 //   drop-in claim, plus the one-line migrations of this README's "Coming from SwiftResilience".
@@ -31,6 +33,13 @@ let package = Package(
             ]
         ),
         .target(
+            name: "SimulationSnippet",
+            dependencies: [
+                .product(name: "ResilienceSimulation", package: "Resilience"),
+                .product(name: "RequestEngine", package: "Resilience"),
+            ]
+        ),
+        .target(
             name: "PublishedReadme",
             dependencies: [.product(name: "Resilience", package: "Resilience")]
         ),
@@ -40,6 +49,7 @@ let package = Package(
                 "ReadmeSnippets",
                 "OfflineReads",
                 "PublishedReadme",
+                "SimulationSnippet",
                 .product(name: "Resilience", package: "Resilience"),
                 .product(name: "ResilienceTesting", package: "Resilience"),
             ]
