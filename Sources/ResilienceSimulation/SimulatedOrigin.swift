@@ -9,8 +9,10 @@ import FoundationNetworking
 /// `Idempotency-Key` table, bearer tokens that can be revoked, and counts of everything a scenario
 /// checks its invariants against.
 ///
-/// - `GET /docs/ID` answers `ID=VERSION` with a strong `ETag` and the document's
-///   `Cache-Control`, or 304 when `If-None-Match` names the current version.
+/// - `GET /docs/ID` answers `ID=VERSION#SERIAL@USER` (a serial per 200, and the request's
+///   `X-Sim-User`) with a strong `ETag` naming the version and the document's `Cache-Control`,
+///   or 304 when `If-None-Match` names the current version; ``lastConfirmed(_:version:)`` says
+///   when each version was last answered or confirmed.
 /// - `PUT`, `PATCH` or `POST /docs/ID` with the body `VERSION` stores that version (a missing
 ///   document starts at version 0). A request whose `Idempotency-Key` was seen before gets the
 ///   first answer again and changes nothing (the deduplicating origin). The header
@@ -36,6 +38,8 @@ public final class SimulatedOrigin: Sendable {
         var issued = 0
         var requests = 0
         var unauthorized = 0
+        var servedGets = 0
+        var confirmed: [String: Duration] = [:]
     }
 
     /// An answer the origin gives.
@@ -105,6 +109,12 @@ public final class SimulatedOrigin: Sendable {
         state.withLock { $0.orders[orderingKey] ?? [] }
     }
 
+    /// When the origin last answered a GET of `id` while it was at `version` (a 200, or a 304
+    /// confirming it): a response served as fresh must have been confirmed within its lifetime.
+    public func lastConfirmed(_ id: String, version: Int) -> Duration? {
+        state.withLock { $0.confirmed["\(id)-\(version)"] }
+    }
+
     /// Requests the origin has answered.
     public var requestCount: Int { state.withLock { $0.requests } }
 
@@ -130,8 +140,11 @@ public final class SimulatedOrigin: Sendable {
                 let document = state.documents[id] ?? Document()
                 let etag = "\"\(id)-\(document.version)\""
                 let headers = ["ETag": etag, "Cache-Control": document.cacheControl]
+                state.confirmed["\(id)-\(document.version)"] = now
                 if header("If-None-Match") == etag { return Answer(status: 304, headers: headers, body: Data()) }
-                return Answer(status: 200, headers: headers, body: Data("\(id)=\(document.version)".utf8))
+                state.servedGets += 1
+                let body = "\(id)=\(document.version)#\(state.servedGets)@\(header("X-Sim-User") ?? "-")"
+                return Answer(status: 200, headers: headers, body: Data(body.utf8))
             }
             if let key = header("Idempotency-Key"), let first = state.answersByKey[key] { return first }
             let version = Int(String(decoding: request.httpBody ?? Data(), as: UTF8.self)) ?? 0

@@ -113,6 +113,9 @@ public final class Simulation: Sendable {
             /// An invariant kept inside the package's code (a wait line that must be empty while a
             /// place is free) broke after a step; the run stopped there.
             case violated(String)
+            /// The run took 20 million scheduler steps without finishing: tasks kept running
+            /// without time moving (a livelock).
+            case stepLimit
 
             public var description: String {
                 switch self {
@@ -120,6 +123,7 @@ public final class Simulation: Sendable {
                 case .stuck(let waiting): "stuck, tasks waiting at \(waiting.isEmpty ? "places outside the package" : waiting.joined(separator: ", "))"
                 case .timeLimit: "time limit"
                 case .violated(let invariant): "violated: \(invariant)"
+                case .stepLimit: "step limit (a livelock?)"
                 }
             }
         }
@@ -175,6 +179,7 @@ public final class Simulation: Sendable {
             case .finished?: .finished
             case .stuck(let waiting)?: .stuck(waiting: waiting.sorted { $0.key < $1.key }.map { "\($0.key) ×\($0.value)" })
             case .violated(let invariant)?: .violated(invariant)
+            case .stepLimit?: .stepLimit
             case .timeLimit?, nil: .timeLimit
             }
         if result != .finished { simulation.record("run ended: \(result)") }

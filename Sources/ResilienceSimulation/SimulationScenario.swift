@@ -14,7 +14,10 @@ import Retry
 /// - ``auth``: the same behind `AuthenticatedRequestEngine` and one `TokenRefreshCoordinator`,
 ///   with the server revoking tokens at random moments (401 storms) and refreshes that are slow,
 ///   fail, or outlast the refresh timeout.
-/// - ``queue``: `OfflineQueueEngine` on a `DiskQueueStore`, see `SimulationScenario+Queue.swift`.
+/// - ``queue``: `OfflineQueueEngine` on a `DiskQueueStore` across connectivity flips, faults,
+///   restarts and priority changes (see `SimulationScenario+Queue.swift`).
+/// - ``cache``: two users' `CachedRequestEngine`s on one `DiskResponseCache`, documents changing
+///   on the server, callers' own revalidations (see `SimulationScenario+Cache.swift`).
 ///
 /// Invariants (a violated one is reported with the seed and the command that replays it):
 /// every caller gets an answer (no waiter is left suspended); no request outlives its deadline
@@ -36,8 +39,11 @@ public struct SimulationScenario: Sendable, Hashable, CustomStringConvertible {
     /// The offline queue across connectivity flips, faults and restarts.
     public static let queue = SimulationScenario(name: "queue")
 
+    /// Two users' caches on one store, documents changing on the server, own revalidations.
+    public static let cache = SimulationScenario(name: "cache")
+
     /// Every scenario.
-    public static let all: [SimulationScenario] = [.engine, .auth, .queue]
+    public static let all: [SimulationScenario] = [.engine, .auth, .queue, .cache]
 
     /// The scenario called `name`, if there is one.
     public init?(named name: String) {
@@ -57,6 +63,7 @@ public struct SimulationScenario: Sendable, Hashable, CustomStringConvertible {
             switch name {
             case "auth": found = await ClientWorkload(simulation: simulation, authenticated: true).run()
             case "queue": found = await QueueWorkload(simulation: simulation).run()
+            case "cache": found = await CacheWorkload(simulation: simulation).run()
             default: found = await ClientWorkload(simulation: simulation, authenticated: false).run()
             }
             violations.withLock { $0 = found }
@@ -71,6 +78,7 @@ public struct SimulationScenario: Sendable, Hashable, CustomStringConvertible {
             all.append("a waiter was left suspended: every task waits and nothing will wake one (at \(run.elapsed); waiting at \(waiting.joined(separator: ", ")))")
         case .timeLimit: all.append("the run did not finish within \(Duration.seconds(3_600)) of virtual time")
         case .violated(let invariant): all.append(invariant)
+        case .stepLimit: all.append("20 million steps without finishing: tasks keep running while time stands still (a livelock)")
         }
         return SimulationReport(scenario: self, run: run, violations: all)
     }

@@ -42,7 +42,13 @@ final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
         case timeLimit
         /// An invariant registered with `SimulationPoints.watch` broke after a step.
         case violated(String)
+        /// The run took `stepLimit` steps without finishing: tasks keep running without time
+        /// moving (a livelock), or the workload is far larger than a scenario's.
+        case stepLimit
     }
+
+    /// The most jobs a run may take (the package's scenarios take well under a million).
+    var stepLimit = 20_000_000
 
     private let lock = NSLock()
     private var jobs: [UnownedJob] = []
@@ -109,6 +115,7 @@ final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
             if let job = nextJob() {
                 job.runSynchronously(on: asUnownedSerialExecutor())
                 steps += 1
+                if steps >= stepLimit { return .stepLimit }
                 if let broken = SimulationPoints.brokenInvariant() { return .violated("\(broken) (after step \(steps))") }
                 continue
             }

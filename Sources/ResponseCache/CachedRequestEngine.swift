@@ -91,7 +91,7 @@ public final class CachedRequestEngine: RequestSending {
         self.configuration = configuration
         self.partitionDigest = configuration.partition.map { CacheDigest("partition\n" + $0) }
         self.time = TimeSource(clock)
-        self.wallClockOrigin = Date()
+        self.wallClockOrigin = SimulationPoints.date()  // Date() but under a simulation
     }
 
     /// The engine with its settings as separate arguments: now `init(requestEngine:cache:reachabilityMonitor:configuration:clock:)`.

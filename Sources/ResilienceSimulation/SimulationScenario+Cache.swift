@@ -1,0 +1,174 @@
+import Foundation
+import RequestEngine
+import ResilienceCore
+import ResponseCache
+
+/// The cache scenario: two users' `CachedRequestEngine`s (partitions `alice` and `bob`) on one
+/// `DiskResponseCache` (real files, inline on the simulation's thread) read documents the server
+/// keeps changing, over a faulty host, while the device goes on and off line. Some reads carry
+/// the caller's own `If-None-Match` (an app revalidating what it holds), which the cache must
+/// pass through without touching what it stores.
+///
+/// Invariants: a response served as fresh is a version the origin answered or confirmed within
+/// its lifetime (`max-age=5`, plus a second of transit) — a 304 applied to the wrong stored
+/// response breaks this; a `no-store` response is never served twice; a response is never served
+/// to another partition's user.
+struct CacheWorkload {
+    let simulation: Simulation
+
+    static let host = "api.sim"
+    static let readers = 6
+    static let reads = 15
+    static let documents = 4  // d0…d3 max-age=5; d4 is no-store
+    static let lifetime = Duration.seconds(5)
+
+    private struct Served {
+        var name: String
+        var user: String
+        var document: String
+        var body: String
+        var started: Duration
+        var at: Duration
+        var fresh: Bool
+        var status: Int
+    }
+
+    func run() async -> [String] {
+        let simulation = simulation
+        let base = FileManager.default.fileExists(atPath: "/dev/shm") ? URL(fileURLWithPath: "/dev/shm") : FileManager.default.temporaryDirectory
+        let folder = base.appendingPathComponent("resilience-simulation-cache-\(getpid())-\(simulation.seed)", isDirectory: true)
+        try? FileManager.default.removeItem(at: folder)
+        defer { try? FileManager.default.removeItem(at: folder) }
+        simulation.network.setHost(
+            Self.host,
+            .init(latency: .milliseconds(5)...(.milliseconds(150)), faults: .init(refused: 0.03, resetBefore: 0.03, timeout: 0.03, serverError: 0.05))
+        )
+        for index in 0..<Self.documents { simulation.origin.setCacheControl("max-age=5", for: "d\(index)") }
+        simulation.origin.setCacheControl("no-store", for: "d\(Self.documents)")
+        let cache: DiskResponseCache
+        do {
+            cache = try DiskResponseCache(directory: folder, maxBytes: 1 << 20)
+        } catch {
+            return ["the cache folder could not be opened: \(error)"]
+        }
+        let requestEngine = AsyncRequestEngine(
+            session: simulation.network,
+            configuration: .init(retry: .init(policy: SeededRetryPolicy(simulation: simulation, maxRetries: 1, base: .milliseconds(100)))),
+            clock: simulation.clock
+        )
+        let users: [String] = ["alice", "bob"]
+        let engines = users.map { user in
+            (
+                user,
+                CachedRequestEngine(
+                    requestEngine: requestEngine,
+                    cache: cache,
+                    reachabilityMonitor: simulation.connectivity,
+                    configuration: .init(partition: user),
+                    clock: simulation.clock
+                )
+            )
+        }
+        let served = Locked<[Served]>([])
+        let finished = Locked(false)
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                // Other clients change documents on the server.
+                while !finished.withLock({ $0 }) {
+                    try? await simulation.clock.sleep(for: simulation.random(in: .milliseconds(300)...(.seconds(3))))
+                    let document = "d\(simulation.random(in: 0...Self.documents))"
+                    simulation.origin.bump(document)
+                    simulation.record("server changes \(document) to \(simulation.origin.version(of: document))")
+                }
+            }
+            group.addTask {
+                // Connectivity flips, and ends online.
+                for _ in 0..<simulation.random(in: 0...4) {
+                    try? await simulation.clock.sleep(for: simulation.random(in: .milliseconds(200)...(.seconds(5))))
+                    await simulation.setOnline(simulation.isOffline)
+                }
+                if simulation.isOffline { await simulation.setOnline(true) }
+            }
+            await withTaskGroup(of: Void.self) { readers in
+                for reader in 0..<Self.readers {
+                    readers.addTask {
+                        let (user, engine) = engines[reader % engines.count]
+                        for index in 0..<Self.reads {
+                            try? await simulation.clock.sleep(for: simulation.random(in: .zero...(.seconds(1))))
+                            if let one = await readDocument(name: "r\(reader).\(index)", user: user, engine: engine) {
+                                served.withLock { $0.append(one) }
+                            }
+                        }
+                    }
+                }
+            }
+            finished.withLock { $0 = true }
+        }
+        return check(served.withLock { $0 })
+    }
+
+    private func readDocument(name: String, user: String, engine: CachedRequestEngine) async -> Served? {
+        let simulation = simulation
+        let document = "d\(simulation.random(in: 0...Self.documents))"
+        var request = SimulatedRequest(url: URL(string: "https://\(Self.host)/docs/\(document)")!, method: .get)
+        request.headers = ["Authorization": "Bearer \(user)", "X-Sim-User": user]
+        if simulation.chance(0.2) {
+            // The app revalidates a version it holds itself.
+            let held = max(0, simulation.origin.version(of: document) - simulation.random(in: 0...2))
+            request.headers["If-None-Match"] = "\"\(document)-\(held)\""
+        }
+        let mode = simulation.pick([NetworkMode.online, .online, .offlineFirst, .always])
+        let started = simulation.now
+        do {
+            let answer = try await engine.response(for: request, mode: mode, staleTime: .http)
+            let body = String(decoding: answer.data, as: UTF8.self)
+            let fresh = !answer.isStale
+            simulation.record(
+                "\(name) \(user) GET \(document) \(mode)\(request.headers["If-None-Match"].map { " if-none-match \($0)" } ?? "") -> \(answer.response.statusCode) \(answer.source) \(fresh ? "fresh" : "stale") \(body)"
+            )
+            return Served(
+                name: name, user: user, document: document, body: body, started: started, at: simulation.now, fresh: fresh,
+                status: answer.response.statusCode
+            )
+        } catch {
+            simulation.record("\(name) \(user) GET \(document) \(mode) -> error \(error)")
+            return nil
+        }
+    }
+
+    private func check(_ served: [Served]) -> [String] {
+        var violations: [String] = []
+        // A no-store response may answer every caller whose identical request shared its fetch
+        // (deduplication), but none that asked after it had arrived.
+        var serials: [String: Served] = [:]
+        for one in served.sorted(by: { $0.at < $1.at }) where one.status == 200 {
+            // "ID=VERSION#SERIAL@USER"
+            guard let equals = one.body.firstIndex(of: "="), let hash = one.body.firstIndex(of: "#"), let at = one.body.firstIndex(of: "@"),
+                let version = Int(one.body[one.body.index(after: equals)..<hash])
+            else {
+                violations.append("\(one.name): a body the origin never sent: \(one.body)")
+                continue
+            }
+            let serial = String(one.body[one.body.index(after: hash)..<at])
+            let owner = String(one.body[one.body.index(after: at)...])
+            if owner != one.user { violations.append("\(one.name): \(one.user) was served \(owner)'s response (\(one.body))") }
+            if one.document == "d\(Self.documents)" {
+                if let first = serials[serial], one.started > first.at {
+                    violations.append(
+                        "\(one.name): the no-store response \(one.body) was served again, asked at \(one.started) after it reached \(first.name) at \(first.at)"
+                    )
+                }
+                if serials[serial] == nil { serials[serial] = one }
+            }
+            if one.fresh, one.document != "d\(Self.documents)" {
+                let confirmed = simulation.origin.lastConfirmed(one.document, version: version)
+                if confirmed.map({ one.at - $0 > Self.lifetime + .seconds(1) }) ?? true {
+                    violations.append(
+                        "\(one.name): served \(one.body) as fresh at \(one.at), but the origin last confirmed that version at \(confirmed.map { "\($0)" } ?? "no time")"
+                    )
+                }
+            }
+        }
+        return violations
+    }
+}
