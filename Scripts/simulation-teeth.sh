@@ -16,7 +16,7 @@ git clone -q "$root" "$scratch/tree"
 status=0
 for patch in "${patches[@]}"; do
     name=$(basename "$patch" .patch)
-    (cd "$scratch/tree" && git checkout -q -- . && git apply "$patch")
+    (cd "$scratch/tree" && git checkout -q -- . && git apply "$patch") || { echo "$name: the patch does not apply"; status=1; continue; }
     (cd "$scratch/tree" && swift build --product resilience-demo >/dev/null 2>&1) || { echo "$name: build failed"; status=1; continue; }
     found=""
     for ((first = 1; first <= limit; first += 100)); do

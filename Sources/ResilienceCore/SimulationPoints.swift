@@ -4,8 +4,8 @@ import Synchronization
 /// Whether a deterministic simulation (the ResilienceSimulation product) runs this process, and
 /// what changes while it does.
 ///
-/// The simulation runs every task on one thread, one job at a time. Two things would escape it or
-/// hide from it, and change while it is active:
+/// The simulation runs every task on one thread, one job at a time, in an order drawn from its
+/// seed. While it is active, the package's code changes in these ways, and in no other:
 /// - `BlockingIOPool` runs its jobs inline on the caller's thread (a job finishing on a pool
 ///   thread at a moment of the kernel's choosing would make the run depend on more than its seed);
 /// - the wall-clock time layers start their clocks from (`SimulationPoints.date()`) is the
@@ -19,12 +19,13 @@ import Synchronization
 ///   joining a waiter line and suspending; on one thread nothing else runs in that window unless
 ///   it suspends. The suspension opens it, so the simulation explores what real threads can do
 ///   there (FoundationDB's simulator calls such points "buggify").
-public enum SimulationPoints {
-    @usableFromInline static let active = Atomic(false)
+@usableFromInline
+package enum SimulationPoints {
+    private static let active = Atomic(false)
 
     /// Whether a simulation is running.
-    @inlinable
-    public static var isActive: Bool { active.load(ordering: .relaxed) }
+    @usableFromInline
+    package static var isActive: Bool { active.load(ordering: .relaxed) }
 
     /// Set by the simulation as it starts and ends; `date` is its wall clock.
     package static func setActive(
@@ -97,30 +98,32 @@ public enum SimulationPoints {
 
     /// Tasks suspended in `suspendCancellably` while the simulation runs, by the place they wait
     /// at: what a stuck run reports.
-    @usableFromInline static let waiters = Mutex<[String: Int]>([:])
+    private static let waiters = Mutex<[String: Int]>([:])
 
-    @inlinable
-    public static func suspending(at site: StaticString, line: UInt) -> String {
+    /// Counts a task as waiting at `site`:`line` (until `resumed(_:)` with the key returned).
+    @usableFromInline
+    static func suspending(at site: StaticString, line: UInt) -> String {
         let key = "\(site):\(line)"
         waiters.withLock { $0[key, default: 0] += 1 }
         return key
     }
 
-    @inlinable
-    public static func resumed(_ key: String) {
+    /// The task counted by `suspending(at:line:)` under `key` goes on.
+    @usableFromInline
+    static func resumed(_ key: String) {
         waiters.withLock { waiters in
             waiters[key, default: 1] -= 1
             if waiters[key] == 0 { waiters[key] = nil }
         }
     }
 
-    @usableFromInline static let pauser = Mutex<(@Sendable (UnsafeContinuation<Void, Never>) -> Void)?>(nil)
+    private static let pauser = Mutex<(@Sendable (UnsafeContinuation<Void, Never>) -> Void)?>(nil)
 
     /// Lets other tasks run before the caller goes on, for a turn or a while of virtual time, as
     /// the simulation decides. (`Task.yield()` is not used: Swift 6.3 enqueues its job past the
     /// runtime's global-enqueue hook, on a thread of the system's pool.)
-    @inlinable
-    public static func yield() async {
+    @usableFromInline
+    static func yield() async {
         await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
             if let pause = pauser.withLock({ $0 }) {
                 pause(continuation)

@@ -35,9 +35,7 @@ struct CacheWorkload {
 
     func run() async -> [String] {
         let simulation = simulation
-        let base = FileManager.default.fileExists(atPath: "/dev/shm") ? URL(fileURLWithPath: "/dev/shm") : FileManager.default.temporaryDirectory
-        let folder = base.appendingPathComponent("resilience-simulation-cache-\(getpid())-\(simulation.seed)", isDirectory: true)
-        try? FileManager.default.removeItem(at: folder)
+        let folder = scratchFolder("cache", seed: simulation.seed)
         defer { try? FileManager.default.removeItem(at: folder) }
         simulation.network.setHost(
             Self.host,

@@ -34,12 +34,7 @@ struct QueueWorkload {
 
     func run() async -> [String] {
         let simulation = simulation
-        // In memory where the system has it (tmpfs: fsync costs nothing); the files are real either way.
-        let base = FileManager.default.fileExists(atPath: "/dev/shm") ? URL(fileURLWithPath: "/dev/shm") : FileManager.default.temporaryDirectory
-        let folder =
-            base
-            .appendingPathComponent("resilience-simulation-\(getpid())-\(simulation.seed)", isDirectory: true)
-        try? FileManager.default.removeItem(at: folder)
+        let folder = scratchFolder("queue", seed: simulation.seed)
         defer { try? FileManager.default.removeItem(at: folder) }
         simulation.network.setHost(
             Self.host,
