@@ -252,7 +252,7 @@ struct ClientWorkload {
                 }
             }
         }
-        return check(outcomes.withLock { $0 }, provider: provider, revocations: revocations.withLock { $0 }, budget: budget)
+        return check(outcomes.withLock { $0 }, provider: provider, revocations: revocations.withLock { $0 })
     }
 
     private func perform(caller: Int, operation: Int, sender: any RequestSending) async -> Outcome {
@@ -298,7 +298,7 @@ struct ClientWorkload {
         return Outcome(name: name, started: started, ended: simulation.now, deadline: request.deadline, paused: ledger.paused, result: result)
     }
 
-    private func check(_ outcomes: [Outcome], provider: SimulatedTokenProvider, revocations: Int, budget: RetryBudget) -> [String] {
+    private func check(_ outcomes: [Outcome], provider: SimulatedTokenProvider, revocations: Int) -> [String] {
         var violations: [String] = []
         let expected = Self.callers * Self.operations
         if outcomes.count != expected { violations.append("\(expected - outcomes.count) callers never got an answer") }
@@ -332,20 +332,18 @@ struct ClientWorkload {
             let refreshes = provider.refreshes
             for (index, refresh) in refreshes.enumerated() {
                 // A refresh is over for the coordinator when it ends or times out.
-                for other in refreshes[..<index] {
+                for (earlier, other) in refreshes[..<index].enumerated() {
                     let over = min(other.ended ?? .seconds(1 << 40), other.started + Self.refreshTimeout)
-                    if refresh.started < over {
-                        violations.append("refresh \(index) started while refresh \(refreshes.firstIndex { $0.started == other.started } ?? -1) was running")
-                    }
+                    if refresh.started < over { violations.append("refresh \(index) started while refresh \(earlier) was running") }
                 }
             }
-            let unexplained = refreshes.filter(\.succeeded).count
+            let succeeded = refreshes.filter(\.succeeded).count
             let failed = refreshes.filter { !$0.succeeded }.count
             let timedOut = refreshes.filter { ($0.ended ?? .seconds(1 << 40)) - $0.started > Self.refreshTimeout }.count
             // One refresh for the first token, one per revocation, and one more for each refresh
             // that failed or outlasted the timeout: anything beyond is a refresh loop.
             if refreshes.count > 1 + revocations + failed + timedOut {
-                violations.append("\(refreshes.count) refreshes (\(unexplained) succeeded) for \(revocations) revocations, \(failed) failures and \(timedOut) timeouts")
+                violations.append("\(refreshes.count) refreshes (\(succeeded) succeeded) for \(revocations) revocations, \(failed) failures and \(timedOut) timeouts")
             }
         }
         return violations
