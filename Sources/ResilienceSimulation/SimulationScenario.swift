@@ -115,13 +115,6 @@ struct SeededRetryPolicy: RetryPolicy {
     }
 }
 
-extension Duration {
-    var seconds: Double {
-        let parts = components
-        return Double(parts.seconds) + Double(parts.attoseconds) / 1e18
-    }
-}
-
 /// A request of the simulated workload.
 struct SimulatedRequest: NetworkRequest {
     var url: URL
