@@ -27,6 +27,35 @@ package struct FileSystemError: Error, Equatable, Sendable {
     }
 }
 
+/// What is at a path, for `FileSystemStandIn.kind(of:)`.
+package enum FileSystemEntryKind: Sendable, Equatable {
+    case file
+    case directory
+}
+
+/// A stand-in for the kernel's file system: while a deterministic simulation runs with one
+/// (ResilienceSimulation's `SimulatedDisk`, installed through `SimulationPoints`), every
+/// `FileSystem` operation goes to it, with the same meaning and errors as the POSIX call it
+/// replaces. Descriptors it returns are its own numbers, closed with `FileSystem.closeDescriptor`.
+package protocol FileSystemStandIn: AnyObject, Sendable {
+    func writeFile(_ data: Data, to path: String, via tempPath: String, sync: Bool) throws(FileSystemError)
+    func syncDirectory(_ path: String) throws(FileSystemError)
+    func removeFile(_ path: String) throws(FileSystemError)
+    func moveFile(_ from: String, to: String) throws(FileSystemError)
+    /// Creates `path`, and any folder missing above it.
+    func makeDirectory(_ path: String) throws(FileSystemError)
+    /// What is at `path`, or nil when nothing is.
+    func kind(of path: String) -> FileSystemEntryKind?
+    func openDirectory(_ path: String) throws(FileSystemError) -> Int32
+    func listDirectoryEntries(_ path: String) throws(FileSystemError) -> [FileSystem.DirectoryEntry]
+    /// `.busy` at once while another descriptor holds the lock (a simulation has no other process
+    /// to wait for).
+    func lockDirectory(_ path: String) throws(FileSystemError) -> FileSystem.LockResult
+    func readRegularFile(named name: String, in directory: Int32, maximumSize: Int, prefix: Int?, into buffer: inout [UInt8], info: inout stat) -> FileSystem.Read
+    func touch(named name: String, in directory: Int32)
+    func closeDescriptor(_ descriptor: Int32)
+}
+
 /// The POSIX file operations the storage layers share: writes that become visible atomically (temp
 /// file, optional fsync, rename), reads that only ever read a regular file and never more than a
 /// limit, directory listing and an exclusive `flock` on a folder.
@@ -36,6 +65,7 @@ package enum FileSystem {
     /// Without `sync` a power loss may leave the new name with incomplete content (readers must
     /// check), a crash of the process may not. On any failure the temp file is removed.
     package static func writeFile(_ data: Data, to path: String, via tempPath: String, sync: Bool) throws(FileSystemError) {
+        if let disk = SimulationPoints.fileSystem { return try disk.writeFile(data, to: path, via: tempPath, sync: sync) }
         let fd = open(tempPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw failure("create", tempPath) }
         var failed: FileSystemError?
@@ -62,6 +92,7 @@ package enum FileSystem {
 
     /// fsyncs a directory so that renames and unlinks in it survive a crash.
     package static func syncDirectory(_ path: String) throws(FileSystemError) {
+        if let disk = SimulationPoints.fileSystem { return try disk.syncDirectory(path) }
         let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw failure("open directory", path) }
         defer { close(fd) }
@@ -70,17 +101,20 @@ package enum FileSystem {
 
     /// Removes a file; a file that is already gone is not an error.
     package static func removeFile(_ path: String) throws(FileSystemError) {
+        if let disk = SimulationPoints.fileSystem { return try disk.removeFile(path) }
         guard unlink(path) == 0 || errno == ENOENT else { throw failure("unlink", path) }
     }
 
     /// Renames a file (same file system).
     package static func moveFile(_ from: String, to: String) throws(FileSystemError) {
+        if let disk = SimulationPoints.fileSystem { return try disk.moveFile(from, to: to) }
         guard rename(from, to) == 0 else { throw failure("rename", from) }
     }
 
     /// Creates a directory with mode 0700 if it does not exist; something else under the name is
     /// an `ENOTDIR` error.
     package static func makeDirectory(_ path: String) throws(FileSystemError) {
+        if let disk = SimulationPoints.fileSystem { return try disk.makeDirectory(path) }
         if mkdir(path, 0o700) != 0 && errno != EEXIST { throw failure("mkdir", path) }
         var info = stat()
         guard stat(path, &info) == 0 else { throw failure("stat", path) }
@@ -89,20 +123,34 @@ package enum FileSystem {
         }
     }
 
+    /// Creates `path` and any folder missing above it (mode 0700 for those it creates).
+    package static func makeDirectoryTree(_ path: String) throws(FileSystemError) {
+        if let disk = SimulationPoints.fileSystem { return try disk.makeDirectory(path) }
+        do {
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        } catch {
+            let code = ((error as NSError).userInfo[NSUnderlyingErrorKey] as? NSError).map { Int32($0.code) } ?? EACCES
+            throw FileSystemError(operation: "create directory", path: path, errno: code)
+        }
+    }
+
     /// Whether `path` names something other than a directory (a file, a link), without following links.
     package static func isNonDirectory(_ path: String) -> Bool {
+        if let disk = SimulationPoints.fileSystem { return disk.kind(of: path).map { $0 != .directory } ?? false }
         var info = stat()
         return lstat(path, &info) == 0 && (info.st_mode & S_IFMT) != S_IFDIR
     }
 
     /// Whether anything exists at `path` (a dangling link counts).
     package static func exists(_ path: String) -> Bool {
+        if let disk = SimulationPoints.fileSystem { return disk.kind(of: path) != nil }
         var info = stat()
         return lstat(path, &info) == 0
     }
 
     /// Opens a directory for the `…(named:in:)` reads; close it with `close(_:)`.
     package static func openDirectory(_ path: String) throws(FileSystemError) -> Int32 {
+        if let disk = SimulationPoints.fileSystem { return try disk.openDirectory(path) }
         let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw failure("open directory", path) }
         return fd
@@ -119,11 +167,17 @@ package enum FileSystem {
         /// From the listing's `d_type`: true for a regular file, false for anything else, nil when
         /// the file system does not say (then only a `stat` tells).
         package let isRegularFile: Bool?
+
+        package init(name: String, isRegularFile: Bool?) {
+            self.name = name
+            self.isRegularFile = isRegularFile
+        }
     }
 
     /// The entries of `path` (without `.` and `..`), with the type the listing gives for each, so
     /// that reading every file of a folder need not `stat` each name first.
     package static func listDirectoryEntries(_ path: String) throws(FileSystemError) -> [DirectoryEntry] {
+        if let disk = SimulationPoints.fileSystem { return try disk.listDirectoryEntries(path) }
         guard let dir = opendir(path) else { throw failure("opendir", path) }
         defer { closedir(dir) }
         var entries: [DirectoryEntry] = []
@@ -151,6 +205,7 @@ package enum FileSystem {
     /// again every 5 ms for up to `patience` (a child process being spawned briefly holds a copy
     /// of every descriptor, close-on-exec ones included, until its `exec`), then returns `.busy`.
     package static func lockDirectory(_ path: String, patience: Duration) throws(FileSystemError) -> LockResult {
+        if let disk = SimulationPoints.fileSystem { return try disk.lockDirectory(path) }
         let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw failure("open directory", path) }
         let clock = ContinuousClock()
@@ -203,6 +258,9 @@ package enum FileSystem {
         into buffer: inout [UInt8],
         info: inout stat
     ) -> Read {
+        if let disk = SimulationPoints.fileSystem {
+            return disk.readRegularFile(named: name, in: directory, maximumSize: maximumSize, prefix: prefix, into: &buffer, info: &info)
+        }
         if !listedAsRegular {
             guard fstatat(directory, name, &info, AT_SYMLINK_NOFOLLOW) == 0 else {
                 let code = errno
@@ -250,6 +308,19 @@ package enum FileSystem {
         }
         if prefix == nil, length > maximumSize { return .tooLarge(length) }
         return .bytes(length)
+    }
+
+    /// Closes a descriptor that `openDirectory` or `lockDirectory` returned (giving up the lock).
+    package static func closeDescriptor(_ descriptor: Int32) {
+        if let disk = SimulationPoints.fileSystem { return disk.closeDescriptor(descriptor) }
+        close(descriptor)
+    }
+
+    /// Sets the modification time of the file `name` in the directory open as `directory` to now
+    /// (what the cache keeps recency in); a file that is gone is no error.
+    package static func touch(named name: String, in directory: Int32) {
+        if let disk = SimulationPoints.fileSystem { return disk.touch(named: name, in: directory) }
+        _ = utimensat(directory, name, nil, 0)
     }
 
     /// The kind of a non-regular file, or nil for a regular one.

@@ -12,6 +12,8 @@ import Synchronization
 ///   simulation's, so the dates they compute follow the seed and not the machine's clock;
 /// - identifiers the layers make (`SimulationPoints.uuid()`) are drawn from the seed, so
 ///   collections keyed by them are visited in the same order in every run of a seed;
+/// - with a simulated disk (`fileSystem`), every `FileSystem` operation of the stores goes to it
+///   instead of the kernel, so files, faults and crashes follow the seed too;
 /// - objects that keep an invariant the simulation cannot see from outside (a wait line that
 ///   must be empty while a place is free) register a check (`watch(_:)`), run after every step;
 /// - `suspendCancellably` suspends once before it installs its continuation. On real threads,
@@ -32,8 +34,10 @@ package enum SimulationPoints {
         _ on: Bool,
         seed: UInt64 = 0,
         date: (@Sendable () -> Date)? = nil,
-        pause: (@Sendable (UnsafeContinuation<Void, Never>) -> Void)? = nil
+        pause: (@Sendable (UnsafeContinuation<Void, Never>) -> Void)? = nil,
+        fileSystem: (any FileSystemStandIn)? = nil
     ) {
+        disk.withLock { $0 = on ? fileSystem : nil }
         wallClock.withLock { $0 = on ? date : nil }
         pauser.withLock { $0 = on ? pause : nil }
         identifiers.withLock { $0 = SplitMix64(seed: seed ^ 0x1D_E471_F1E5) }
@@ -69,6 +73,15 @@ package enum SimulationPoints {
             if let broken = check() { return broken }
         }
         return nil
+    }
+
+    private static let disk = Mutex<(any FileSystemStandIn)?>(nil)
+
+    /// The simulated file system every `FileSystem` operation goes to while a simulation runs with
+    /// one; nil otherwise (one relaxed atomic load on the real path).
+    package static var fileSystem: (any FileSystemStandIn)? {
+        guard isActive else { return nil }
+        return disk.withLock { $0 }
     }
 
     private static let wallClock = Mutex<(@Sendable () -> Date)?>(nil)

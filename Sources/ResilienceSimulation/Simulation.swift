@@ -5,7 +5,8 @@ import ResilienceTesting
 
 /// One seeded, deterministic world for the package's layers to run in: a virtual clock, a
 /// network of simulated hosts (``SimulatedNetwork``) with an origin that counts effects
-/// (``SimulatedOrigin``), connectivity that flips when told, and a trace of what happened.
+/// (``SimulatedOrigin``), connectivity that flips when told, a disk that fails and crashes
+/// (``SimulatedDisk``), and a trace of what happened.
 ///
 /// Everything random in the world — latencies, faults, the workload a scenario draws, and the
 /// order in which concurrent tasks run — comes from `seed`, so one seed is one run, repeated
@@ -32,6 +33,8 @@ public final class Simulation: Sendable {
     public let origin: SimulatedOrigin
     /// The network between the layers and `origin`.
     public let network: SimulatedNetwork
+    /// The disk the stores' files live on while the simulation runs: faults, crashes.
+    public let disk: SimulatedDisk
 
     private struct State {
         var generator: SplitMix64
@@ -49,7 +52,9 @@ public final class Simulation: Sendable {
         state = Locked(State(generator: SplitMix64(seed: seed)))
         origin = SimulatedOrigin()
         network = SimulatedNetwork()
+        disk = SimulatedDisk(seed: seed)
         network.attach(to: self)
+        disk.attach(to: self)
     }
 
     /// Virtual time since the start.
@@ -151,7 +156,8 @@ public final class Simulation: Sendable {
     ///
     /// While it runs, the simulation owns the process's task scheduling (through the Swift
     /// runtime's global-enqueue hook): run it from an executable or an exit-test child, not beside
-    /// other concurrent work. Blocking file I/O of the package's stores runs inline meanwhile.
+    /// other concurrent work. The package's stores keep their files on ``disk`` meanwhile (nothing
+    /// reaches the machine's file system), and their blocking I/O runs inline.
     /// Two runs of one seed in one process give the same trace; across processes, set
     /// `SWIFT_DETERMINISTIC_HASHING=1` (dictionary order follows the process's hash seed), as
     /// `resilience-demo simulate` does.
@@ -167,7 +173,7 @@ public final class Simulation: Sendable {
         // A thread of its own: the scheduler runs jobs synchronously, which a Swift pool thread
         // (already inside a job) must not do.
         let thread = Thread {
-            let result = scheduler.run(clock: simulation.clock, timeLimit: timeLimit) { await body(simulation) }
+            let result = scheduler.run(clock: simulation.clock, disk: simulation.disk, timeLimit: timeLimit) { await body(simulation) }
             ending.withLock { $0 = result }
             finished.signal()
         }

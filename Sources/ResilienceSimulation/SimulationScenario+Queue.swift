@@ -3,16 +3,18 @@ import OfflineQueue
 import RequestEngine
 import ResilienceCore
 
-/// The queue scenario: writers enqueue through `OfflineQueueEngine` on a `DiskQueueStore` (real
-/// files in a folder of the run's own, written inline on the simulation's thread) while the
-/// device goes on and off line, the host fails, and the app restarts between bursts of work
-/// (engine and store dropped, the folder opened again). At the end the device is online for good
-/// and the queue is flushed until it is empty.
+/// The queue scenario: writers enqueue through `OfflineQueueEngine` on a `DiskQueueStore` (its
+/// files on the simulation's disk) while the device goes on and off line, the host fails, the
+/// disk fails writes, fsyncs, renames and unlinks, and the app restarts between bursts of work
+/// (engine and store dropped, the folder opened again) — or the power goes in the middle of one
+/// (`SimulatedDisk.crash()`: what was not durable is lost). At the end the device is online for
+/// good, the disk healthy, and the queue is flushed until it is empty.
 ///
-/// Invariants: every acknowledged write reaches the origin (for a coalescing key, the newest
-/// acknowledged edit is what the origin ends with), none takes effect twice (one
-/// `Idempotency-Key` across attempts, replays and restarts), writes of one ordering key take
-/// effect in the order they were enqueued, and the queue ends empty.
+/// Invariants: every acknowledged write reaches the origin, across crashes (for a coalescing
+/// key, the origin ends with the newest acknowledged edit, or a newer one whose enqueue failed
+/// after its file was written), none takes effect twice (one `Idempotency-Key` across attempts,
+/// replays, restarts and crashes), acknowledged writes of one ordering key take effect in the
+/// order they were enqueued, no entry file is found damaged on reopening, and the queue ends empty.
 struct QueueWorkload {
     let simulation: Simulation
 
@@ -28,14 +30,17 @@ struct QueueWorkload {
         var edits: Set<String> = []
         var newestEdit: [String: Int] = [:]
         var orderSequence: [String: Int] = [:]
+        var acknowledgedSequences: [String: Set<Int>] = [:]
         var editVersion: [String: Int] = [:]
         var restarts = 0
+        var crashes = 0
     }
+
+    static let diskFaults = SimulatedDisk.Faults(write: 0.02, fsync: 0.02, rename: 0.02, unlink: 0.03, directorySync: 0.02)
 
     func run() async -> [String] {
         let simulation = simulation
-        let folder = scratchFolder("queue", seed: simulation.seed)
-        defer { try? FileManager.default.removeItem(at: folder) }
+        let folder = URL(fileURLWithPath: "/simulation/queue", isDirectory: true)
         simulation.network.setHost(
             Self.host,
             .init(
@@ -53,9 +58,12 @@ struct QueueWorkload {
         }
         await engine.start()
         for burst in 0..<Self.bursts {
-            await burstOfWork(burst, engine: engine, written: written)
-            if simulation.chance(0.5) {
-                // The app restarts: everything in memory goes, the folder is opened again.
+            simulation.disk.faults = simulation.chance(0.5) ? Self.diskFaults : .none
+            let crashes = simulation.chance(0.25)
+            await burstOfWork(burst, engine: engine, written: written, crashing: crashes)
+            if crashes || simulation.chance(0.5) {
+                // The app restarts: everything in memory goes, the folder is opened again (after
+                // a crash, from what the disk kept).
                 // In one process, the folder's lock goes with the last reference to its store, and
                 // a first attempt that `enqueue` stopped waiting for still holds one until the
                 // network answers: wait (virtual time) for the old stack to be gone, as the app's
@@ -70,6 +78,10 @@ struct QueueWorkload {
                     waited += .seconds(1)
                 }
                 if oldStore != nil { violations.append("the stopped queue's store was still alive 10 minutes later (engine alive: \(oldEngine != nil))") }
+                if crashes {
+                    simulation.disk.restart()
+                    written.withLock { $0.crashes += 1 }
+                }
                 guard let reopened = try? makeEngine(folder, reopening: true, violations: &violations) else { return violations }
                 engine = reopened
                 await reopened.start()
@@ -77,7 +89,8 @@ struct QueueWorkload {
                 simulation.record("restart: \(reopened.store.entryCount) entries on disk")
             }
         }
-        // Online for good, a healthy host: everything acknowledged must now reach the origin.
+        // Online for good, a healthy host and disk: everything acknowledged must now reach the origin.
+        simulation.disk.faults = .none
         simulation.network.setHost(Self.host, .init(latency: .milliseconds(5)...(.milliseconds(50))))
         if simulation.isOffline { await simulation.setOnline(true) }
         var rounds = 0
@@ -91,10 +104,17 @@ struct QueueWorkload {
         return violations + check(written.withLock { $0 }, pending: await engine.pendingCount())
     }
 
-    /// Writers, connectivity flips and maybe a flush, all at once; returns when all are done.
-    private func burstOfWork(_ burst: Int, engine: OfflineQueueEngine, written: Locked<Written>) async {
+    /// Writers, connectivity flips and maybe a flush, all at once, and the power cut when
+    /// `crashing`; returns when all are done.
+    private func burstOfWork(_ burst: Int, engine: OfflineQueueEngine, written: Locked<Written>, crashing: Bool) async {
         let simulation = simulation
         await withTaskGroup(of: Void.self) { group in
+            if crashing {
+                group.addTask {
+                    try? await simulation.clock.sleep(for: simulation.random(in: .zero...(.seconds(3))))
+                    simulation.disk.crash()
+                }
+            }
             group.addTask {
                 // Connectivity flips during the burst.
                 for _ in 0..<simulation.random(in: 0...3) {
@@ -191,6 +211,9 @@ struct QueueWorkload {
             let result = try await engine.enqueue(request, sending: simulation.chance(0.5) ? .atOnce : .onNextDrain)
             written.withLock { state in
                 state.acknowledged.append(name)
+                if let orderingKey = request.orderingKey, let sequence = request.headers["X-Sim-Order"]?.split(separator: ":").last.flatMap({ Int($0) }) {
+                    state.acknowledgedSequences[orderingKey, default: []].insert(sequence)
+                }
                 if let edit {
                     state.edits.insert(name)
                     state.newestEdit[edit.key] = max(state.newestEdit[edit.key] ?? 0, edit.version)
@@ -238,12 +261,16 @@ struct QueueWorkload {
             let effects = origin.effects(of: name)
             if effects > 1 { violations.append("write \(name) took effect \(effects) times") }
         }
-        for (key, newest) in written.newestEdit where origin.version(of: key) != newest {
+        // An edit whose enqueue failed may still land (its file was written before the failure,
+        // and is not taken back): the origin may end with a newer edit than the newest
+        // acknowledged one, never an older.
+        for (key, newest) in written.newestEdit where origin.version(of: key) < newest {
             violations.append("coalescing key \(key): the origin ends with edit \(origin.version(of: key)), the newest acknowledged is \(newest)")
         }
-        // Writes of an ordering key take effect in enqueue order (each once).
+        // Acknowledged writes of an ordering key take effect in enqueue order (each once).
         for key in written.orderSequence.keys.sorted() {
-            let order = origin.appliedOrder(of: key)
+            let acknowledged = written.acknowledgedSequences[key] ?? []
+            let order = origin.appliedOrder(of: key).filter { acknowledged.contains($0) }
             if order != order.sorted() { violations.append("ordering key \(key) applied out of order: \(order)") }
         }
         // Every acknowledged write that is not a coalescing edit (which a newer one may replace)

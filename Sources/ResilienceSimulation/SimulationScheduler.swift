@@ -86,7 +86,7 @@ final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
 
     /// Runs `body` and everything it starts until `body` returns, gets stuck, or `clock` passes
     /// `timeLimit`. Blocks the calling thread, which must not be one of Swift's pool threads.
-    func run(clock: ManualClock, timeLimit: Duration, _ body: @escaping @Sendable () async -> Void) -> Ending {
+    func run(clock: ManualClock, disk: SimulatedDisk, timeLimit: Duration, _ body: @escaping @Sendable () async -> Void) -> Ending {
         Self.hookLock.lock()
         defer { Self.hookLock.unlock() }
         let hook = Self.hookPointer
@@ -98,7 +98,8 @@ final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
             true,
             seed: seed,
             date: { epoch.addingTimeInterval(Double(clock.now.offset / .nanoseconds(1)) / 1e9) },
-            pause: { [self] continuation in pause(continuation, now: clock.now.offset) }
+            pause: { [self] continuation in pause(continuation, now: clock.now.offset) },
+            fileSystem: disk
         )
         defer {
             hook.pointee = nil

@@ -124,14 +124,9 @@ public final class DiskResponseCache: Sendable {
         self.maxBytes = min(max(0, maxBytes), Int.max / 2)  // sums of sizes never overflow
         self.memoryBytes = min(max(0, memoryBytes), max(0, maxBytes))
         path = directory.path
-        do {
-            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        } catch {
-            let code = ((error as NSError).userInfo[NSUnderlyingErrorKey] as? NSError).map { Int32($0.code) } ?? EACCES
-            throw ResponseCacheError.storage(operation: "create directory", path: directory.path, errno: code)
-        }
         let lock: FileSystem.LockResult
         do {
+            try FileSystem.makeDirectoryTree(directory.path)
             try FileSystem.makeDirectory(directory.path)
             lock = try FileSystem.lockDirectory(directory.path, patience: .milliseconds(200))
         } catch {
@@ -147,7 +142,7 @@ public final class DiskResponseCache: Sendable {
             state.statistics.corruptRemoved = opened.corruptRemoved
             self.state = Locked(state)
         } catch {
-            close(descriptor)
+            FileSystem.closeDescriptor(descriptor)
             throw error
         }
         let excess = state.withLock { state in Self.evict(&state, toFit: self.maxBytes) }
@@ -156,7 +151,7 @@ public final class DiskResponseCache: Sendable {
     }
 
     deinit {
-        close(folder)
+        FileSystem.closeDescriptor(folder)
     }
 
     // MARK: - Inspecting and managing
@@ -419,7 +414,7 @@ public final class DiskResponseCache: Sendable {
             }
         }
         if corrupt { try? FileSystem.removeFile(filePath(key)) }
-        if response != nil { _ = utimensat(folder, name, nil, 0) }  // recency survives a restart
+        if response != nil { FileSystem.touch(named: name, in: folder) }  // recency survives a restart
         return response
     }
 

@@ -207,9 +207,9 @@ public actor OfflineQueueEngine {
         // the entry stored after it are the same write on `changes`.
         let id = SimulationPoints.uuid()  // UUID(), but drawn from the seed under a simulation
         var offered: QueueEntry?
-        if attemptFirst, await mayTrySending(request) {
-            // As for a replay: no older edit of its key may come back after a crash.
-            if request.coalescingKey != nil { try? await store.makeDeletionsDurable() }
+        // As for a replay: no older edit of its key may come back after a crash (else the edit
+        // is stored and a later pass sends it).
+        if attemptFirst, await mayTrySending(request), await olderEditsAreGone(request.coalescingKey) {
             let entry = QueueEntry(id: id, request: request, idempotencyKey: key, enqueuedAt: now, sequence: QueueEntry.unplacedSequence)
             var keyed = entry.replayRequest
             keyed?.keepSecretHeaders(from: request)
@@ -617,11 +617,21 @@ public actor OfflineQueueEngine {
         }
         lifecycle.replayStarted(entry.id)
         // An edit of a coalescing key goes out only once every deletion so far is durable: an
-        // older edit's file must not come back after a crash once this one is delivered.
-        if entry.coalescingKey != nil { try? await store.makeDeletionsDurable() }
-        store.announce(.attemptStarted(id: entry.id))
-        defer { store.announce(.attemptEnded(id: entry.id)) }
-        let outcome = await attempt(request.addingReplayHeaders(for: entry, from: configuration.replayHeaders), previousAttempts: entry.attempts)
+        // older edit's file must not come back after a crash, or after a deletion that failed,
+        // once this one is delivered. When that cannot be done now (the disk refuses), the edit
+        // waits as after a failed attempt.
+        var unsafeToSend: (any Error)?
+        if entry.coalescingKey != nil {
+            do { try await store.makeDeletionsDurable() } catch { unsafeToSend = error }
+        }
+        let outcome: QueueAttemptOutcome
+        if let unsafeToSend {
+            outcome = .retry(.underlying(unsafeToSend), after: backoff(afterAttempts: entry.attempts + 1))
+        } else {
+            store.announce(.attemptStarted(id: entry.id))
+            outcome = await attempt(request.addingReplayHeaders(for: entry, from: configuration.replayHeaders), previousAttempts: entry.attempts)
+        }
+        defer { if unsafeToSend == nil { store.announce(.attemptEnded(id: entry.id)) } }
         // What became of the entry while the attempt was away decides with its outcome: it may have
         // been cancelled, or a newer edit of its coalescing key stored beside it.
         let end = lifecycle.replayEnded(
@@ -657,6 +667,18 @@ public actor OfflineQueueEngine {
             break
         }
         return outcome
+    }
+
+    /// Whether an edit of `coalescingKey` may be sent now: every deletion so far is durable
+    /// (`DiskQueueStore.makeDeletionsDurable()`). Always true without a key.
+    private func olderEditsAreGone(_ coalescingKey: String?) async -> Bool {
+        guard coalescingKey != nil else { return true }
+        do {
+            try await store.makeDeletionsDurable()
+            return true
+        } catch {
+            return false
+        }
     }
 
     private func record(_ result: QueueEntryResult, in report: inout FlushReport) {

@@ -22,6 +22,9 @@ final class DeferredRemovals: Sendable {
         /// Taken by the worker and being deleted now (`removing` is held meanwhile).
         var inProgress: Set<String> = []
         var workerRunning = false
+        /// Deletions that failed (a full or read-only disk), with their error: `finish()` tries
+        /// them again.
+        var failed: [String: OfflineQueueError] = [:]
     }
 
     private let state = Locked(State())
@@ -33,7 +36,8 @@ final class DeferredRemovals: Sendable {
         self.pool = pool
     }
 
-    /// Queues `path` for deletion; a failure to delete is ignored (the next open replays it).
+    /// Queues `path` for deletion. A deletion that fails is kept and tried again by `finish()`;
+    /// left for good, the next open would replay the file (with its `Idempotency-Key`).
     func remove(_ path: String) {
         let startWorker = state.withLock { state -> Bool in
             state.pending.insert(path)
@@ -50,22 +54,43 @@ final class DeferredRemovals: Sendable {
         let (queued, taken) = state.withLock { state in
             (state.pending.remove(path) != nil, state.inProgress.contains(path))
         }
-        if queued { try? DurableFiles.removeFile(path) }
+        if queued { delete(path) }
         if taken {
             removing.lock()
             removing.unlock()
         }
+        state.withLock { _ = $0.failed.removeValue(forKey: path) }  // the write replaces that file
     }
 
-    /// Runs every queued deletion now and waits for the worker's batch in progress.
-    func finish() {
+    /// Deletes `path` now, here; a failure is kept for `finish()` to try again.
+    func removeNow(_ path: String) {
+        delete(path)
+    }
+
+    private func delete(_ path: String) {
+        do {
+            try DurableFiles.removeFile(path)
+        } catch {
+            let failure = error as? OfflineQueueError ?? .storage(operation: "unlink", path: path, errno: EIO)
+            state.withLock { $0.failed[path] = failure }
+        }
+    }
+
+    /// Runs every queued deletion now, tries the failed ones again, and waits for the worker's
+    /// batch in progress. Returns the error of a deletion that still fails, if any.
+    @discardableResult
+    func finish() -> OfflineQueueError? {
         removing.lock()
         defer { removing.unlock() }
-        let batch = state.withLock { state -> Set<String> in
-            defer { state.pending.removeAll() }
-            return state.pending
+        let batch = state.withLock { state -> [String] in
+            defer {
+                state.pending.removeAll()
+                state.failed.removeAll()
+            }
+            return (state.pending.union(state.failed.keys)).sorted()
         }
-        for path in batch { try? DurableFiles.removeFile(path) }
+        for path in batch { delete(path) }
+        return state.withLock { state in state.failed.sorted { $0.key < $1.key }.first?.value }
     }
 
     /// Deletions queued and not yet done (for tests).
@@ -80,7 +105,7 @@ final class DeferredRemovals: Sendable {
                 if state.inProgress.isEmpty { state.workerRunning = false }
                 return state.inProgress
             }
-            for path in batch { try? DurableFiles.removeFile(path) }
+            for path in batch.sorted() { delete(path) }
             state.withLock { $0.inProgress.removeAll() }
             removing.unlock()
             if batch.isEmpty { return }

@@ -65,6 +65,9 @@ extension DiskQueueStore {
         var quarantined: [QuarantinedFile] = []
         var removedTemporaryFiles = 0
         var removedSuperseded = 0
+        /// Files of older coalesced edits that a newer one superseded: the store deletes them as
+        /// it opens, and makes those deletions durable before it sends any edit.
+        var supersededFiles: [String] = []
     }
 
     /// What reading one candidate file found.
@@ -137,13 +140,11 @@ extension DiskQueueStore {
         for rename in renames {
             try DurableFiles.moveFile(directory.appendingPathComponent(rename.from).path, to: directory.appendingPathComponent(rename.to).path)
         }
-        for entry in superseded {
-            try? DurableFiles.removeFile(directory.appendingPathComponent("\(entry.id.uuidString).json").path)
-            loaded.removedSuperseded += 1
-        }
-        // Made durable before any edit is sent: else a crash could bring an older edit back alone
-        // after the newer one was delivered and deleted (see `makeDeletionsDurable`).
-        if !superseded.isEmpty { try? DurableFiles.syncDirectory(directory.path) }
+        // Deleted by the store as it opens, as deletions it must make durable (retrying any that
+        // fails) before it sends an edit: else the older edit could come back alone after the
+        // newer one was delivered (see `makeDeletionsDurable`).
+        loaded.supersededFiles = superseded.map { directory.appendingPathComponent("\($0.id.uuidString).json").path }.sorted()
+        loaded.removedSuperseded = superseded.count
         for file in corrupt {
             loaded.quarantined.append(moveToQuarantine(file, from: directory, to: quarantine))
         }
@@ -170,7 +171,7 @@ extension DiskQueueStore {
         var results = try decodeAll(names, in: directory)
         guard results.contains(where: { if case .unreadable = $0 { true } else { false } }) else { return results }
         let folder = try openDirectoryRetrying(directory.path)
-        defer { close(folder) }
+        defer { FileSystem.closeDescriptor(folder) }
         let decoder = QueueEntry.makeDecoder()
         var buffer: [UInt8] = []
         for position in results.indices {
@@ -211,7 +212,7 @@ extension DiskQueueStore {
     /// the folder's descriptor and read into one reusable buffer per worker.
     private static func decodeAll(_ names: [String], in directory: URL) throws -> [FileResult] {
         let directoryFD = try openDirectoryRetrying(directory.path)
-        defer { close(directoryFD) }
+        defer { FileSystem.closeDescriptor(directoryFD) }
         let chunkCount = min(names.count, max(1, ProcessInfo.processInfo.activeProcessorCount) * 4)
         let chunkSize = (names.count + chunkCount - 1) / chunkCount
         let results = UnsafeMutableBufferPointer<FileResult>.allocate(capacity: names.count)
@@ -270,8 +271,7 @@ extension DiskQueueStore {
     private static func moveToQuarantine(_ file: QuarantinedFile, from directory: URL, to quarantine: URL) -> QuarantinedFile {
         let source = directory.appendingPathComponent(file.name).path
         var target = quarantine.appendingPathComponent(file.name).path
-        var info = stat()
-        if lstat(target, &info) == 0 {
+        if FileSystem.exists(target) {
             target = quarantine.appendingPathComponent("\(UUID().uuidString)-\(file.name)").path
         }
         do {

@@ -186,7 +186,7 @@ public final class DiskQueueStore: Sendable {
             try Self.makeSubdirectory(deadLetterDirectory.path)
             loaded = try Self.load(directory: directory, quarantine: quarantineDirectory)
         } catch {
-            close(lockDescriptor)
+            FileSystem.closeDescriptor(lockDescriptor)
             throw error
         }
         let index = QueueIndex(loading: loaded.entries)
@@ -198,6 +198,10 @@ public final class DiskQueueStore: Sendable {
             removedTemporaryFiles: loaded.removedTemporaryFiles,
             removedSupersededEntries: loaded.removedSuperseded
         )
+        for path in loaded.supersededFiles {
+            removals.removeNow(path)
+            noteDeletion()
+        }
     }
 
     deinit {
@@ -212,7 +216,7 @@ public final class DiskQueueStore: Sendable {
         if let descriptor = lock.withLock({ lock -> Int32? in
             defer { lock = nil }; return lock
         }) {
-            close(descriptor)
+            FileSystem.closeDescriptor(descriptor)
         }
     }
 
@@ -348,7 +352,7 @@ public final class DiskQueueStore: Sendable {
     public func deadLetters() -> [QueueEntry] {
         let names = ((try? DurableFiles.listDirectory(deadLetterDirectory.path)) ?? []).filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") }
         guard !names.isEmpty, let folder = try? DurableFiles.openDirectory(deadLetterDirectory.path) else { return [] }
-        defer { close(folder) }
+        defer { FileSystem.closeDescriptor(folder) }
         let decoder = QueueEntry.makeDecoder()
         var buffer: [UInt8] = []
         return names.compactMap { name -> QueueEntry? in
@@ -438,11 +442,12 @@ public final class DiskQueueStore: Sendable {
     /// new one replaces once it is safely on disk.
     func insert(_ entry: QueueEntry, limit: Int?, replacing old: UUID?) async throws {
         let data = try encode(entry)
-        let needsSlot = try state.withLock { state -> Bool in
-            let needsSlot = old.flatMap { state.index[$0] } == nil && state.index[entry.id] == nil
+        let (needsSlot, wasQueued) = try state.withLock { state -> (Bool, Bool) in
+            let wasQueued = state.index[entry.id] != nil
+            let needsSlot = old.flatMap { state.index[$0] } == nil && !wasQueued
             if needsSlot, let limit, state.index.count + state.reservedSlots >= limit { throw OfflineQueueError.full }
             if needsSlot { state.reservedSlots += 1 }
-            return needsSlot
+            return (needsSlot, wasQueued)
         }
         defer { if needsSlot { state.withLock { $0.reservedSlots -= 1 } } }
 
@@ -452,8 +457,11 @@ public final class DiskQueueStore: Sendable {
             do {
                 try syncer.sync()
             } catch {
-                // Not known to be durable: do not report it as queued.
-                try? DurableFiles.removeFile(path)
+                // Not known to be durable: not reported as queued, and a new entry's file goes
+                // again. An entry already queued under this id keeps its file: the rename replaced
+                // its older state, either state is the entry, and deleting the file would lose a
+                // queued entry at the next open (found by the simulation's disk faults).
+                if !wasQueued { try? DurableFiles.removeFile(path) }
                 throw error
             }
         }
@@ -462,7 +470,7 @@ public final class DiskQueueStore: Sendable {
         // (and send) the new edit, the older one's deletion is counted, so the pass makes it
         // durable first (`makeDeletionsDurable`).
         if let old, old != entry.id {
-            try? DurableFiles.removeFile(filePath(old))
+            removals.removeNow(filePath(old))  // a failure is tried again before the edit is sent
             noteDeletion()
         }
         // The replacement and its predecessor's departure are one change: the count never blips.
@@ -539,13 +547,17 @@ public final class DiskQueueStore: Sendable {
     /// could come back alone after this edit was delivered and deleted, and the older edit be sent
     /// last (found by Models/QueueCoalescing.pml). Costs one directory fsync when anything was
     /// deleted since the last one, nothing otherwise.
+    ///
+    /// A deletion that failed (a full or read-only disk) is tried again here; while one still
+    /// fails this throws its error, and the edit must wait: the file it could not delete may be
+    /// an older edit of the same key, which the next open would otherwise send after this one.
     func makeDeletionsDurable() async throws {
         let made = deletions.withLock { $0.made > $0.durable ? $0.made : nil }
         guard let made else { return }
         let removals = self.removals
         let syncer = self.syncer
         try await pool.run {
-            removals.finish()
+            if let failure = removals.finish() { throw failure }
             try syncer.sync()
         }
         deletions.withLock { $0.durable = max($0.durable, made) }
@@ -691,10 +703,9 @@ public final class DiskQueueStore: Sendable {
 
     private static func makeDirectories(_ directory: URL) throws {
         do {
-            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            try FileSystem.makeDirectoryTree(directory.path)
         } catch {
-            let code = ((error as NSError).userInfo[NSUnderlyingErrorKey] as? NSError).map { Int32($0.code) } ?? EACCES
-            throw OfflineQueueError.storage(operation: "create directory", path: directory.path, errno: code)
+            throw OfflineQueueError.storage(operation: error.operation, path: error.path, errno: error.errno)
         }
         try DurableFiles.makeDirectory(directory.path)
     }
@@ -703,8 +714,7 @@ public final class DiskQueueStore: Sendable {
     /// link) is moved aside to `.<name>.displaced-<UUID>` first, so it can never make the queue
     /// unopenable; nothing is deleted.
     private static func makeSubdirectory(_ path: String) throws {
-        var info = stat()
-        if lstat(path, &info) == 0, (info.st_mode & S_IFMT) != S_IFDIR {
+        if FileSystem.isNonDirectory(path) {
             let url = URL(fileURLWithPath: path)
             let aside = url.deletingLastPathComponent().appendingPathComponent(".\(url.lastPathComponent).displaced-\(UUID().uuidString)").path
             try DurableFiles.moveFile(path, to: aside)
