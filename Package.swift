@@ -65,7 +65,7 @@ let package = Package(
         .testTarget(name: "AuthTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Auth", "OfflineQueue", "ResilienceTesting"]),
         .testTarget(name: "ObservabilityTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Observability", "ResilienceTesting"]),
         .testTarget(name: "DrainerTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Drainer", "OfflineQueue", "ResilienceTesting"]),
-        .testTarget(name: "ResilienceSimulationTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "ResilienceSimulation"]),
+        .testTarget(name: "ResilienceSimulationTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "ResilienceSimulation", "OfflineQueue", "RequestEngine"]),
         .testTarget(name: "OfflineFirstTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "OfflineFirst", "OfflineQueue", "ResponseCache", "ResilienceTesting"]),
     ],
     swiftLanguageModes: [.v6]
