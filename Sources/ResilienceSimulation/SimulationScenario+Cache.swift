@@ -4,15 +4,18 @@ import ResilienceCore
 import ResponseCache
 
 /// The cache scenario: two users' `CachedRequestEngine`s (partitions `alice` and `bob`) on one
-/// `DiskResponseCache` (real files, inline on the simulation's thread) read documents the server
-/// keeps changing, over a faulty host, while the device goes on and off line. Some reads carry
-/// the caller's own `If-None-Match` (an app revalidating what it holds), which the cache must
-/// pass through without touching what it stores.
+/// `DiskResponseCache` (its files on the simulation's disk) read documents the server keeps
+/// changing, over a faulty host, while the device goes on and off line, the disk fails writes,
+/// renames and unlinks, and the power goes once or twice (the cache is opened again from what the
+/// disk kept: files it never fsyncs may come back cut). Some reads carry the caller's own
+/// `If-None-Match` (an app revalidating what it holds), which the cache must pass through
+/// without touching what it stores.
 ///
 /// Invariants: a response served as fresh is a version the origin answered or confirmed within
 /// its lifetime (`max-age=5`, plus a second of transit) — a 304 applied to the wrong stored
-/// response breaks this; a `no-store` response is never served twice; a response is never served
-/// to another partition's user.
+/// response breaks this; a body served is one the origin sent, whole (never a file a crash cut);
+/// a `no-store` response is never served twice; a response is never served to another
+/// partition's user.
 struct CacheWorkload {
     let simulation: Simulation
 
@@ -35,39 +38,30 @@ struct CacheWorkload {
 
     func run() async -> [String] {
         let simulation = simulation
-        let folder = scratchFolder("cache", seed: simulation.seed)
-        defer { try? FileManager.default.removeItem(at: folder) }
+        let folder = URL(fileURLWithPath: "/simulation/cache", isDirectory: true)
         simulation.network.setHost(
             Self.host,
             .init(latency: .milliseconds(5)...(.milliseconds(150)), faults: .init(refused: 0.03, resetBefore: 0.03, timeout: 0.03, serverError: 0.05))
         )
         for index in 0..<Self.documents { simulation.origin.setCacheControl("max-age=5", for: "d\(index)") }
         simulation.origin.setCacheControl("no-store", for: "d\(Self.documents)")
-        let cache: DiskResponseCache
-        do {
-            cache = try DiskResponseCache(directory: folder, maxBytes: 1 << 20)
-        } catch {
-            return ["the cache folder could not be opened: \(error)"]
-        }
         let requestEngine = AsyncRequestEngine(
             session: simulation.network,
             configuration: .init(retry: .init(policy: SeededRetryPolicy(simulation: simulation, maxRetries: 1, base: .milliseconds(100)))),
             clock: simulation.clock
         )
-        let users: [String] = ["alice", "bob"]
-        let engines = users.map { user in
-            (
-                user,
-                CachedRequestEngine(
-                    requestEngine: requestEngine,
-                    cache: cache,
-                    reachabilityMonitor: simulation.connectivity,
-                    configuration: .init(partition: user),
-                    clock: simulation.clock
-                )
-            )
+        // The users' engines on the cache now open: nil while the app restarts after a crash.
+        let engines = Locked<[(user: String, engine: CachedRequestEngine)]?>(nil)
+        do {
+            let opened = try open(folder, requestEngine: requestEngine)
+            engines.withLock { $0 = opened }
+        } catch {
+            return ["the cache folder could not be opened: \(error)"]
         }
+        if simulation.chance(0.5) { simulation.disk.faults = .init(write: 0.03, rename: 0.03, unlink: 0.03) }
+        var violations: [String] = []
         let served = Locked<[Served]>([])
+        let restartFailures = Locked<[String]>([])
         let finished = Locked(false)
         await withTaskGroup(of: Void.self) { group in
             group.addTask {
@@ -77,6 +71,33 @@ struct CacheWorkload {
                     let document = "d\(simulation.random(in: 0...Self.documents))"
                     simulation.origin.bump(document)
                     simulation.record("server changes \(document) to \(simulation.origin.version(of: document))")
+                }
+            }
+            let crashes = simulation.random(in: 0...2)
+            group.addTask {
+                // The power goes: every engine in use is dropped, and the app opens the cache
+                // again from what the disk kept once the old one is gone.
+                for _ in 0..<crashes {
+                    try? await simulation.clock.sleep(for: simulation.random(in: .seconds(1)...(.seconds(8))))
+                    simulation.disk.crash()
+                    weak let old = engines.withLock { current -> DiskResponseCache? in
+                        defer { current = nil }
+                        return current?.first?.engine.cache
+                    }
+                    var waited = Duration.zero
+                    while old != nil, waited < .seconds(600) {
+                        try? await simulation.clock.sleep(for: .seconds(1))
+                        waited += .seconds(1)
+                    }
+                    simulation.disk.restart()
+                    if old != nil { return restartFailures.withLock { $0.append("the crashed cache was still alive 10 minutes later") } }
+                    do {
+                        let reopened = try open(folder, requestEngine: requestEngine)
+                        engines.withLock { $0 = reopened }
+                        simulation.record("cache reopened after a crash")
+                    } catch {
+                        return restartFailures.withLock { $0.append("reopening the cache after a crash failed: \(error)") }
+                    }
                 }
             }
             group.addTask {
@@ -90,9 +111,10 @@ struct CacheWorkload {
             await withTaskGroup(of: Void.self) { readers in
                 for reader in 0..<Self.readers {
                     readers.addTask {
-                        let (user, engine) = engines[reader % engines.count]
                         for index in 0..<Self.reads {
                             try? await simulation.clock.sleep(for: simulation.random(in: .zero...(.seconds(1))))
+                            // While the app restarts there is no cache to read through.
+                            guard let (user, engine) = engines.withLock({ $0.map { $0[reader % $0.count] } }) else { continue }
                             if let one = await readDocument(name: "r\(reader).\(index)", user: user, engine: engine) {
                                 served.withLock { $0.append(one) }
                             }
@@ -102,7 +124,26 @@ struct CacheWorkload {
             }
             finished.withLock { $0 = true }
         }
-        return check(served.withLock { $0 })
+        simulation.disk.faults = .none
+        violations += restartFailures.withLock { $0 }
+        return violations + check(served.withLock { $0 })
+    }
+
+    /// Opens the cache in `folder` and one `CachedRequestEngine` per user on it.
+    private func open(_ folder: URL, requestEngine: AsyncRequestEngine) throws -> [(user: String, engine: CachedRequestEngine)] {
+        let cache = try DiskResponseCache(directory: folder, maxBytes: 1 << 20)
+        return ["alice", "bob"].map { user in
+            (
+                user,
+                CachedRequestEngine(
+                    requestEngine: requestEngine,
+                    cache: cache,
+                    reachabilityMonitor: simulation.connectivity,
+                    configuration: .init(partition: user),
+                    clock: simulation.clock
+                )
+            )
+        }
     }
 
     private func readDocument(name: String, user: String, engine: CachedRequestEngine) async -> Served? {
