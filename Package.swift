@@ -49,7 +49,10 @@ let package = Package(
         .target(name: "ResilienceTesting", dependencies: ["Retry", "RequestEngine", "Reachability", "ResilienceCore"]),
         .target(
             name: "ResilienceSimulation",
-            dependencies: ["ResilienceTesting", "RequestEngine", "Auth", "OfflineQueue", "ResponseCache", "Reachability", "Retry", "ResilienceCore"]
+            dependencies: [
+                "ResilienceTesting", "RequestEngine", "Auth", "OfflineQueue", "ResponseCache", "Drainer", "OfflineFirst", "Reachability", "Retry",
+                "ResilienceCore",
+            ]
         ),
         // Helpers for this package's own tests and demo (package access, not a product).
         .target(name: "ResilienceTestSupport", dependencies: ["Retry", "RequestEngine", "ResilienceCore"]),

@@ -92,7 +92,7 @@ public actor DrainService {
     ) {
         self.init(
             queue: queue, interval: interval, cycleBudget: cycleBudget, jitter: jitter, backoff: backoff,
-            clock: clock, randomUnit: { Double.random(in: 0..<1) })
+            clock: clock, randomUnit: { SimulationPoints.randomUnit() })  // Double.random, or the simulation's seed
     }
 
     /// For tests: `randomUnit` returns a value in 0..<1 that picks the jitter factor.

@@ -11,7 +11,8 @@ import Synchronization
 /// - the wall-clock time layers start their clocks from (`SimulationPoints.date()`) is the
 ///   simulation's, so the dates they compute follow the seed and not the machine's clock;
 /// - identifiers the layers make (`SimulationPoints.uuid()`) are drawn from the seed, so
-///   collections keyed by them are visited in the same order in every run of a seed;
+///   collections keyed by them are visited in the same order in every run of a seed, and so is
+///   the drain service's jitter (`randomUnit()`);
 /// - with a simulated disk (`fileSystem`), every `FileSystem` operation of the stores goes to it
 ///   instead of the kernel, so files, faults and crashes follow the seed too;
 /// - objects that keep an invariant the simulation cannot see from outside (a wait line that
@@ -100,6 +101,13 @@ package enum SimulationPoints {
                 return UUID(uuid: uuid)
             }
         }
+    }
+
+    /// A number in 0..<1 for jitter: `Double.random(in: 0..<1)`, or drawn from the seed while a
+    /// simulation runs.
+    package static func randomUnit() -> Double {
+        guard isActive else { return Double.random(in: 0..<1) }
+        return identifiers.withLock { Double($0.next() >> 11) * 0x1p-53 }
     }
 
     /// The current date: the machine's, or the simulation's while one runs. Layers that measure

@@ -1,10 +1,12 @@
+import Drainer
 import Foundation
 import OfflineQueue
 import RequestEngine
 import ResilienceCore
 
 /// The queue scenario: writers enqueue through `OfflineQueueEngine` on a `DiskQueueStore` (its
-/// files on the simulation's disk) while the device goes on and off line, the host fails, the
+/// files on the simulation's disk), drained by the queue's own passes or by a `DrainService`
+/// whose cycles a budget cuts short, while the device goes on and off line, the host fails, the
 /// disk fails writes, fsyncs, renames and unlinks, and the app restarts between bursts of work
 /// (engine and store dropped, the folder opened again) — or the power goes in the middle of one
 /// (`SimulatedDisk.crash()`: what was not durable is lost). At the end the device is online for
@@ -56,7 +58,11 @@ struct QueueWorkload {
         } catch {
             return ["the queue folder could not be opened: \(error)"]
         }
-        await engine.start()
+        // Half the runs drain the queue as a service does (`DrainService`: cycles on a timer and
+        // on reconnect, each cut at a budget that cancels the request in flight), the other half
+        // with the queue's own passes.
+        let drains = simulation.chance(0.5)
+        var drainer = await start(engine, drains: drains)
         for burst in 0..<Self.bursts {
             simulation.disk.faults = simulation.chance(0.5) ? Self.diskFaults : .none
             let crashes = simulation.chance(0.25)
@@ -68,6 +74,8 @@ struct QueueWorkload {
                 // a first attempt that `enqueue` stopped waiting for still holds one until the
                 // network answers: wait (virtual time) for the old stack to be gone, as the app's
                 // process would be.
+                await drainer?.stop()
+                drainer = nil
                 await engine.stop()
                 weak let oldStore = engine.store
                 weak let oldEngine = engine
@@ -84,7 +92,7 @@ struct QueueWorkload {
                 }
                 guard let reopened = try? makeEngine(folder, reopening: true, violations: &violations) else { return violations }
                 engine = reopened
-                await reopened.start()
+                drainer = await start(reopened, drains: drains)
                 written.withLock { $0.restarts += 1 }
                 simulation.record("restart: \(reopened.store.entryCount) entries on disk")
             }
@@ -100,8 +108,33 @@ struct QueueWorkload {
             rounds += 1
             if report.remaining > 0 { try? await simulation.clock.sleep(for: .seconds(300)) }
         }
+        await drainer?.stop()
         await engine.stop()
         return violations + check(written.withLock { $0 }, pending: await engine.pendingCount())
+    }
+
+    /// Starts the queue's own passes, or a `DrainService` on it (`drains`).
+    private func start(_ engine: OfflineQueueEngine, drains: Bool) async -> DrainService? {
+        guard drains else {
+            await engine.start()
+            return nil
+        }
+        let drainer = DrainService(
+            queue: engine,
+            interval: .seconds(2),
+            cycleBudget: simulation.random(in: .milliseconds(200)...(.seconds(2))),
+            clock: simulation.clock
+        )
+        let reports = await drainer.reports
+        Task {
+            for await report in reports {
+                simulation.record(
+                    "drain cycle (\(report.trigger.rawValue)): \(report.delivered) delivered, \(report.remaining) remaining\(report.budgetExhausted ? ", budget exhausted" : "")"
+                )
+            }
+        }
+        await drainer.start()
+        return drainer
     }
 
     /// Writers, connectivity flips and maybe a flush, all at once, and the power cut when
