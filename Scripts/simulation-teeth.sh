@@ -22,7 +22,7 @@ for patch in "${patches[@]}"; do
     for ((first = 1; first <= limit; first += 100)); do
         last=$((first + 99 > limit ? limit : first + 99))
         found=$( (cd "$scratch/tree" && .build/debug/resilience-demo simulate --scenario all --seeds "$first..$last" --stop-at-first || true) \
-            | grep -A1 '^FAIL' | head -2 | tr '\n' ' ')
+            | grep -A1 '^FAIL' | head -2 | tr '\n' ' ' || true)  # no match: a block with no failure
         [ -z "$found" ] || break
     done
     if [ -n "$found" ]; then

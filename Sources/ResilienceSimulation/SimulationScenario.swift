@@ -14,10 +14,15 @@ import Retry
 /// - ``auth``: the same behind `AuthenticatedRequestEngine` and one `TokenRefreshCoordinator`,
 ///   with the server revoking tokens at random moments (401 storms) and refreshes that are slow,
 ///   fail, or outlast the refresh timeout.
-/// - ``queue``: `OfflineQueueEngine` on a `DiskQueueStore` across connectivity flips, faults,
-///   restarts and priority changes (see `SimulationScenario+Queue.swift`).
+/// - ``queue``: `OfflineQueueEngine` on a `DiskQueueStore` (drained by its own passes or a
+///   `DrainService`) across connectivity flips, network and disk faults, restarts, power cuts and
+///   priority changes (see `SimulationScenario+Queue.swift`).
 /// - ``cache``: two users' `CachedRequestEngine`s on one `DiskResponseCache`, documents changing
-///   on the server, callers' own revalidations (see `SimulationScenario+Cache.swift`).
+///   on the server, callers' own revalidations, disk faults and power cuts (see
+///   `SimulationScenario+Cache.swift`).
+/// - ``offlineFirst``: an `OfflineFirstClient` editing documents while screens read them, across
+///   relaunches and power cuts: what the app saved shows in every read that begins after (see
+///   `SimulationScenario+OfflineFirst.swift`).
 ///
 /// Invariants (a violated one is reported with the seed and the command that replays it):
 /// every caller gets an answer (no waiter is left suspended); no request outlives its deadline
@@ -42,8 +47,11 @@ public struct SimulationScenario: Sendable, Hashable, CustomStringConvertible {
     /// Two users' caches on one store, documents changing on the server, own revalidations.
     public static let cache = SimulationScenario(name: "cache")
 
+    /// An offline-first app: edits shown at once and across relaunches, reads that meet them.
+    public static let offlineFirst = SimulationScenario(name: "offline-first")
+
     /// Every scenario.
-    public static let all: [SimulationScenario] = [.engine, .auth, .queue, .cache]
+    public static let all: [SimulationScenario] = [.engine, .auth, .queue, .cache, .offlineFirst]
 
     /// The scenario called `name`, if there is one.
     public init?(named name: String) {
@@ -64,6 +72,7 @@ public struct SimulationScenario: Sendable, Hashable, CustomStringConvertible {
             case "auth": found = await ClientWorkload(simulation: simulation, authenticated: true).run()
             case "queue": found = await QueueWorkload(simulation: simulation).run()
             case "cache": found = await CacheWorkload(simulation: simulation).run()
+            case "offline-first": found = await OfflineFirstWorkload(simulation: simulation).run()
             default: found = await ClientWorkload(simulation: simulation, authenticated: false).run()
             }
             violations.withLock { $0 = found }
