@@ -70,6 +70,11 @@ public final class Simulation: Sendable {
         await connectivity.setConnected(online)
     }
 
+    /// The next raw draw from the seed.
+    func nextRandom() -> UInt64 {
+        state.withLock { $0.generator.next() }
+    }
+
     /// A number drawn uniformly from `range`.
     public func random(in range: ClosedRange<Int>) -> Int {
         state.withLock { Int.random(in: range, using: &$0.generator) }

@@ -111,17 +111,25 @@ public struct SimulationReport: Sendable {
     }
 }
 
-/// Exponential backoff with full jitter drawn from the simulation's seed.
+/// The package's own exponential backoff (`ExponentialRetryPolicy`, full jitter, capped at 1 024
+/// times the base), its jitter drawn from the simulation's seed.
 struct SeededRetryPolicy: RetryPolicy {
     let simulation: Simulation
     let maxRetries: Int
     let base: Duration
 
     func delay(forAttempt attempt: Int) -> TimeInterval? {
-        guard attempt < maxRetries else { return nil }
-        let ceiling = base * (1 << min(attempt, 10))
-        return simulation.random(in: .zero...ceiling).seconds
+        var random = SimulationRandom(simulation: simulation)
+        return ExponentialRetryPolicy(maxRetries: maxRetries, baseDelay: base.seconds, maxDelay: base.seconds * 1_024, jitter: .full)
+            .delay(forAttempt: attempt, using: &random)
     }
+}
+
+/// Draws from the simulation's seed, for APIs that take a `RandomNumberGenerator`.
+struct SimulationRandom: RandomNumberGenerator {
+    let simulation: Simulation
+
+    mutating func next() -> UInt64 { simulation.nextRandom() }
 }
 
 /// A request of the simulated workload.
