@@ -170,22 +170,36 @@ public final class OfflineFirstClient: Sendable {
     // MARK: - Reads
 
     /// One snapshot: `CachedRequestEngine.response(for:mode:staleTime:)` (waiting while offline
-    /// as the mode says) with the overlays of every matching pending write.
+    /// as the mode says) with the overlays of every matching pending write — and of every matching
+    /// write delivered since the last read of it that got a body from after the delivery
+    /// (`settlingEntryIDs`): a stale stored body, shown offline or while it is revalidated, never
+    /// hides a write the server already took.
     ///
     /// - Throws: what the read throws when no body can be had (`NetworkError`).
     public func snapshot(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) async throws -> QuerySnapshot {
         // Writes delivered before now have made their reads stale before this one reads.
-        await progress.waitForListener(through: queue.store.changeSequence)
+        let started = queue.store.changeSequence
+        await progress.waitForListener(through: started)
         let answer = try await reads.response(for: request, mode: mode, staleTime: staleTime)
         let reading = Set(optimisticUpdates.indices.filter { optimisticUpdates[$0].reads(request.url) })
-        let overlaid =
-            reading.isEmpty
-            ? Overlays.Result(data: answer.data)
-            : Overlays.apply(progress.overlayingItems, to: Overlays.Result(data: answer.data), rules: optimisticUpdates, only: reading)
+        guard !reading.isEmpty else {
+            return QuerySnapshot(
+                data: answer.data, response: answer.response, source: answer.source == .network ? .network : .cache,
+                isStale: answer.isStale, pendingEntryIDs: [], settlingEntryIDs: [], rejectedWrites: [],
+                overlayFailures: [], isPaused: false, isFetching: false, lastFetchError: nil
+            )
+        }
+        // A body fetched (or stored) after the writes delivered before this read began has them:
+        // they settle. A stale stored body predates them: they stay applied (settling).
+        // An error status from the server is not the read's body: it settles nothing.
+        let fetchedSinceDeliveries = answer.source == .network ? (200...299).contains(answer.response.statusCode) : !answer.isStale
+        let (settling, pending) = progress.overlays(reading: reading, settledThrough: fetchedSinceDeliveries ? started : nil)
+        let settled = Overlays.apply(settling, to: Overlays.Result(data: answer.data), rules: optimisticUpdates, only: reading)
+        let overlaid = Overlays.apply(pending, to: Overlays.Result(data: settled.data), rules: optimisticUpdates, only: reading)
         return QuerySnapshot(
             data: overlaid.data, response: answer.response, source: answer.source == .network ? .network : .cache,
-            isStale: answer.isStale, pendingEntryIDs: overlaid.applied, settlingEntryIDs: [], rejectedWrites: [],
-            overlayFailures: overlaid.failures, isPaused: false, isFetching: false, lastFetchError: nil
+            isStale: answer.isStale, pendingEntryIDs: overlaid.applied, settlingEntryIDs: settled.applied, rejectedWrites: [],
+            overlayFailures: settled.failures + overlaid.failures, isPaused: false, isFetching: false, lastFetchError: nil
         )
     }
 
@@ -330,7 +344,14 @@ public final class OfflineFirstClient: Sendable {
             /// Tagged with the sequence they wait for: the listener's (`listener`) or every live
             /// read's (`liveReads`).
             var waiters = WaiterList<Void, Wait>()
+            /// Delivered writes some update applies to, with the change sequence of their
+            /// delivery, oldest first: one-shot reads keep them applied until a read of theirs
+            /// gets a body fetched after the delivery (at most `settlingLimit`).
+            var settling: [(item: QueueMirror.Item, sequence: UInt64)] = []
         }
+
+        /// How many delivered writes one-shot reads keep applied before the oldest is let go.
+        static let settlingLimit = 256
 
         enum Wait: Sendable, Equatable {
             case listener(UInt64)
@@ -345,11 +366,25 @@ public final class OfflineFirstClient: Sendable {
             state = Locked(State(mirror: mirror, listenerSequence: sequence))
         }
 
-        /// The pending writes some update applies to, in replay order, with those updates.
-        var overlayingItems: [QueueMirror.Item] { state.withLock { $0.mirror.overlaying } }
+        /// For a one-shot read of the updates `reading`: the delivered writes still settling and
+        /// the pending writes that apply to it, in order. With `settledThrough`, the read's body
+        /// was fetched after every delivery up to that sequence: those writes settle (are let go).
+        func overlays(reading: Set<Int>, settledThrough: UInt64?) -> (settling: [QueueMirror.Item], pending: [QueueMirror.Item]) {
+            state.withLock { state in
+                let applies = { (item: QueueMirror.Item) in item.rules.contains { reading.contains($0) } }
+                if let settledThrough {
+                    state.settling.removeAll { $0.sequence <= settledThrough && applies($0.item) }
+                }
+                return (state.settling.map(\.item).filter(applies), state.mirror.overlaying)
+            }
+        }
 
         func listenerApplied(_ change: QueueChange, sequence: UInt64) {
             let ready = state.withLock { state in
+                if case .removed(let entry, .delivered) = change, let item = state.mirror.overlaying.first(where: { $0.entry.id == entry.id }) {
+                    state.settling.append((item, sequence))
+                    if state.settling.count > Self.settlingLimit { state.settling.removeFirst(state.settling.count - Self.settlingLimit) }
+                }
                 _ = state.mirror.apply(change)
                 state.listenerSequence = sequence
                 return Self.takeReady(&state)

@@ -469,6 +469,9 @@ public final class CachedRequestEngine: RequestSending {
     /// is not `cached`, the request is sent once more without validators. A `200` to `HEAD`
     /// freshens (or marks stale) the stored GET responses it describes (§4.3.5).
     private func networkExchange(_ plan: Plan, cached: StoredResponse?, epoch: UInt64) async -> Exchange {
+        // Registered until it has stored what it brings: a `markStale(where:)` meanwhile reaches it.
+        cache.exchangeBegan(plan.primaryKey, method: plan.request.method.rawValue, url: HTTPCachePolicy.storedURL(plan.request.url))
+        defer { cache.exchangeEnded(plan.primaryKey) }
         let requestTime = now
         let data: Data
         let response: HTTPURLResponse

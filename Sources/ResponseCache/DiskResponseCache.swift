@@ -93,6 +93,10 @@ public final class DiskResponseCache: Sendable {
         /// For each primary key marked stale, the number of its latest marking (see `staleEpoch`).
         var staleEpochs: [CacheDigest: UInt64] = [:]
         var nextStaleEpoch: UInt64 = 1
+        /// Exchanges with the origin in flight, by primary key: the method and URL (as stored)
+        /// they are for, and how many. `markStale(where:)` and `invalidate(where:)` reach them
+        /// too, not only what is stored.
+        var exchanges: [CacheDigest: (method: String, url: String, count: Int)] = [:]
         var memory: [CacheDigest: StoredResponse] = [:]
         var memoryIndex = CacheIndex()
         var statistics = Statistics()
@@ -204,9 +208,36 @@ public final class DiskResponseCache: Sendable {
     /// secret without it reaching the disk.
     @discardableResult
     public func invalidate(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> Int {
+        // An exchange in flight may bring the state from before whatever made the caller
+        // invalidate: what it stores is stored stale.
+        bumpStaleEpochs(matchingExchanges(predicate))
         let matching = matchingKeys(predicate)
         remove(matching)
         return matching.count
+    }
+
+    /// The primary keys of the exchanges in flight whose method and URL match.
+    private func matchingExchanges(_ predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> [CacheDigest] {
+        let exchanges = state.withLock { $0.exchanges }
+        return exchanges.compactMap { key, exchange in
+            guard let method = HTTPMethod(rawValue: exchange.method), let url = URL(string: exchange.url), predicate(method, url) else { return nil }
+            return key
+        }
+    }
+
+    /// A `CachedRequestEngine` asks the origin about `primaryKey` (until `exchangeEnded`), for
+    /// `method` and `url` (as stored).
+    func exchangeBegan(_ primaryKey: CacheDigest, method: String, url: String) {
+        state.withLock { state in
+            state.exchanges[primaryKey, default: (method, url, 0)].count += 1
+        }
+    }
+
+    func exchangeEnded(_ primaryKey: CacheDigest) {
+        state.withLock { state in
+            guard let exchange = state.exchanges[primaryKey] else { return }
+            state.exchanges[primaryKey] = exchange.count > 1 ? (exchange.method, exchange.url, exchange.count - 1) : nil
+        }
     }
 
     /// The keys of every stored response (written, in memory or waiting to be written) whose
@@ -233,7 +264,9 @@ public final class DiskResponseCache: Sendable {
     @discardableResult
     public func markStale(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> Int {
         let summaries = matchingSummaries(predicate)
-        bumpStaleEpochs(Set(summaries.map(\.primaryKey)))
+        // Exchanges in flight too: with nothing stored yet, one begun before the change would
+        // otherwise store the state from before it as fresh.
+        bumpStaleEpochs(Set(summaries.map(\.primaryKey)).union(matchingExchanges(predicate)))
         let keys = summaries.map(\.key)
         for key in keys {
             update(key) { stored in
