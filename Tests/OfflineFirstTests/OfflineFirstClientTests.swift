@@ -121,6 +121,26 @@ struct OfflineFirstClientTests {
         await reader.cancel()
     }
 
+    /// The one-shot read's read-your-writes: a stale stored list (shown offline, or at once while
+    /// it is revalidated) never hides a note the server already took; a list fetched after the
+    /// delivery has it, and settles it.
+    @Test func aOneShotReadKeepsADeliveredNoteOnAStaleStoredListUntilAReadGetsAListFromAfterIt() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"])
+        _ = try await h.client.snapshot(for: NotesList(), mode: .online, staleTime: .http)  // ["a"] stored
+        let sent = try await h.client.mutate(CreateNote("b"))  // online: delivered at once
+        #expect(sent == .sent(statusCode: 201) && h.origin.notes == ["a", "b"])
+        await h.monitor.setConnected(false)
+        let offline = try await h.client.snapshot(for: NotesList(), mode: .offlineFirst, staleTime: .http)
+        #expect(Notes.decode(offline.data) == ["a", "b"] && offline.isStale && offline.source == .cache)
+        #expect(offline.settlingEntryIDs.count == 1 && !offline.hasPendingWrites)
+        await h.monitor.setConnected(true)
+        let fetched = try await h.client.snapshot(for: NotesList(), mode: .online, staleTime: .http)  // the server's list
+        #expect(Notes.decode(fetched.data) == ["a", "b"] && fetched.source == .network && fetched.settlingEntryIDs.isEmpty)
+        await h.reads.waitForBackgroundRevalidations()
+        let stored = try await h.client.snapshot(for: NotesList(), mode: .offlineFirst, staleTime: .http)
+        #expect(Notes.decode(stored.data) == ["a", "b"] && !stored.isStale && stored.settlingEntryIDs.isEmpty)  // settled: applied once, not twice
+    }
+
     @Test func aNoteSentAtOnceOnlineIsShownFromTheMomentItIsOfferedUntilTheRefetch() async throws {
         let h = try OfflineFirstHarness(notes: ["a"])
         let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .online, staleTime: .http))

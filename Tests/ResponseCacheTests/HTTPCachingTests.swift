@@ -428,6 +428,27 @@ struct HTTPCachingTests {
         #expect(try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .http).source == .network)
     }
 
+    /// A first fetch in flight when the URL is marked stale (a write to it was just delivered)
+    /// may carry the state from before the write: with nothing stored yet, `markStale(where:)`
+    /// must still reach it, so that what it brings is stored stale, not served as fresh after.
+    @Test(arguments: [false, true])
+    func aFetchInFlightWhenItsURLIsMarkedStaleOrInvalidatedStoresItsAnswerStale_Section4_4(invalidating: Bool) async throws {
+        let h = try CacheHarness([.held(.ok("before the write", headers: ["Cache-Control": "max-age=600"])), .ok("after", headers: ["Cache-Control": "max-age=600"])])
+        let first = Task { try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .http) }
+        await h.session.waitForCalls(1)
+        if invalidating {
+            #expect(h.cache.invalidate { _, url in url.path == "/doc" } == 0)  // nothing stored yet
+        } else {
+            #expect(h.engine.markStale { _, url in url.path == "/doc" } == 0)
+        }
+        h.session.releaseHeld()
+        #expect(h.body(try await first.value) == "before the write")  // the caller that asked before gets it
+        let stored = try #require(h.engine.storedResponse(for: Read("/doc"), staleTime: .http))
+        #expect(stored.isStale)  // kept to show offline, never fresh
+        let next = try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .http)
+        #expect(next.source == .network && h.body(next) == "after")
+    }
+
     // MARK: RFC 5861
 
     @Test func staleWhileRevalidateServesAtOnceAndRefreshesInTheBackground_RFC5861_Section3() async throws {
