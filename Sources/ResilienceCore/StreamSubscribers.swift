@@ -36,16 +36,17 @@ package final class StreamSubscribers<Element: Sendable>: Sendable {
         return stream
     }
 
-    /// Sends `element` to every live stream.
+    /// Sends `element` to every live stream, oldest subscription first (a dictionary's own order
+    /// changes from one instance to the next: who wakes first must not).
     package func yield(_ element: Element) {
-        for continuation in state.withLock({ Array($0.continuations.values) }) {
+        for continuation in state.withLock({ $0.continuations.sorted { $0.key < $1.key }.map(\.value) }) {
             continuation.yield(element)
         }
     }
 
     /// The streams live now, to finish later with `finish(_:)` without touching newer ones.
     package var current: [ID] {
-        state.withLock { Array($0.continuations.keys) }
+        state.withLock { $0.continuations.keys.sorted() }
     }
 
     /// Finishes the given streams (those still live).
@@ -58,7 +59,7 @@ package final class StreamSubscribers<Element: Sendable>: Sendable {
     package func finishAll() {
         let ending = state.withLock { state -> [AsyncStream<Element>.Continuation] in
             defer { state.continuations.removeAll() }
-            return Array(state.continuations.values)
+            return state.continuations.sorted { $0.key < $1.key }.map(\.value)
         }
         for continuation in ending { continuation.finish() }
     }

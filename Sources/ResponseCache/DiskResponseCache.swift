@@ -351,8 +351,10 @@ public final class DiskResponseCache: Sendable {
 
     /// Starts a new stale epoch for these primary keys, whether anything is stored under them or not.
     func bumpStaleEpochs(_ primaryKeys: some Sequence<CacheDigest>) {
+        // In a fixed order: the numbers name shared exchanges, and a set's order varies by run.
+        let ordered = primaryKeys.sorted { $0.hex < $1.hex }
         state.withLock { state in
-            for key in primaryKeys {
+            for key in ordered {
                 state.staleEpochs[key] = state.nextStaleEpoch
                 state.nextStaleEpoch += 1
             }
