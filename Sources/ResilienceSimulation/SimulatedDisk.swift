@@ -337,7 +337,8 @@ extension SimulatedDisk: FileSystemStandIn {
             guard state.folders.contains(folder) else { throw FileSystemError(operation: "opendir", path: path, errno: ENOENT) }
             let prefix = folder == "/" ? "/" : folder + "/"
             let subfolders = state.folders.filter { $0.hasPrefix(prefix) && !$0.dropFirst(prefix.count).contains("/") && $0 != folder }
-            entries = (state.tree[folder] ?? [:]).keys.map { FileSystem.DirectoryEntry(name: $0, isRegularFile: true) }
+            entries =
+                (state.tree[folder] ?? [:]).keys.map { FileSystem.DirectoryEntry(name: $0, isRegularFile: true) }
                 + subfolders.map { FileSystem.DirectoryEntry(name: String($0.dropFirst(prefix.count)), isRegularFile: false) }
             entries.sort { $0.name < $1.name }
         }

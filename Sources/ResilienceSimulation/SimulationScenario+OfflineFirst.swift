@@ -233,7 +233,9 @@ struct OfflineFirstWorkload {
             let after = await pendingEdits(of: document, in: client)
             let pendingAllAlong = before.filter { after[$0.key] == $0.value }.values.max() ?? 0
             let required = max(saved, pendingAllAlong)
-            simulation.record("\(name) read \(document) \(mode) -> \(snapshot.response?.statusCode ?? 0) \(snapshot.source) \(String(decoding: snapshot.data ?? Data(), as: UTF8.self))\(snapshot.isStale ? " stale" : "")")
+            simulation.record(
+                "\(name) read \(document) \(mode) -> \(snapshot.response?.statusCode ?? 0) \(snapshot.source) \(String(decoding: snapshot.data ?? Data(), as: UTF8.self))\(snapshot.isStale ? " stale" : "")"
+            )
             let status = snapshot.response?.statusCode ?? 200
             guard let shown = Self.version(in: snapshot.data, of: document) else {
                 // The server's error answer (a 5xx the retries did not outlast), passed through.
