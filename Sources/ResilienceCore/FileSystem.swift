@@ -53,7 +53,9 @@ package protocol FileSystemStandIn: AnyObject, Sendable {
     func lockDirectory(_ path: String) throws(FileSystemError) -> FileSystem.LockResult
     func readRegularFile(named name: String, in directory: Int32, maximumSize: Int, prefix: Int?, into buffer: inout [UInt8], info: inout stat) -> FileSystem.Read
     func touch(named name: String, in directory: Int32)
-    func closeDescriptor(_ descriptor: Int32)
+    /// Closes one of its descriptors; false for a descriptor it never gave (one the kernel gave
+    /// before the simulation began), which the kernel then closes.
+    func closeDescriptor(_ descriptor: Int32) -> Bool
 }
 
 /// The POSIX file operations the storage layers share: writes that become visible atomically (temp
@@ -312,7 +314,7 @@ package enum FileSystem {
 
     /// Closes a descriptor that `openDirectory` or `lockDirectory` returned (giving up the lock).
     package static func closeDescriptor(_ descriptor: Int32) {
-        if let disk = SimulationPoints.fileSystem { return disk.closeDescriptor(descriptor) }
+        if let disk = SimulationPoints.fileSystem, disk.closeDescriptor(descriptor) { return }
         close(descriptor)
     }
 

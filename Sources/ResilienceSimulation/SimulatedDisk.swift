@@ -78,11 +78,14 @@ public final class SimulatedDisk: Sendable {
         var nextFile = 1
         var descriptors: [Int32: String] = [:]
         var locks: [String: Int32] = [:]
-        var nextDescriptor: Int32 = 1_000_000
+        var nextDescriptor = SimulatedDisk.firstDescriptor
         var down = false
         var failures = 0
         var crashes = 0
     }
+
+    /// The first descriptor number it gives.
+    static let firstDescriptor: Int32 = 1_000_000
 
     private let state: Locked<State>
     private let trace: Locked<(@Sendable (String) -> Void)?> = Locked(nil)
@@ -412,10 +415,14 @@ extension SimulatedDisk: FileSystemStandIn {
         }
     }
 
-    package func closeDescriptor(_ descriptor: Int32) {
+    package func closeDescriptor(_ descriptor: Int32) -> Bool {
         state.withLock { state in
-            guard let folder = state.descriptors.removeValue(forKey: descriptor) else { return }
+            // Its numbers start at 1 000 000, above any the kernel gives this process; one given
+            // before a crash is gone already.
+            guard descriptor >= Self.firstDescriptor else { return false }
+            guard let folder = state.descriptors.removeValue(forKey: descriptor) else { return true }
             if state.locks[folder] == descriptor { state.locks[folder] = nil }
+            return true
         }
     }
 }

@@ -625,13 +625,14 @@ public actor OfflineQueueEngine {
             do { try await store.makeDeletionsDurable() } catch { unsafeToSend = error }
         }
         let outcome: QueueAttemptOutcome
+        let sends = unsafeToSend == nil
+        defer { if sends { store.announce(.attemptEnded(id: entry.id)) } }  // after the outcome is applied
         if let unsafeToSend {
             outcome = .retry(.underlying(unsafeToSend), after: backoff(afterAttempts: entry.attempts + 1))
         } else {
             store.announce(.attemptStarted(id: entry.id))
             outcome = await attempt(request.addingReplayHeaders(for: entry, from: configuration.replayHeaders), previousAttempts: entry.attempts)
         }
-        defer { if unsafeToSend == nil { store.announce(.attemptEnded(id: entry.id)) } }
         // What became of the entry while the attempt was away decides with its outcome: it may have
         // been cancelled, or a newer edit of its coalescing key stored beside it.
         let end = lifecycle.replayEnded(
