@@ -45,11 +45,7 @@ struct CacheWorkload {
         )
         for index in 0..<Self.documents { simulation.origin.setCacheControl("max-age=5", for: "d\(index)") }
         simulation.origin.setCacheControl("no-store", for: "d\(Self.documents)")
-        let requestEngine = AsyncRequestEngine(
-            session: simulation.network,
-            configuration: .init(retry: .init(policy: SeededRetryPolicy(simulation: simulation, maxRetries: 1, base: .milliseconds(100)))),
-            clock: simulation.clock
-        )
+        let requestEngine = simulation.makeRequestEngine()
         // The users' engines on the cache now open: nil while the app restarts after a crash.
         let engines = Locked<[(user: String, engine: CachedRequestEngine)]?>(nil)
         do {

@@ -132,19 +132,8 @@ struct OfflineFirstWorkload {
     private func launch() async throws -> OfflineFirstClient {
         let store = try DiskQueueStore(directory: queueFolder)
         let cache = try DiskResponseCache(directory: cacheFolder, maxBytes: 1 << 20)
-        let requestEngine = AsyncRequestEngine(
-            session: simulation.network,
-            configuration: .init(retry: .init(policy: SeededRetryPolicy(simulation: simulation, maxRetries: 1, base: .milliseconds(100)))),
-            clock: simulation.clock
-        )
-        let queue = OfflineQueueEngine(
-            requestEngine: requestEngine,
-            reachabilityMonitor: simulation.connectivity,
-            store: store,
-            maxQueueSize: 10_000,
-            configuration: .init(retryPolicy: SeededRetryPolicy(simulation: simulation, maxRetries: .max, base: .milliseconds(500))),
-            clock: simulation.clock
-        )
+        let requestEngine = simulation.makeRequestEngine()
+        let queue = QueueWorkload.makeQueue(on: store, over: requestEngine, in: simulation)
         let reads = CachedRequestEngine(requestEngine: requestEngine, cache: cache, reachabilityMonitor: simulation.connectivity, clock: simulation.clock)
         let client = OfflineFirstClient(
             reads: reads,

@@ -174,13 +174,12 @@ struct QueueWorkload {
     }
 
     private func makeEngine(_ folder: URL) throws -> OfflineQueueEngine {
-        let store = try DiskQueueStore(directory: folder)
-        let requestEngine = AsyncRequestEngine(
-            session: simulation.network,
-            configuration: .init(retry: .init(policy: SeededRetryPolicy(simulation: simulation, maxRetries: 1, base: .milliseconds(100)))),
-            clock: simulation.clock
-        )
-        let engine = OfflineQueueEngine(
+        Self.makeQueue(on: try DiskQueueStore(directory: folder), over: simulation.makeRequestEngine(), in: simulation)
+    }
+
+    /// The scenarios' queue: on `store`, over `requestEngine`, retrying for ever with seeded backoff.
+    static func makeQueue(on store: DiskQueueStore, over requestEngine: AsyncRequestEngine, in simulation: Simulation) -> OfflineQueueEngine {
+        OfflineQueueEngine(
             requestEngine: requestEngine,
             reachabilityMonitor: simulation.connectivity,
             store: store,
@@ -188,7 +187,6 @@ struct QueueWorkload {
             configuration: .init(retryPolicy: SeededRetryPolicy(simulation: simulation, maxRetries: .max, base: .milliseconds(500))),
             clock: simulation.clock
         )
-        return engine
     }
 
     private func makeEngine(_ folder: URL, reopening: Bool, violations: inout [String]) throws -> OfflineQueueEngine {

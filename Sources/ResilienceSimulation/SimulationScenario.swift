@@ -125,6 +125,18 @@ struct SeededRetryPolicy: RetryPolicy {
     }
 }
 
+extension Simulation {
+    /// The request engine the queue, cache and offline-first scenarios build on: the simulated
+    /// network, one retry with seeded backoff.
+    func makeRequestEngine() -> AsyncRequestEngine {
+        AsyncRequestEngine(
+            session: network,
+            configuration: .init(retry: .init(policy: SeededRetryPolicy(simulation: self, maxRetries: 1, base: .milliseconds(100)))),
+            clock: clock
+        )
+    }
+}
+
 /// Draws from the simulation's seed, for APIs that take a `RandomNumberGenerator`.
 struct SimulationRandom: RandomNumberGenerator {
     let simulation: Simulation
