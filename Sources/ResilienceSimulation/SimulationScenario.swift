@@ -29,7 +29,12 @@ import Retry
 /// on the virtual clock; the deduplicating origin sees at most one effect per logical write;
 /// no request is sent more often than its retry policy allows, and retries stay within the
 /// retry budget; at most one token refresh runs at a time and no more start than revocations
-/// and failures explain.
+/// and failures explain; every acknowledged queue entry is delivered across disk faults and
+/// power cuts, the newest acknowledged edit of a coalescing key is the one that lands, and each
+/// ordering key's writes land in order; the cache serves nothing as fresh that the origin did not
+/// confirm within its lifetime, no `no-store` response from the store, nothing across
+/// partitions, no file a crash cut; an offline-first read shows what the app saved before it
+/// began. Each scenario's file says exactly what it checks.
 public struct SimulationScenario: Sendable, Hashable, CustomStringConvertible {
     /// The scenario's name (`resilience-demo simulate --scenario NAME`).
     public let name: String
