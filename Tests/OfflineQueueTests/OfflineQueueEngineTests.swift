@@ -373,6 +373,24 @@ struct OfflineQueueEngineTests {
         #expect(try await h.engine.enqueue(request).queuedID != nil)
     }
 
+    /// `stop()` waits for a pass in flight — also one the backoff timer started, which clears the
+    /// timer as it fires (the simulation found a stopped queue still sending for a minute).
+    @Test func stopCancelsAndWaitsForAPassTheBackoffTimerStarted() async throws {
+        let h = try QueueHarness([.status(503), .held(.ok()), .ok()])
+        let id = try #require(try await h.engine.enqueue(Mutation("/a")).queuedID)  // 503: kept 10 s
+        await h.engine.start()  // in backoff: the start pass skips it and arms the timer
+        await h.clock.waitForSleepers(1)
+        h.clock.advance(by: .seconds(10))
+        await h.session.waitForCalls(2)  // the timer's pass sends it; the answer is held
+        await h.engine.stop()
+        // The held attempt was cancelled before stop() returned: uncounted, the entry still queued.
+        #expect(await h.engine.pendingCount() == 1)
+        #expect(h.store.entry(id: id)?.attempts == 1)
+        h.session.releaseHeld()  // too late for the cancelled attempt
+        let report = await h.engine.flush()
+        #expect(report.delivered == [id] && h.session.callCount == 3)  // sent afresh, once
+    }
+
     @Test func aStartedQueueThatLearnedItIsOfflineTriesAgainAfterTheRecheckInterval() async throws {
         // The monitor keeps saying "connected" while sends find no network.
         let h = try QueueHarness(

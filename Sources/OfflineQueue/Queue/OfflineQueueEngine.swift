@@ -93,6 +93,12 @@ public actor OfflineQueueEngine {
     private var loopTask: Task<Void, Never>?
     private var timerTask: Task<Void, Never>?
     private var timerDeadline: Date?
+    /// Numbers the timers, so that one replaced after its sleep ended does not fire.
+    private var timerGeneration: UInt64 = 0
+    /// Timer tasks whose pass runs or waits for its turn now, by number: `timerTask` is cleared as
+    /// one fires (its pass schedules the next timer, which may fire while the first still waits),
+    /// so `stop()` finds them here, cancels them and waits for them.
+    private var firingTimers: [UInt64: Task<Void, Never>] = [:]
     private nonisolated let subscribers = StreamSubscribers<QueueEntryResult>()
 
     /// - Parameters:
@@ -362,13 +368,17 @@ public actor OfflineQueueEngine {
     public func stop() async {
         let loop = loopTask
         let timer = timerTask
+        let firing = firingTimers.sorted { $0.key < $1.key }.map(\.value)
         loopTask = nil
         timerTask = nil
         timerDeadline = nil
+        firingTimers = [:]
         loop?.cancel()
         timer?.cancel()
+        for task in firing { task.cancel() }
         await loop?.value
         await timer?.value
+        for task in firing { await task.value }
     }
 
     /// Whether `start()` is in effect.
@@ -711,16 +721,22 @@ public actor OfflineQueueEngine {
         timerDeadline = deadline
         let wait = Duration.clamped(seconds: deadline.timeIntervalSince(now), upperBound: .seconds(86_400))
         let time = self.time
+        timerGeneration &+= 1
+        let generation = timerGeneration
         timerTask = Task { [weak self] in
             do { try await time.sleep(wait) } catch { return }
             guard let self else { return }
-            await self.timerFired()
+            await self.timerFired(generation)
         }
     }
 
-    private func timerFired() async {
+    private func timerFired(_ generation: UInt64) async {
+        // Replaced, or stopped, after its sleep ended: no pass (a stopped queue sends nothing).
+        guard generation == timerGeneration, let task = timerTask else { return }
+        firingTimers[generation] = task
         timerTask = nil
         timerDeadline = nil
+        defer { firingTimers[generation] = nil }
         guard await reachability.isConnected else { return }
         _ = await runPass(.timer)
     }
