@@ -55,7 +55,6 @@ struct CacheWorkload {
             return ["the cache folder could not be opened: \(error)"]
         }
         if simulation.chance(0.5) { simulation.disk.faults = .init(write: 0.03, rename: 0.03, unlink: 0.03) }
-        var violations: [String] = []
         let served = Locked<[Served]>([])
         let restartFailures = Locked<[String]>([])
         let finished = Locked(false)
@@ -121,8 +120,7 @@ struct CacheWorkload {
             finished.withLock { $0 = true }
         }
         simulation.disk.faults = .none
-        violations += restartFailures.withLock { $0 }
-        return violations + check(served.withLock { $0 })
+        return restartFailures.withLock { $0 } + check(served.withLock { $0 })
     }
 
     /// Opens the cache in `folder` and one `CachedRequestEngine` per user on it.

@@ -376,12 +376,3 @@ struct ClientWorkload {
         return violations
     }
 }
-
-/// An empty folder of the run's own for a store's real files: in memory where the system has
-/// one (tmpfs, where an fsync costs nothing), else in the temporary folder. The caller removes it.
-func scratchFolder(_ name: String, seed: UInt64) -> URL {
-    let base = FileManager.default.fileExists(atPath: "/dev/shm") ? URL(fileURLWithPath: "/dev/shm") : FileManager.default.temporaryDirectory
-    let folder = base.appendingPathComponent("resilience-simulation-\(name)-\(getpid())-\(seed)", isDirectory: true)
-    try? FileManager.default.removeItem(at: folder)
-    return folder
-}
