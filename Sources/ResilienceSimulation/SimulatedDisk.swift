@@ -372,23 +372,22 @@ extension SimulatedDisk: FileSystemStandIn {
         into buffer: inout [UInt8],
         info: inout stat
     ) -> FileSystem.Read {
-        let found = state.withLock { state -> Result<(content: [UInt8], modified: Double)?, FileSystemError> in
-            guard !state.down else { return .failure(FileSystemError(operation: "open", path: name, errno: EIO)) }
-            guard let folder = state.descriptors[directory] else { return .failure(FileSystemError(operation: "open", path: name, errno: EBADF)) }
-            if state.folders.contains(folder == "/" ? "/" + name : folder + "/" + name) { return .success(nil) }
-            guard let id = state.tree[folder]?[name], let file = state.files[id] else { return .success(nil) }
-            return .success((file.content, file.modified))
+        // One look under the lock: the file's content, or what reading it finds instead.
+        enum Lookup {
+            case file(content: [UInt8], modified: Double)
+            case not(FileSystem.Read)
+        }
+        let found = state.withLock { state -> Lookup in
+            guard !state.down else { return .not(.failed(FileSystemError(operation: "open", path: name, errno: EIO))) }
+            guard let folder = state.descriptors[directory] else { return .not(.failed(FileSystemError(operation: "open", path: name, errno: EBADF))) }
+            if state.folders.contains((folder == "/" ? "" : folder) + "/" + name) { return .not(.notRegular("directory")) }
+            guard let id = state.tree[folder]?[name], let file = state.files[id] else { return .not(.vanished) }
+            return .file(content: file.content, modified: file.modified)
         }
         let file: (content: [UInt8], modified: Double)
         switch found {
-        case .failure(let error): return .failed(error)
-        case .success(nil):
-            // A folder under the name is "not regular"; no name at all has vanished.
-            let isFolder = state.withLock { state in
-                state.descriptors[directory].map { state.folders.contains(($0 == "/" ? "" : $0) + "/" + name) } ?? false
-            }
-            return isFolder ? .notRegular("directory") : .vanished
-        case .success(let some?): file = some
+        case .not(let outcome): return outcome
+        case .file(let content, let modified): file = (content, modified)
         }
         info = stat()
         info.st_mode = S_IFREG | 0o600

@@ -93,11 +93,7 @@ struct SimulatedDiskTests {
                     if content("a", in: "/d") != "old" { simulation.record("FAIL a failed unlink removed the file") }
                     if simulation.disk.failures != 5 { simulation.record("FAIL \(simulation.disk.failures) failures counted, 5 made") }
                 }
-                if let failure = run.trace.first(where: { $0.contains("FAIL") }) {
-                    print(failure)
-                    exit(1)
-                }
-                exit(0)
+                exitReportingFailures(of: run)
             }
         }
     }
@@ -127,11 +123,7 @@ struct SimulatedDiskTests {
                     let ids = await reopened.load().map(\.id)
                     if ids != [id] { simulation.record("FAIL after reopening: \(ids.count) entries") }
                 }
-                if let failure = run.trace.first(where: { $0.contains("FAIL") }) {
-                    print(failure)
-                    exit(1)
-                }
-                exit(0)
+                exitReportingFailures(of: run)
             }
         }
     }
@@ -174,11 +166,7 @@ struct SimulatedDiskTests {
                     let left = (try? FileSystem.listDirectory(folder.path))?.filter { $0.hasSuffix(".json") } ?? []
                     if !left.isEmpty { simulation.record("FAIL files left: \(left)") }
                 }
-                if let failure = run.trace.first(where: { $0.contains("FAIL") }) {
-                    print(failure)
-                    exit(1)
-                }
-                exit(0)
+                exitReportingFailures(of: run)
             }
         }
     }
@@ -192,4 +180,13 @@ private func content(_ name: String, in folder: String) -> String? {
     var info = stat()
     guard case .bytes(let count) = FileSystem.readRegularFile(named: name, in: descriptor, maximumSize: 1 << 20, into: &buffer, info: &info) else { return nil }
     return String(decoding: buffer[0..<count], as: UTF8.self)
+}
+
+/// Ends an exit-test child: 1 with the first line of `run`'s trace that says FAIL, else 0.
+private func exitReportingFailures(of run: Simulation.Run) -> Never {
+    if let failure = run.trace.first(where: { $0.contains("FAIL") }) {
+        print(failure)
+        exit(1)
+    }
+    exit(0)
 }
