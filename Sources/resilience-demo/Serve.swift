@@ -87,10 +87,10 @@ enum Serve {
         let signalSources = stop.installSignalHandlers()
         defer { for source in signalSources { source.cancel() } }
 
-        let workload: WorkloadServers
+        let workload: LoopbackHTTPServer
         let metricsServer: LoopbackHTTPServer
         do {
-            workload = try WorkloadServers()
+            workload = try Workload.makeServer()
             metricsServer = try LoopbackHTTPServer(port: options.port ?? 0, requestLogLimit: 100)
         } catch {
             complain("resilience-demo serve: could not start a loopback server: \(error)")
@@ -102,7 +102,7 @@ enum Serve {
         say(
             """
             resilience-demo serve
-              workload: \(Workload.workers) workers against \(workload.current.baseURL) (200 / 404 / 503 / slow / dedup routes)
+              workload: \(Workload.workers) workers against \(workload.baseURL) (200 / 404 / 503 / slow / dedup routes)
               metrics:  \(metricsURL)   (also \(metricsServer.url("/metrics.json")))
             Prometheus scrape config:
               scrape_configs:
@@ -111,7 +111,9 @@ enum Serve {
             Stop with Ctrl-C (SIGINT) or SIGTERM\(options.duration.map { "; stopping by itself after \(Self.format($0))" } ?? "").
             """)
 
-        let session = URLSession(configuration: .ephemeral)
+        // The package's transport over an ephemeral configuration: no URLCache (caching is the
+        // ResponseCache layer's job), so nothing the workload reads is held in memory.
+        let session = URLSessionTransport(configuration: .ephemeral)
         let engine = AsyncRequestEngine(
             session: session,
             retryPolicy: ExponentialRetryPolicy(maxRetries: 2, baseDelay: 0.05, maxDelay: 0.5, jitter: .full),
@@ -119,9 +121,8 @@ enum Serve {
         )
         let started = ContinuousClock.now
         let workers = (0..<Workload.workers).map { worker in
-            Task { await Workload.run(worker: worker, engine: engine, servers: workload) }
+            Task { await Workload.run(worker: worker, engine: engine, server: workload) }
         }
-        let rotation = Task { await workload.rotatePeriodically() }
         let progress = Task {
             while !Task.isCancelled {
                 try? await Task.sleep(for: .seconds(10))
@@ -143,12 +144,9 @@ enum Serve {
         say("\nstopping (\(reason)) …")
         timer?.cancel()
         progress.cancel()
-        rotation.cancel()
         for worker in workers { worker.cancel() }
         for worker in workers { await worker.value }
-        await rotation.value
         await progress.value
-        session.invalidateAndCancel()
         metricsServer.shutdown()
         workload.shutdown()
 
@@ -262,44 +260,15 @@ final class StopSignal: Sendable {
     }
 }
 
-/// The workload's server, replaced every minute: its `requestLog` is bounded (the last 1 000
-/// requests), but its per-path hit counts grow with every distinct path the workload invents, so
-/// one server serving for hours would still grow. The previous server stays up one more period,
-/// so requests in flight during a switch complete.
-final class WorkloadServers: Sendable {
-    private struct State {
-        var current: LoopbackHTTPServer
-        var previous: LoopbackHTTPServer?
-    }
-    private let state: Locked<State>
+/// What each worker sends, and how often.
+enum Workload {
+    static let workers = 8
 
-    init() throws {
-        state = Locked(State(current: try Self.makeServer()))
-    }
-
-    var current: LoopbackHTTPServer { state.withLock { $0.current } }
-
-    func rotatePeriodically() async {
-        while !Task.isCancelled {
-            try? await Task.sleep(for: .seconds(60))
-            if Task.isCancelled { return }
-            guard let fresh = try? Self.makeServer() else { continue }
-            let retired = state.withLock { state -> LoopbackHTTPServer? in
-                defer {
-                    state.previous = state.current
-                    state.current = fresh
-                }
-                return state.previous
-            }
-            retired?.shutdown()
-        }
-    }
-
-    func shutdown() {
-        let servers = state.withLock { [$0.current, $0.previous] }
-        for server in servers { server?.shutdown() }
-    }
-
+    /// The server, one for the whole run. Its per-path hit counts grow with every distinct path it
+    /// serves, so the workload draws ids from fixed ranges (8 000 paths at most): a service that
+    /// runs for hours stays the size it reached in its first minutes. Its `requestLog` keeps the
+    /// last 1 000 requests.
+    ///
     /// Routes: fast 200s, 404s, a flaky route (30 % 503), slow items (20 ms – 1.5 s, the engine
     /// times out at 1 s), a catalog slow enough for concurrent identical GETs to be deduplicated,
     /// and POSTs with an Idempotency-Key that sometimes fail with 503.
@@ -320,16 +289,10 @@ final class WorkloadServers: Sendable {
         }
         return server
     }
-}
 
-/// What each worker sends, and how often.
-enum Workload {
-    static let workers = 8
-
-    static func run(worker: Int, engine: AsyncRequestEngine, servers: WorkloadServers) async {
+    static func run(worker: Int, engine: AsyncRequestEngine, server: LoopbackHTTPServer) async {
         var sent = 0
         while !Task.isCancelled {
-            let server = servers.current
             sent += 1
             let roll = Int.random(in: 0..<100)
             let request: DemoRequest
@@ -342,7 +305,7 @@ enum Workload {
             case 50..<65:
                 request = DemoRequest(url: server.url("/api/flaky"), timeout: 2)
             case 65..<80:
-                request = DemoRequest(url: server.url("/api/items/\(UUID().uuidString.lowercased())"), timeout: 1)
+                request = DemoRequest(url: server.url("/api/items/\(Int.random(in: 1...2_900))"), timeout: 1)
             case 80..<92:
                 request = DemoRequest(url: server.url("/api/catalog"), timeout: 2)
             default:
