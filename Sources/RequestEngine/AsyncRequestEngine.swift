@@ -53,9 +53,10 @@ public final class AsyncRequestEngine: RequestSending {
     public let configuration: Configuration
     /// Read by every send, so kept out of `configuration` (reading an optional existential
     /// through a struct copies it).
-    private let policy: (any RetryPolicy)?
     private let sink: (any RequestEventSink)?
     private let budget: RetryBudget?
+    /// What every request's attempts are decided with (`RequestStateMachine`).
+    private let rules: RequestStateMachine.Rules
     private let sharedBreaker: CircuitBreaker?
     private let breakerRegistry: CircuitBreakerRegistry?
     private let time: TimeSource
@@ -73,8 +74,6 @@ public final class AsyncRequestEngine: RequestSending {
     /// optional existential copies it).
     private let observed: Bool
     private let retries: Bool
-    /// The longest `Retry-After` honoured; `nil` when the configuration ignores it.
-    private let retryAfterCap: Duration?
     /// The per-host limiters, when `limits.concurrencyPerHost` is set.
     private let hostLimiters: HostLimiters<ConcurrencyLimiter>?
     /// The per-host token buckets, when `limits.ratePerHost` is set.
@@ -111,7 +110,6 @@ public final class AsyncRequestEngine: RequestSending {
         let configuration = configuration.sanitized
         self.session = session
         self.configuration = configuration
-        self.policy = configuration.retry.policy
         self.sink = configuration.eventSink
         self.budget = configuration.retry.budget
         switch configuration.circuitBreaker {
@@ -134,11 +132,18 @@ public final class AsyncRequestEngine: RequestSending {
         self.hostRates = limits.ratePerHost.map { HostLimiters($0, time: time) }
         self.deduplicated = HTTPMethodSet(configuration.deduplicatedMethods)
         self.observed = sink != nil
-        self.retries = policy != nil
-        switch configuration.retry.retryAfter {
-        case .ignored: self.retryAfterCap = nil
-        case .honored(let atMost): self.retryAfterCap = atMost
-        }
+        self.retries = configuration.retry.policy != nil
+        let retryAfterCap: Duration? =
+            switch configuration.retry.retryAfter {
+            case .ignored: nil
+            case .honored(let atMost): atMost
+            }
+        self.rules = RequestStateMachine.Rules(
+            policy: configuration.retry.policy,
+            budget: configuration.retry.budget,
+            retryAfterCap: retryAfterCap,
+            maximumDelay: configuration.retry.maximumDelay
+        )
         self.sessionBoundsCalls = session.honorsTimeoutAndCancellation
         self.time = time
         self.watchdog = DeadlineWatchdog(time: time)
@@ -378,65 +383,54 @@ public final class AsyncRequestEngine: RequestSending {
 
     /// Runs attempts from `first` until the request succeeds, fails for good, or a timeout hands the
     /// rest to a new task. With `afterTimeout`, attempt `first` has already timed out and this is
-    /// the task the watchdog started to carry on.
+    /// the task the watchdog started to carry on. The decisions are `RequestStateMachine`'s; this
+    /// loop performs its actions.
     ///
-    /// Every decision is made by synchronous helpers and every event is built in an out-of-line
-    /// one: an async frame holds every value kept across an `await`, so keeping those few keeps
-    /// this frame small (figures in Benchmarks/README.md) and the task needs fewer allocator slabs.
+    /// Every event is built in an out-of-line helper: an async frame holds every value kept across
+    /// an `await`, so keeping those few keeps this frame small (figures in Benchmarks/README.md)
+    /// and the task needs fewer allocator slabs.
     private func attempts(
         _ call: SharedCall,
         from first: Int,
         afterTimeout: TimedOutAttempt?
     ) async {
-        var attempt = first
-        var expired = afterTimeout
+        let time = self.time
+        var machine: RequestStateMachine
+        var action: RequestStateMachine.Action
+        if let expired = afterTimeout {
+            machine = RequestStateMachine(cutAttempt: first)
+            action = machine.attemptCut(expired, cancelled: Task.isCancelled, request: call.execution, rules: rules, now: time.now)
+        } else {
+            machine = RequestStateMachine(attempt: first)
+            action = machine.startAttempt(
+                cancelled: Task.isCancelled, deadline: call.execution.deadline, now: time.now, breaker: call.execution.breaker)
+        }
         while true {
-            let result: Result<(Data, HTTPURLResponse), NetworkError>
-            if let timedOut = expired {
-                expired = nil
-                result = outcome(of: timedOut, breaker: call.execution.breaker)
-            } else {
-                if Task.isCancelled { return await callerCancelled(call, attempt: attempt) }
-                if let deadline = call.execution.deadline, time.now() >= deadline {
-                    return await end(call, .deadlineExceeded, attempt: attempt)
-                }
-                let breaker = call.execution.breaker
-                var permit: CircuitBreaker.Permit?
-                if let breaker {
-                    guard let granted = breaker.acquire() else {
-                        return await end(call, .circuitOpen, attempt: attempt)
-                    }
-                    permit = granted
-                }
-                guard let outcome = await perform(call, attempt: attempt, permit: permit) else {
+            switch consume action {
+            case .send(let attempt, let permit):
+                guard let result = await perform(call, attempt: attempt, permit: permit) else {
                     return  // timed out: the watchdog's task carries on
                 }
-                result = outcome
-                if let permit { breaker?.record(Self.breakerOutcome(of: result), for: permit) }
-                if case .failure(.cancelled) = result, Task.isCancelled {
-                    return await callerCancelled(call, attempt: attempt)
-                }
-            }
-            if let throttle = call.execution.throttle { Self.record(result, in: throttle) }
-
-            switch next(after: result, attempt: attempt, mayRetry: call.execution.mayRetry, deadline: call.execution.deadline, throttle: call.execution.throttle) {
-            case .succeed(let response):
-                if observed { await emitSucceeded(call, status: response.1.statusCode, attempt: attempt) }
-                return finish(call, .success(response))
-            case .fail(let error, let response):
-                return await end(call, error, attempt: attempt, response: response)
-            case .throttled(let error, let response):
-                if let throttleSink { await emitRetryThrottled(call, attempt: attempt, sink: throttleSink) }
-                return await end(call, error, attempt: attempt, response: response)
-            case .retry(let delay):
+                action = machine.attemptEnded(
+                    result, permit: permit, cancelled: Task.isCancelled, request: call.execution, rules: rules, now: time.now)
+            case .backOff(let delay, let attempt):
                 if observed { await emitRetryScheduled(call, attempt: attempt, delay: delay) }
-                let wakeAt = time.now() + delay
                 do {
                     if delay > .zero { try await time.sleep(delay) }
+                    machine.backoffEnded()
+                    action = machine.startAttempt(
+                        cancelled: Task.isCancelled, deadline: call.execution.deadline, now: time.now, breaker: call.execution.breaker)
                 } catch {
-                    return await callerCancelled(call, attempt: attempt, resumingAt: attempt + 1, notBefore: wakeAt)
+                    action = machine.backoffInterrupted()
                 }
-                attempt += 1
+            case .succeed(let response, let attempt):
+                if observed { await emitSucceeded(call, status: response.1.statusCode, attempt: attempt) }
+                return finish(call, .success(response))
+            case .fail(let error, let response, let attempt, let throttled):
+                if throttled, let throttleSink { await emitRetryThrottled(call, attempt: attempt, sink: throttleSink) }
+                return await end(call, error, attempt: attempt, response: response)
+            case .leave(let attempt, let resumingAt, let notBefore):
+                return await callerCancelled(call, attempt: attempt, resumingAt: resumingAt, notBefore: notBefore)
             }
         }
     }
@@ -657,27 +651,7 @@ public final class AsyncRequestEngine: RequestSending {
         attempt: Int
     ) {
         let timedOut = if case .failure(.cancelled) = result { call.timedOut(attempt: attempt) } else { false }
-        adaptive.release(permit, outcome: limiterOutcome(of: result, timedOut: timedOut))
-    }
-
-    /// What a copy's result tells its host's adaptive limit: the host could not take it (a
-    /// timeout — its limit passed, or the transport's —, 429, 503, a failed connection, a reply
-    /// that is not HTTP), it answered (any other status), or nothing (a cancellation, a body
-    /// over the limit, a refusal before sending).
-    static func limiterOutcome(
-        of result: Result<(Data, HTTPURLResponse), NetworkError>,
-        timedOut: Bool
-    ) -> AdaptiveConcurrencyLimiter.Outcome {
-        switch result {
-        case .success(let (_, response)):
-            return response.statusCode == 429 || response.statusCode == 503 ? .dropped : .success
-        case .failure(.cancelled):
-            return timedOut ? .dropped : .ignored
-        case .failure(.timedOut), .failure(.transport), .failure(.invalidResponse):
-            return .dropped
-        case .failure:
-            return .ignored
-        }
+        adaptive.release(permit, outcome: RequestStateMachine.limiterOutcome(of: result, timedOut: timedOut))
     }
 
     /// The transport call. Takes the call, not its `Execution`: a struct of that size passed by
@@ -704,99 +678,6 @@ public final class AsyncRequestEngine: RequestSending {
             // A session may report our cancellation as some other error; the caller asked to stop.
             if Task.isCancelled { return .failure(.cancelled) }
             return .failure(NetworkError(mapping: error))
-        }
-    }
-
-    /// What follows an attempt's result.
-    private enum Step {
-        case succeed((Data, HTTPURLResponse))
-        /// Stop: fail with the error; a final non-2xx response is handed back with it.
-        case fail(NetworkError, (Data, HTTPURLResponse)?)
-        /// Stop as `fail` does: a retry was due, and the host's retry throttle refused it.
-        case throttled(NetworkError, (Data, HTTPURLResponse)?)
-        case retry(after: Duration)
-    }
-
-    /// Decides what follows an attempt: a 2xx succeeds; a retryable failure is retried while the
-    /// request may be retried, the task is not cancelled, the policy gives a delay and the budget
-    /// grants a token (`Retry-After` on 429/503 replaces the policy's delay, capped); anything else
-    /// fails.
-    private func next(
-        after result: Result<(Data, HTTPURLResponse), NetworkError>,
-        attempt: Int,
-        mayRetry: Bool,
-        deadline: Duration?,
-        throttle: RetryThrottle?
-    ) -> Step {
-        let error: NetworkError
-        var retryAfter: Duration?
-        var finalResponse: (Data, HTTPURLResponse)?
-        switch result {
-        case .success(let (data, response)):
-            let status = response.statusCode
-            if (200...299).contains(status) { return .succeed((data, response)) }
-            error = .httpError(statusCode: status, data: data)
-            finalResponse = (data, response)
-            if retryAfterCap != nil { retryAfter = ResponseClassification(response).retryAfter }
-        case .failure(let failure):
-            error = failure
-        }
-        guard mayRetry, error.isRetryable, !Task.isCancelled,
-            let seconds = policy?.delay(forAttempt: attempt)
-        else { return .fail(error, finalResponse) }
-        var delay = RetryPolicyDelay.sanitized(seconds, maximum: configuration.retry.maximumDelay)
-        if let retryAfter, let retryAfterCap { delay = min(retryAfter, retryAfterCap) }
-        // A retry that would start at or past the deadline is not scheduled.
-        if let deadline, time.now() + delay >= deadline { return .fail(error, finalResponse) }
-        if let throttle, !throttle.allowsRetry { return .throttled(error, finalResponse) }
-        if let budget, !budget.tryWithdraw() { return .fail(error, finalResponse) }
-        return .retry(after: delay)
-    }
-
-    /// The result of an attempt whose timeout fired, counted by the circuit breaker. A call whose
-    /// waiters all left before the timeout fired ends as cancelled, as it would have without the
-    /// timeout: no retry, ignored by the breaker.
-    private func outcome(
-        of expired: TimedOutAttempt,
-        breaker: CircuitBreaker?
-    ) -> Result<(Data, HTTPURLResponse), NetworkError> {
-        let error: NetworkError =
-            expired.abandoned || Task.isCancelled ? .cancelled : expired.endsAtDeadline ? .deadlineExceeded : .timedOut
-        let result: Result<(Data, HTTPURLResponse), NetworkError> = .failure(error)
-        if let permit = expired.permit {
-            // Not on the wire (still waiting for a host's permit): nothing was learnt of the host.
-            // On the wire and cut by the deadline: the host did not answer in the time the caller
-            // had, which counts against it (a host that never answers must open its breaker even
-            // when every request's deadline is shorter than its timeout).
-            let outcome: CircuitBreaker.Outcome
-            switch error {
-            case .cancelled: outcome = .ignored
-            case _ where !expired.sent: outcome = .ignored
-            case .deadlineExceeded: outcome = .failure
-            default: outcome = Self.breakerOutcome(of: result)
-            }
-            breaker?.record(outcome, for: permit)
-        }
-        return result
-    }
-
-    /// How an attempt's result counts for the circuit breaker: only failures that say the
-    /// dependency is unhealthy count against it.
-    private static func breakerOutcome(of result: Result<(Data, HTTPURLResponse), NetworkError>) -> CircuitBreaker.Outcome {
-        switch result {
-        case .success(let (_, response)):
-            return ResponseClassification.isRetryable(status: response.statusCode) ? .failure : .success
-        case .failure(let error):
-            switch error {
-            // `deadlineExceeded` here is an attempt the deadline cut on the wire (the session timed
-            // it, `sessionTimedAttempt`): the host did not answer in the time the caller had.
-            case .transport, .timedOut, .invalidResponse, .deadlineExceeded: return .failure
-            case .httpError: return error.isRetryable ? .failure : .success
-            case .noConnection, .cancelled, .circuitOpen, .invalidRequest, .responseTooLarge, .underlying,
-                .limited, .tooManyRedirects, .responseHeadersTooLarge:
-                // The last two: the host answered, with something this request cannot use.
-                return .ignored
-            }
         }
     }
 
@@ -848,22 +729,6 @@ public final class AsyncRequestEngine: RequestSending {
     @inline(never)
     private func emitRetryThrottled(_ call: SharedCall, attempt: Int, sink: any RetryThrottlingEventSink) async {
         await sink.recordRetryThrottled(RetryThrottledEvent(traceID: call.execution.traceID, url: call.execution.url, attempt: attempt))
-    }
-
-    /// What an attempt's result says of its host's health, for its retry throttle: a failure the
-    /// engine would retry (a retryable status or transport failure, a timeout) takes a token; any
-    /// other answer gives one back; a cancellation, the deadline, a refusal or being offline says
-    /// nothing.
-    private static func record(_ result: Result<(Data, HTTPURLResponse), NetworkError>, in throttle: RetryThrottle) {
-        switch result {
-        case .success(let (_, response)):
-            if ResponseClassification.isRetryable(status: response.statusCode) { throttle.recordFailure() } else { throttle.recordSuccess() }
-        case .failure(.cancelled), .failure(.deadlineExceeded), .failure(.limited), .failure(.circuitOpen), .failure(.invalidRequest),
-            .failure(.noConnection):  // the device is offline: nothing learnt of the host
-            break
-        case .failure(let error):
-            if error.isRetryable { throttle.recordFailure() } else { throttle.recordSuccess() }
-        }
     }
 
     private func emitRetryScheduled(_ call: SharedCall, attempt: Int, delay: Duration) async {

@@ -12,7 +12,9 @@ import FoundationNetworking
 /// first acceptable answer resumes the attempt at once and the other copies are cancelled and
 /// left to wind down.
 ///
-/// Races this settles (all under one lock, decided once):
+/// The decisions (when the next copy goes, which answer ends the attempt) are
+/// `RequestStateMachine.HedgedAttempt`'s; this class holds it under one lock with the copies'
+/// tasks and the attempt's continuation, and performs what it returns. Races settled there, once:
 /// - two copies answering together: the first to take the lock decides, the other's answer is
 ///   dropped;
 /// - the attempt cancelled (its caller left, or its timeout or deadline fired) before the race has
@@ -20,19 +22,21 @@ import FoundationNetworking
 /// - the hedge timer firing after the decision: it finds the race decided and sends nothing.
 final class HedgeRace: Sendable {
     typealias Answer = Result<(Data, HTTPURLResponse), NetworkError>
+    private typealias Machine = RequestStateMachine.HedgedAttempt
 
     private struct State: Sendable {
+        /// When the next copy goes and which answer ends the attempt.
+        var machine: Machine
         var continuation: UnsafeContinuation<Answer, Never>?
-        var decided: Answer?
+        /// The answer once decided: a continuation installed after the decision takes it.
+        var answer: Answer?
         var tasks: [Task<Void, Never>] = []
-        var launched = 0
-        var pending = 0
-        /// The latest failure that came from the server or the network (not a limiter's refusal).
-        var lastFailure: Answer?
     }
 
-    private let state = Locked(State())
-    private let policy: HedgingPolicy
+    /// A decision to perform once the lock is released.
+    private typealias Settlement = (continuation: UnsafeContinuation<Answer, Never>?, tasks: [Task<Void, Never>], answer: Answer)
+
+    private let state: Locked<State>
     private let time: TimeSource
     private let started: Duration
     /// Sends copy number N (0: the first; further copies are hedges).
@@ -41,6 +45,7 @@ final class HedgeRace: Sendable {
     private let mayHedge: @Sendable () -> Bool
     /// Told of each further copy (its number and seconds since the first), before it is sent.
     private let onHedge: (@Sendable (Int, TimeInterval) async -> Void)?
+    private let delay: Duration
 
     init(
         policy: HedgingPolicy,
@@ -49,7 +54,8 @@ final class HedgeRace: Sendable {
         mayHedge: @escaping @Sendable () -> Bool,
         onHedge: (@Sendable (Int, TimeInterval) async -> Void)?
     ) {
-        self.policy = policy
+        self.state = Locked(State(machine: Machine(maxCopies: policy.maxAttempts)))
+        self.delay = policy.delay
         self.time = time
         self.started = time.now()
         self.send = send
@@ -63,85 +69,57 @@ final class HedgeRace: Sendable {
         await withTaskCancellationHandler {
             await withUnsafeContinuation { continuation in
                 let decided = state.withLock { state -> Answer? in
-                    if let decided = state.decided { return decided }
+                    if let answer = state.answer { return answer }
                     state.continuation = continuation
-                    launch(&state)
+                    _ = perform(state.machine.start(), &state)
                     return nil
                 }
                 if let decided { continuation.resume(returning: decided) }
             }
         } onCancel: {
-            decide(.failure(.cancelled))
+            feed { $0.cancelled() }
         }
     }
 
-    /// Starts copy number `state.launched` (under the lock); the first one also arms the timer.
-    private func launch(_ state: inout State) {
-        let copy = state.launched
-        state.launched += 1
-        state.pending += 1
-        let elapsed = copy == 0 ? 0 : (time.now() - started).seconds
-        state.tasks.append(
-            Task { [self] in
-                if copy > 0, let onHedge { await onHedge(copy, elapsed) }
-                answer(await send(copy))
-            })
-        if state.launched < policy.maxAttempts { armTimer(&state) }
+    /// Feeds the machine an event under the lock and performs its step; a decision resumes the
+    /// attempt and cancels the copies and the timer after the lock is released.
+    private func feed(_ event: (inout Machine) -> Machine.Step) {
+        let settlement = state.withLock { state in perform(event(&state.machine), &state) }
+        guard let settlement else { return }
+        settlement.continuation?.resume(returning: settlement.answer)
+        for task in settlement.tasks { task.cancel() }
     }
 
-    private func armTimer(_ state: inout State) {
-        let delay = policy.delay
-        state.tasks.append(
-            Task { [self, time] in
-                do { try await time.sleep(delay) } catch { return }
-                timerFired()
-            })
-    }
-
-    /// `delay` passed since the last copy was sent without an acceptable answer.
-    private func timerFired() {
-        state.withLock { state in
-            guard state.decided == nil, state.launched < policy.maxAttempts, mayHedge() else { return }
-            launch(&state)
-        }
-    }
-
-    private func answer(_ answer: Answer) {
-        let decision = state.withLock { state -> Answer? in
-            guard state.decided == nil else { return nil }
-            state.pending -= 1
-            switch Self.verdict(on: answer) {
-            case .ends:
-                return answer
-            case .refused:
-                // A limiter kept this copy off the wire: it says nothing of the server. The race
-                // ends with a real failure if there was one, and sends no copy at once after it.
-                return state.pending == 0 ? (state.lastFailure ?? answer) : nil
-            case .failed:
-                state.lastFailure = answer
-                guard state.pending == 0 else { return nil }
-                // Every copy sent has failed: the next goes at once, if one may.
-                if state.launched < policy.maxAttempts, mayHedge() {
-                    launch(&state)
-                    return nil
-                }
-                return answer
+    /// Performs `step` under the lock: a copy is started at once (its task is recorded before any
+    /// decision can need to cancel it); a decision is recorded and returned to be carried out.
+    private func perform(_ step: Machine.Step, _ state: inout State) -> Settlement? {
+        switch step {
+        case .wait:
+            return nil
+        case .launch(let copy, let armTimer):
+            let elapsed = copy == 0 ? 0 : (time.now() - started).seconds
+            state.tasks.append(
+                Task { [self] in
+                    if copy > 0, let onHedge { await onHedge(copy, elapsed) }
+                    let answer = await send(copy)
+                    feed { [mayHedge] in $0.answered(answer, mayHedge: mayHedge) }
+                })
+            if armTimer {
+                state.tasks.append(
+                    Task { [self, time, delay] in
+                        do { try await time.sleep(delay) } catch { return }
+                        feed { [mayHedge] in $0.timerFired(mayHedge: mayHedge) }
+                    })
             }
+            return nil
+        case .decide(let answer):
+            state.answer = answer
+            defer {
+                state.continuation = nil
+                state.tasks = []
+            }
+            return (state.continuation, state.tasks, answer)
         }
-        if let decision { decide(decision) }
-    }
-
-    /// Settles the race once: resumes the attempt and cancels every copy and the timer.
-    private func decide(_ answer: Answer) {
-        let settled = state.withLock { state -> (UnsafeContinuation<Answer, Never>?, [Task<Void, Never>])? in
-            guard state.decided == nil else { return nil }
-            state.decided = answer
-            defer { state.continuation = nil; state.tasks = [] }
-            return (state.continuation, state.tasks)
-        }
-        guard let (continuation, tasks) = settled else { return }
-        continuation?.resume(returning: answer)
-        for task in tasks { task.cancel() }
     }
 
     /// What an answer means for the race.

@@ -177,14 +177,14 @@ struct AdaptiveConcurrencyEngineTests {
         let response = { (status: Int) in
             Result<(Data, HTTPURLResponse), NetworkError>.success((Data(), HTTPURLResponse(url: Self.url, statusCode: status, httpVersion: nil, headerFields: nil)!))
         }
-        #expect(AsyncRequestEngine.limiterOutcome(of: response(200), timedOut: false) == .success)
-        #expect(AsyncRequestEngine.limiterOutcome(of: response(404), timedOut: false) == .success)
-        #expect(AsyncRequestEngine.limiterOutcome(of: response(429), timedOut: false) == .dropped)
-        #expect(AsyncRequestEngine.limiterOutcome(of: response(503), timedOut: false) == .dropped)
-        #expect(AsyncRequestEngine.limiterOutcome(of: .failure(.transport(.connectionLost)), timedOut: false) == .dropped)
-        #expect(AsyncRequestEngine.limiterOutcome(of: .failure(.timedOut), timedOut: false) == .dropped)
-        #expect(AsyncRequestEngine.limiterOutcome(of: .failure(.cancelled), timedOut: true) == .dropped)
-        #expect(AsyncRequestEngine.limiterOutcome(of: .failure(.cancelled), timedOut: false) == .ignored)
-        #expect(AsyncRequestEngine.limiterOutcome(of: .failure(.responseTooLarge(limit: 1, statusCode: 200)), timedOut: false) == .ignored)
+        #expect(RequestStateMachine.limiterOutcome(of: response(200), timedOut: false) == .success)
+        #expect(RequestStateMachine.limiterOutcome(of: response(404), timedOut: false) == .success)
+        #expect(RequestStateMachine.limiterOutcome(of: response(429), timedOut: false) == .dropped)
+        #expect(RequestStateMachine.limiterOutcome(of: response(503), timedOut: false) == .dropped)
+        #expect(RequestStateMachine.limiterOutcome(of: .failure(.transport(.connectionLost)), timedOut: false) == .dropped)
+        #expect(RequestStateMachine.limiterOutcome(of: .failure(.timedOut), timedOut: false) == .dropped)
+        #expect(RequestStateMachine.limiterOutcome(of: .failure(.cancelled), timedOut: true) == .dropped)
+        #expect(RequestStateMachine.limiterOutcome(of: .failure(.cancelled), timedOut: false) == .ignored)
+        #expect(RequestStateMachine.limiterOutcome(of: .failure(.responseTooLarge(limit: 1, statusCode: 200)), timedOut: false) == .ignored)
     }
 }
