@@ -37,7 +37,7 @@ public struct DrainCycleReport: Sendable {
     public var remaining: Int
     /// The budget ran out and the cycle was cancelled; the entry in flight, if any, stays queued.
     public var budgetExhausted: Bool
-    /// `stop(interruptingCycle: true)` or the system (a background task's expiry) cancelled the cycle.
+    /// `stop(.interruptingCycle)` or the system (a background task's expiry) cancelled the cycle.
     public var interrupted: Bool
     /// The network was unreachable: the monitor said so, or a send found out.
     public var endedOffline: Bool

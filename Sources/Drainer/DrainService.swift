@@ -137,16 +137,30 @@ public actor DrainService {
         loopTask = Task { await self.runLoop() }
     }
 
+    /// What `stop(_:)` does with the loop's cycle in flight.
+    public enum StopMode: Sendable, Hashable {
+        /// It ends on its own, within its budget (the default).
+        case lettingCycleFinish
+        /// It is cancelled at once: the request in flight is cancelled and its entry stays queued;
+        /// the cycle's report says `interrupted`.
+        case interruptingCycle
+    }
+
     /// Stops the service: no cycle of its loop starts after this is called, and it waits for the
     /// loop's cycle in flight to end — on its own, within its budget, or at once with
-    /// `interruptingCycle: true` (the request in flight is cancelled and its entry stays queued).
+    /// `.interruptingCycle` (the request in flight is cancelled and its entry stays queued).
     /// Every `reports` stream obtained before the call ends. A `drainNow()` call in flight is its
     /// caller's and runs to its end.
-    public func stop(interruptingCycle: Bool = false) async {
+    ///
+    /// ```swift
+    /// await drainer.stop()                     // the cycle in flight finishes within its budget
+    /// await drainer.stop(.interruptingCycle)   // or is cut short now
+    /// ```
+    public func stop(_ mode: StopMode = .lettingCycleFinish) async {
         // The streams to end are those that exist now, not ones a later start() subscribes.
         let endingReports = subscribers.current
         defer { subscribers.finish(endingReports) }
-        let action = machine.stop(interruptingCycle: interruptingCycle)
+        let action = machine.stop(interruptingCycle: mode == .interruptingCycle)
         if action.endListenerAndSleep {
             listenerTask?.cancel()
             listenerTask = nil

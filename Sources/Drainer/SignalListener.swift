@@ -215,8 +215,8 @@ private final class SignalHub: Sendable {
 extension DrainService {
     /// Starts the service, waits for one of `signals` (SIGTERM and SIGINT by default), stops
     /// listening (so a second signal acts as it did before, e.g. terminates), stops the service
-    /// cleanly — waiting for the cycle in flight, or interrupting it with
-    /// `interruptingCycle: true` — and returns the signal received; `nil` when the calling task
+    /// cleanly — waiting for the cycle in flight, or interrupting it with `.interruptingCycle` —
+    /// and returns the signal received; `nil` when the calling task
     /// was cancelled instead (the service is stopped then too).
     ///
     /// ```swift
@@ -227,14 +227,14 @@ extension DrainService {
     @discardableResult
     public func runUntilSignalled(
         _ signals: [Int32] = [SIGTERM, SIGINT],
-        interruptingCycle: Bool = false
+        stopping mode: StopMode = .lettingCycleFinish
     ) async -> Int32? {
         let listener = SignalListener(signals: signals)
         await start()
         let signal = await listener.next()
         // A second signal that came before the previous action was back gets that action now.
         for unconsumed in listener.cancelReturningUnconsumed() { raise(unconsumed) }
-        await stop(interruptingCycle: interruptingCycle)
+        await stop(mode)
         return signal
     }
 }

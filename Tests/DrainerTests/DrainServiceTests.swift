@@ -203,7 +203,7 @@ struct DrainServiceTests {
         let ids = try await h.enqueue(1)
         await h.service.start()
         await h.session.waitForCalls(1)
-        await h.service.stop(interruptingCycle: true)
+        await h.service.stop(.interruptingCycle)
         let last = try #require(await h.service.lastReport)
         #expect(last.interrupted && !last.budgetExhausted)
         #expect(last.remaining == 1)
@@ -219,7 +219,7 @@ struct DrainServiceTests {
         await h.session.waitForCalls(1)
         let patient = Task { await h.service.stop() }
         await waitUntil { await !h.service.isRunning }
-        await h.service.stop(interruptingCycle: true)
+        await h.service.stop(.interruptingCycle)
         await patient.value
         let last = try #require(await h.service.lastReport)
         #expect(last.interrupted)
@@ -305,7 +305,7 @@ struct DrainServiceTests {
         #expect(report.interrupted && report.trigger == .manual)
         #expect(report.delivered == 0 && report.remaining == 1)
         #expect(h.session.callCount == 1)
-        await h.service.stop(interruptingCycle: true)
+        await h.service.stop(.interruptingCycle)
     }
 
     @Test func jitterAlsoAppliesToBackoffWaits() async throws {

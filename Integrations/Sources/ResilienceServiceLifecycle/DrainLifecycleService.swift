@@ -16,7 +16,7 @@ import ServiceLifecycle
 ///   returns once it has stopped.
 /// - On **graceful shutdown** it calls `stop()`: no cycle starts after that, and the cycle in
 ///   flight ends on its own within its `cycleBudget` (or at once when made with
-///   `interruptingCycleOnShutdown: true`; the request in flight is cancelled and its entry stays
+///   `onShutdown: .interruptingCycle`; the request in flight is cancelled and its entry stays
 ///   queued for the next run).
 /// - On **cancellation** of the task running it (a `ServiceGroup` cancels its services when one of
 ///   them fails, or when the graceful shutdown times out) it stops at once, interrupting the cycle
@@ -25,25 +25,35 @@ import ServiceLifecycle
 public struct DrainLifecycleService: Service {
     /// The drain service this runs.
     public let drainService: DrainService
-    /// Whether a graceful shutdown interrupts the cycle in flight rather than letting it finish
-    /// within its budget.
-    public let interruptingCycleOnShutdown: Bool
+    /// What a graceful shutdown does with the cycle in flight: lets it finish within its budget
+    /// (the default) or interrupts it.
+    public let onShutdown: DrainService.StopMode
 
-    public init(_ drainService: DrainService, interruptingCycleOnShutdown: Bool = false) {
+    public init(_ drainService: DrainService, onShutdown: DrainService.StopMode = .lettingCycleFinish) {
         self.drainService = drainService
-        self.interruptingCycleOnShutdown = interruptingCycleOnShutdown
+        self.onShutdown = onShutdown
     }
+
+    /// Now `init(_:onShutdown:)`.
+    @available(*, deprecated, message: "use init(_:onShutdown: .interruptingCycle)")
+    public init(_ drainService: DrainService, interruptingCycleOnShutdown: Bool) {
+        self.init(drainService, onShutdown: interruptingCycleOnShutdown ? .interruptingCycle : .lettingCycleFinish)
+    }
+
+    /// Now `onShutdown`.
+    @available(*, deprecated, message: "use onShutdown")
+    public var interruptingCycleOnShutdown: Bool { onShutdown == .interruptingCycle }
 
     public func run() async throws {
         await drainService.start()
-        let interrupt: Bool
+        let mode: DrainService.StopMode
         do {
             try await gracefulShutdown()
-            interrupt = interruptingCycleOnShutdown
+            mode = onShutdown
         } catch {
-            interrupt = true  // cancelled: stop now
+            mode = .interruptingCycle  // cancelled: stop now
         }
-        await drainService.stop(interruptingCycle: interrupt)
+        await drainService.stop(mode)
     }
 }
 

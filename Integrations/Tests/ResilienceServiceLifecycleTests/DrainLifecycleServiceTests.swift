@@ -70,6 +70,25 @@ struct DrainLifecycleServiceTests {
         try? FileManager.default.removeItem(at: folder)
     }
 
+    @Test func gracefulShutdownMadeToInterruptCutsTheCycleInFlightAndItsEntryStaysQueued() async throws {
+        server.route("/items/*", LoopbackResponse.ok().held())
+        try await enqueue(["/items/1"])
+        let drainer = DrainService(queue: queue, interval: .seconds(60), cycleBudget: .seconds(3600), clock: ManualClock())
+        var reports = await drainer.reports.makeAsyncIterator()
+        try await testGracefulShutdown { trigger in
+            let running = Task { try await DrainLifecycleService(drainer, onShutdown: .interruptingCycle).run() }
+            await server.waitForHits("/items/1", atLeast: 1)  // the cycle is in flight, its response held
+            trigger.triggerGracefulShutdown()
+            try await running.value  // returns although the response is still held: the cycle was cut
+        }
+        let report = try #require(await reports.next())
+        #expect(report.interrupted)
+        #expect(await drainer.isRunning == false)
+        #expect(await queue.pendingCount() == 1)
+        await server.waitForOpenConnections(atMost: 0)  // the request in flight was cancelled
+        try? FileManager.default.removeItem(at: folder)
+    }
+
     @Test func aServiceGroupRunsTheQueueAndStopsItOnGracefulShutdown() async throws {
         server.route("/items/*", .ok())
         try await enqueue(["/items/1"])
