@@ -55,7 +55,8 @@ public final class AsyncRequestEngine: RequestSending {
     /// through a struct copies it).
     private let sink: (any RequestEventSink)?
     private let budget: RetryBudget?
-    /// What every request's attempts are decided with (`RequestStateMachine`).
+    /// What every request's attempts are decided with (`RequestStateMachine`). Its retry policy,
+    /// an existential, is read through it only when an attempt fails.
     private let rules: RequestStateMachine.Rules
     private let sharedBreaker: CircuitBreaker?
     private let breakerRegistry: CircuitBreakerRegistry?
@@ -413,10 +414,12 @@ public final class AsyncRequestEngine: RequestSending {
                 }
                 action = machine.attemptEnded(
                     result, permit: permit, cancelled: Task.isCancelled, request: call.execution, rules: rules, now: time.now)
-            case .backOff(let delay, let attempt):
+            case .backOff(let delay, let attempt, let until):
                 if observed { await emitRetryScheduled(call, attempt: attempt, delay: delay) }
                 do {
-                    if delay > .zero { try await time.sleep(delay) }
+                    // From the decision, not from the event: a slow sink does not lengthen it.
+                    let left = delay > .zero ? until - time.now() : .zero
+                    if left > .zero { try await time.sleep(left) }
                     machine.backoffEnded()
                     action = machine.startAttempt(
                         cancelled: Task.isCancelled, deadline: call.execution.deadline, now: time.now, breaker: call.execution.breaker)

@@ -71,7 +71,8 @@ final class HedgeRace: Sendable {
                 let decided = state.withLock { state -> Answer? in
                     if let answer = state.answer { return answer }
                     state.continuation = continuation
-                    _ = perform(state.machine.start(), &state)
+                    let settled = perform(state.machine.start(), &state)
+                    precondition(settled == nil, "a hedged attempt's start launches its first copy")
                     return nil
                 }
                 if let decided { continuation.resume(returning: decided) }
@@ -119,30 +120,6 @@ final class HedgeRace: Sendable {
                 state.tasks = []
             }
             return (state.continuation, state.tasks, answer)
-        }
-    }
-
-    /// What an answer means for the race.
-    enum Verdict: Equatable {
-        /// It ends the race: acceptable (anything but a retryable failure), or a retryable
-        /// status that carries `Retry-After` (the server asked for a pause: no more copies now).
-        case ends
-        /// A retryable failure: the other copies may still do better.
-        case failed
-        /// A limiter's refusal (or a copy cancelled on its own): nothing was learnt.
-        case refused
-    }
-
-    static func verdict(on answer: Answer) -> Verdict {
-        switch answer {
-        case .success(let (_, response)):
-            guard ResponseClassification.isRetryable(status: response.statusCode) else { return .ends }
-            return ResponseClassification(response).retryAfter == nil ? .failed : .ends
-        case .failure(let error):
-            switch error {
-            case .cancelled, .limited: return .refused
-            default: return error.isRetryable ? .failed : .ends
-            }
         }
     }
 }

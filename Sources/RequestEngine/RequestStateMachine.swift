@@ -15,12 +15,13 @@ import FoundationNetworking
 /// (`RequestStateMachineTests`).
 ///
 /// ```
-///            startAttempt               attemptEnded: retry
-///   ready(n) ──────────► attempting(n) ───────────────────► backingOff(n + 1) ──backoffEnded──► ready(n + 1)
-///      │                      │  success, failure for good,          │
-///      │ cancelled, deadline, │  retry throttled, cancelled          │ cancelled
-///      │ circuit open         ▼                                      ▼
-///      └───────────────► finished ◄───────────────────────────────────┘
+///            startAttempt               attemptEnded or attemptCut: retry
+///   ready(n) ──────────► attempting(n) ─────────────────────────────────► backingOff(n + 1) ──backoffEnded──► ready(n + 1)
+///      │                      ▲  │  success, failure for good,                   │
+///      │ cancelled, deadline, │  │  retry throttled, cancelled                   │ backoffInterrupted
+///      │ circuit open         │  ▼                                               ▼
+///      └──────────────────────┼► finished ◄──────────────────────────────────────┘
+///                 init(cutAttempt:): a successor after the attempt's timeout or deadline
 /// ```
 ///
 /// It decides with the request's strategies: it takes the circuit breaker's permit and reports
@@ -34,9 +35,10 @@ import FoundationNetworking
 /// the attempt it is handed (`init(attempt:)`, `init(cutAttempt:)`).
 ///
 /// Races it settles:
-/// - the caller cancelled while an attempt is on the wire: a transport may report the cancellation
-///   as some other failure; an attempt that ends while the caller is cancelled leaves (the engine
-///   hands the rest over, or ends the request as cancelled), it is never retried;
+/// - the caller cancelled while an attempt is on the wire: an attempt that ends as cancelled while
+///   its task is cancelled leaves (the engine hands the rest over, or ends the request as
+///   cancelled); a transport may report the cancellation as some other failure, which then ends
+///   the request with that failure: a cancelled task never schedules a retry;
 /// - a timeout that fires after every waiter left: the cut attempt ends as cancelled (no retry,
 ///   nothing counted against the host), as it would have without the timeout;
 /// - a retry due at or past the request's deadline: not scheduled, the request fails at once.
@@ -48,7 +50,9 @@ struct RequestStateMachine: Sendable {
         case ready(attempt: Int)
         /// Attempt `attempt` is on its way or on the wire.
         case attempting(attempt: Int)
-        /// Attempt `attempt - 1` failed; `attempt` starts at `until` on the engine's clock.
+        /// Attempt `attempt - 1` failed; `attempt` starts at `until` on the engine's clock (the
+        /// decision's time plus the delay: what the retry event, the deadline check and a task
+        /// carrying the request on after a departure all count from).
         case backingOff(attempt: Int, until: Duration)
         /// The request ended in this task (it succeeded, failed, or its task left).
         case finished
@@ -58,9 +62,9 @@ struct RequestStateMachine: Sendable {
     enum Action: Sendable {
         /// Send attempt `attempt`, holding the breaker's permit when there is a breaker.
         case send(attempt: Int, permit: CircuitBreaker.Permit?)
-        /// Sleep `delay` before the next attempt, having reported that attempt `attempt` is
-        /// retried (then `backoffEnded` or `backoffInterrupted`).
-        case backOff(delay: Duration, attempt: Int)
+        /// Report that attempt `attempt` is retried after `delay`, then sleep until `until` on the
+        /// engine's clock (then `backoffEnded` or `backoffInterrupted`).
+        case backOff(delay: Duration, attempt: Int, until: Duration)
         /// A 2xx answered attempt `attempt`: the request succeeds.
         case succeed((Data, HTTPURLResponse), attempt: Int)
         /// The request fails with `error`; a final non-2xx response is handed back with it.
@@ -235,7 +239,7 @@ struct RequestStateMachine: Sendable {
         }
         if let budget = rules.budget, !budget.tryWithdraw() { return fail }
         state = .backingOff(attempt: attempt + 1, until: until)
-        return .backOff(delay: delay, attempt: attempt)
+        return .backOff(delay: delay, attempt: attempt, until: until)
     }
 
     // MARK: What an attempt's result says of its host
@@ -290,96 +294,6 @@ struct RequestStateMachine: Sendable {
             return .dropped
         case .failure:
             return .ignored
-        }
-    }
-}
-
-extension RequestStateMachine {
-    /// One attempt sent as up to `maxCopies` hedged copies: when the next copy goes, and which
-    /// answer ends the attempt. `HedgeRace` holds one under its lock, with the copies' tasks and
-    /// the attempt's continuation, and performs what it returns.
-    ///
-    /// ```
-    ///   start ──► copy 0 sent ──(delay, unanswered)──► copy 1 sent ── … ──► copy maxCopies − 1 sent
-    ///                 │ an answer that ends it, every copy failed with none left to send,
-    ///                 │ or the attempt cancelled
-    ///                 ▼
-    ///              decided (once: later answers and timers change nothing)
-    /// ```
-    struct HedgedAttempt: Sendable {
-        /// What `HedgeRace` does next.
-        enum Step: Sendable {
-            /// Send copy `copy`; arm the hedge timer when `armTimer` (more copies may follow).
-            case launch(copy: Int, armTimer: Bool)
-            /// The attempt's answer: resume it and cancel every copy and the timer.
-            case decide(Outcome)
-            /// Nothing to do.
-            case wait
-        }
-
-        let maxCopies: Int
-        private(set) var launched = 0
-        /// Copies sent and not answered yet.
-        private(set) var pending = 0
-        private(set) var decided = false
-        /// The latest failure that came from the server or the network (not a limiter's refusal).
-        private(set) var lastFailure: Outcome?
-
-        init(maxCopies: Int) {
-            self.maxCopies = max(1, maxCopies)
-        }
-
-        /// The attempt starts: its first copy goes.
-        mutating func start() -> Step {
-            precondition(launched == 0, "start after \(launched) copies")
-            return launch()
-        }
-
-        /// The hedge delay passed since the last copy without an acceptable answer: the next copy
-        /// goes, if one is left and `mayHedge` (the throttle and the budget) allows it.
-        mutating func timerFired(mayHedge: () -> Bool) -> Step {
-            guard !decided, launched < maxCopies, mayHedge() else { return .wait }
-            return launch()
-        }
-
-        /// Copy's answer. Races settled: two copies answering together (the first to be fed
-        /// decides, the other's answer changes nothing); a copy answering after the decision.
-        mutating func answered(_ answer: Outcome, mayHedge: () -> Bool) -> Step {
-            guard !decided else { return .wait }
-            pending -= 1
-            switch HedgeRace.verdict(on: answer) {
-            case .ends:
-                return decide(answer)
-            case .refused:
-                // A limiter kept this copy off the wire: it says nothing of the server. The race
-                // ends with a real failure if there was one, and sends no copy at once after it.
-                return pending == 0 ? decide(lastFailure ?? answer) : .wait
-            case .failed:
-                lastFailure = answer
-                guard pending == 0 else { return .wait }
-                // Every copy sent has failed: the next goes at once, if one may.
-                if launched < maxCopies, mayHedge() { return launch() }
-                return decide(answer)
-            }
-        }
-
-        /// The attempt is cancelled (its caller left, or its timeout or deadline fired), possibly
-        /// before the race has installed its continuation: `.decide(.cancelled)` unless decided.
-        mutating func cancelled() -> Step {
-            guard !decided else { return .wait }
-            return decide(.failure(.cancelled))
-        }
-
-        private mutating func launch() -> Step {
-            let copy = launched
-            launched += 1
-            pending += 1
-            return .launch(copy: copy, armTimer: launched < maxCopies)
-        }
-
-        private mutating func decide(_ answer: Outcome) -> Step {
-            decided = true
-            return .decide(answer)
         }
     }
 }

@@ -54,7 +54,7 @@ struct RequestStateMachineTests {
     private func name(_ action: Machine.Action) -> String {
         switch action {
         case .send(let attempt, let permit): "send(\(attempt), permit: \(permit != nil))"
-        case .backOff(let delay, let attempt): "backOff(\(delay), after: \(attempt))"
+        case .backOff(let delay, let attempt, let until): "backOff(\(delay), after: \(attempt), until: \(until))"
         case .succeed(_, let attempt): "succeed(\(attempt))"
         case .fail(let error, let response, let attempt, let throttled):
             "fail(\(label(error)), response: \(response != nil), \(attempt)\(throttled ? ", throttled" : ""))"
@@ -98,11 +98,15 @@ struct RequestStateMachineTests {
         #expect(machine.state == .finished)
     }
 
-    @Test func anAttemptAtOrPastTheDeadlineFailsWithoutSending() {
-        var machine = Machine(attempt: 1)
-        let action = machine.startAttempt(cancelled: false, deadline: .seconds(5), now: { .seconds(5) }, breaker: nil)
-        #expect(name(action) == "fail(deadline_exceeded, response: false, 1)")
-        #expect(machine.state == .finished)
+    @Test func anAttemptAtOrPastTheDeadlineFailsWithoutSendingAndOneJustBeforeIsSent() {
+        for now in [Duration.seconds(5), .seconds(6)] {
+            var machine = Machine(attempt: 1)
+            let action = machine.startAttempt(cancelled: false, deadline: .seconds(5), now: { now }, breaker: nil)
+            #expect(name(action) == "fail(deadline_exceeded, response: false, 1)")
+            #expect(machine.state == .finished)
+        }
+        var before = Machine(attempt: 1)
+        #expect(name(before.startAttempt(cancelled: false, deadline: .seconds(5), now: { .milliseconds(4_999) }, breaker: nil)) == "send(1, permit: false)")
     }
 
     @Test func anOpenBreakerFailsTheAttemptFastAndAClosedOneGivesAPermit() {
@@ -127,7 +131,7 @@ struct RequestStateMachineTests {
     @Test func aRetryableFailureBacksOffByThePolicyThenTheNextAttemptIsReady() {
         var machine = attempting()
         let action = machine.attemptEnded(response(503), permit: nil, cancelled: false, request: request(), rules: rules(), now: { .seconds(7) })
-        #expect(name(action) == "backOff(1.0 seconds, after: 0)")
+        #expect(name(action) == "backOff(1.0 seconds, after: 0, until: 8.0 seconds)")
         #expect(machine.state == .backingOff(attempt: 1, until: .seconds(8)))
         machine.backoffEnded()
         #expect(machine.state == .ready(attempt: 1))
@@ -161,30 +165,60 @@ struct RequestStateMachineTests {
         var honoured = attempting()
         #expect(
             name(honoured.attemptEnded(response(503, headers: ["Retry-After": "3"]), permit: nil, cancelled: false, request: request(), rules: rules(), now: { .zero }))
-                == "backOff(3.0 seconds, after: 0)")
+                == "backOff(3.0 seconds, after: 0, until: 3.0 seconds)")
         var capped = attempting()
         #expect(
             name(capped.attemptEnded(response(503, headers: ["Retry-After": "120"]), permit: nil, cancelled: false, request: request(), rules: rules(), now: { .zero }))
-                == "backOff(60.0 seconds, after: 0)")
+                == "backOff(60.0 seconds, after: 0, until: 60.0 seconds)")
         var ignored = attempting()
         #expect(
             name(ignored.attemptEnded(response(503, headers: ["Retry-After": "3"]), permit: nil, cancelled: false, request: request(), rules: rules(retryAfterCap: nil), now: { .zero }))
-                == "backOff(1.0 seconds, after: 0)")
+                == "backOff(1.0 seconds, after: 0, until: 1.0 seconds)")
     }
 
-    @Test func aRetryThatWouldStartAtOrPastTheDeadlineIsNotScheduled() {
+    @Test func aRetryThatWouldStartAtOrPastTheDeadlineIsNotScheduledAndOneJustBeforeIs() {
+        for now in [Duration.seconds(9), .milliseconds(9_500)] {  // + 1 s of backoff: at, past the deadline
+            var machine = attempting()
+            let action = machine.attemptEnded(response(503), permit: nil, cancelled: false, request: request(deadline: .seconds(10)), rules: rules(), now: { now })
+            #expect(name(action) == "fail(503, response: true, 0)")
+            #expect(machine.state == .finished)
+        }
+        var before = attempting()
+        let action = before.attemptEnded(response(503), permit: nil, cancelled: false, request: request(deadline: .seconds(10)), rules: rules(), now: { .milliseconds(8_999) })
+        #expect(name(action) == "backOff(1.0 seconds, after: 0, until: 9.999 seconds)")
+    }
+
+    @Test func aRetryAfterThatWouldStartPastTheDeadlineIsNotScheduled() {
         var machine = attempting()
-        // now 9 s + 1 s of backoff = the deadline
-        let action = machine.attemptEnded(response(503), permit: nil, cancelled: false, request: request(deadline: .seconds(10)), rules: rules(), now: { .seconds(9) })
-        #expect(name(action) == "fail(503, response: true, 0)")
-        #expect(machine.state == .finished)
+        let action = machine.attemptEnded(
+            response(429, headers: ["Retry-After": "30"]), permit: nil, cancelled: false, request: request(deadline: .seconds(20)), rules: rules(), now: { .zero })
+        #expect(name(action) == "fail(429, response: true, 0)")
     }
 
-    @Test func theHostsRetryThrottleRefusesARetryAndHearsOfEveryResult() throws {
+    /// The deadline and the throttle are asked before the budget: a retry they refuse spends no
+    /// budget token.
+    @Test func aRetryRefusedByTheDeadlineOrTheThrottleSpendsNoBudgetToken() throws {
+        let budget = RetryBudget(retryRatio: 0, minRetriesPerSecond: 0, maxBalance: 1, clock: ManualClock())
+        let throttle = RetryThrottle(try RetryThrottling(maxTokens: 2, tokenRatio: 1))
+        var pastDeadline = attempting()
+        _ = pastDeadline.attemptEnded(response(503), permit: nil, cancelled: false, request: request(deadline: .seconds(1)), rules: rules(budget: budget), now: { .zero })
+        var throttled = attempting()
+        #expect(
+            name(throttled.attemptEnded(response(503), permit: nil, cancelled: false, request: request(throttle: throttle), rules: rules(budget: budget), now: { .zero }))
+                == "fail(503, response: true, 0, throttled)")
+        var allowed = attempting()
+        #expect(
+            name(allowed.attemptEnded(response(503), permit: nil, cancelled: false, request: request(), rules: rules(budget: budget), now: { .zero }))
+                == "backOff(1.0 seconds, after: 0, until: 1.0 seconds)")
+    }
+
+    @Test func theHostsRetryThrottleRefusesARetryAtHalfItsTokensAndAnAnswerGivesOneBack() throws {
         let throttle = RetryThrottle(try RetryThrottling(maxTokens: 4, tokenRatio: 1))
         // 4 → 3 → 2 tokens: at half, no more retries.
         var first = attempting()
-        #expect(name(first.attemptEnded(response(503), permit: nil, cancelled: false, request: request(throttle: throttle), rules: rules(), now: { .zero })) == "backOff(1.0 seconds, after: 0)")
+        #expect(
+            name(first.attemptEnded(response(503), permit: nil, cancelled: false, request: request(throttle: throttle), rules: rules(), now: { .zero }))
+                == "backOff(1.0 seconds, after: 0, until: 1.0 seconds)")
         var second = attempting()
         #expect(
             name(second.attemptEnded(response(503), permit: nil, cancelled: false, request: request(throttle: throttle), rules: rules(), now: { .zero }))
@@ -198,12 +232,14 @@ struct RequestStateMachineTests {
     @Test func anEmptyRetryBudgetFailsTheRequest() {
         let budget = RetryBudget(retryRatio: 0, minRetriesPerSecond: 0, maxBalance: 1, clock: ManualClock())
         var first = attempting()
-        #expect(name(first.attemptEnded(response(503), permit: nil, cancelled: false, request: request(), rules: rules(budget: budget), now: { .zero })) == "backOff(1.0 seconds, after: 0)")
+        #expect(
+            name(first.attemptEnded(response(503), permit: nil, cancelled: false, request: request(), rules: rules(budget: budget), now: { .zero }))
+                == "backOff(1.0 seconds, after: 0, until: 1.0 seconds)")
         var second = attempting()
         #expect(name(second.attemptEnded(response(503), permit: nil, cancelled: false, request: request(), rules: rules(budget: budget), now: { .zero })) == "fail(503, response: true, 0)")
     }
 
-    @Test func eachResultCountsForTheBreakerThroughItsPermit() {
+    @Test func failuresCountAgainstTheBreakerThroughTheirPermits() {
         let breaker = breaker()
         for _ in 0..<2 {
             var machine = Machine()
@@ -219,13 +255,27 @@ struct RequestStateMachineTests {
     /// Race guarded: the caller cancelled while its attempt was on the wire. The transport's
     /// cancellation is not a failure to retry: the task leaves and the attempt may be sent anew by
     /// whoever carries the request on.
-    @Test func anAttemptCancelledWithItsTaskLeavesAndIsNeitherRetriedNorCounted() throws {
-        let throttle = RetryThrottle(try RetryThrottling(maxTokens: 4, tokenRatio: 1))
-        throttle.recordFailure()
-        var machine = attempting(1)
-        let action = machine.attemptEnded(.failure(.cancelled), permit: nil, cancelled: true, request: request(throttle: throttle), rules: rules(), now: { .zero })
+    @Test func anAttemptCancelledWithItsTaskLeavesAndIsNotRetriedNorCountedAgainstTheHost() {
+        let breaker = breaker()
+        var machine = Machine(attempt: 1)
+        guard case .send(_, let permit) = machine.startAttempt(cancelled: false, deadline: nil, now: { .zero }, breaker: breaker) else {
+            Issue.record("no permit")
+            return
+        }
+        let action = machine.attemptEnded(.failure(.cancelled), permit: permit, cancelled: true, request: request(breaker: breaker), rules: rules(), now: { .zero })
         #expect(name(action) == "leave(1, resumingAt: 1, notBefore: nil)")
-        #expect(throttle.tokenCount == 3)
+        #expect(machine.state == .finished)
+        // The cancellation was ignored: one failure now is one call in the window, below minimumCalls.
+        _ = breaker.acquire().map { breaker.record(.failure, for: $0) }
+        #expect(breaker.state == .closed)
+    }
+
+    /// A transport's own cancellation (the task was not cancelled) ends the request: it is not a
+    /// failure to retry, and says nothing of the host.
+    @Test func anAttemptCancelledWhileItsTaskIsNotFailsAsCancelled() {
+        var machine = attempting()
+        let action = machine.attemptEnded(.failure(.cancelled), permit: nil, cancelled: false, request: request(), rules: rules(), now: { .zero })
+        #expect(name(action) == "fail(cancelled, response: false, 0)")
     }
 
     /// A transport may report the caller's cancellation as another failure: a cancelled task
@@ -246,7 +296,7 @@ struct RequestStateMachineTests {
             var machine = Machine(cutAttempt: 0)
             let action = machine.attemptCut(
                 TimedOutAttempt(permit: permit, abandoned: false), cancelled: false, request: request(breaker: breaker), rules: rules(), now: { .zero })
-            #expect(name(action) == "backOff(1.0 seconds, after: 0)")
+            #expect(name(action) == "backOff(1.0 seconds, after: 0, until: 1.0 seconds)")
         }
         #expect(breaker.state == .open)
     }
@@ -266,6 +316,18 @@ struct RequestStateMachineTests {
         _ = another.attemptCut(
             TimedOutAttempt(permit: breaker.acquire(), abandoned: false, endsAtDeadline: true), cancelled: false, request: request(breaker: breaker), rules: rules(), now: { .zero })
         #expect(breaker.state == .open)
+    }
+
+    @Test func anAttemptCutByItsTimeoutBeforeItWasOnTheWireIsRetriedAndNotCounted() {
+        let breaker = breaker()
+        for _ in 0..<2 {
+            var machine = Machine(cutAttempt: 0)
+            let action = machine.attemptCut(
+                TimedOutAttempt(permit: breaker.acquire(), abandoned: false, sent: false), cancelled: false, request: request(breaker: breaker), rules: rules(),
+                now: { .zero })
+            #expect(name(action) == "backOff(1.0 seconds, after: 0, until: 1.0 seconds)")
+        }
+        #expect(breaker.state == .closed)
     }
 
     /// Race guarded: the timeout fires after every waiter left. The request ends as cancelled, as
@@ -377,6 +439,15 @@ struct HedgedAttemptTests {
             Issue.record("expected the refusal itself, got \(name(alone))")
             return
         }
+    }
+
+    @Test func aCopyCancelledOnItsOwnSaysNothingWhileAnotherIsOut() {
+        var machine = Machine(maxCopies: 3)
+        _ = machine.start()
+        _ = machine.timerFired(mayHedge: { true })
+        #expect(name(machine.answered(.failure(.cancelled), mayHedge: { true })) == "wait")
+        #expect(machine.lastFailure == nil)
+        #expect(name(machine.answered(response(200), mayHedge: { true })) == "decide(200)")
     }
 
     /// Race guarded: the attempt cancelled before the race installed its continuation. The
