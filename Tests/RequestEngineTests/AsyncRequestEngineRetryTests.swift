@@ -48,6 +48,32 @@ struct AsyncRequestEngineRetryTests {
         #expect(Set(recorder.events.map(\.traceID)).count == 1)
     }
 
+    /// The backoff counts from the retry decision: an event sink that takes time before the
+    /// sleep does not lengthen it (the next attempt is due at the decision plus the delay).
+    @Test func aSlowEventSinkDoesNotLengthenTheBackoff() async throws {
+        final class SlowSink: RequestEventSink {
+            let clock: ManualClock
+            init(clock: ManualClock) { self.clock = clock }
+            func record(_ event: RequestEvent) async {
+                if case .retryScheduled = event { clock.advance(by: .milliseconds(400)) }
+            }
+        }
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.status(503), .ok("done")])
+        let engine = AsyncRequestEngine(
+            session: session,
+            retryPolicy: FixedIntervalRetryPolicy(maxRetries: 1, interval: 1),
+            eventSink: SlowSink(clock: clock),
+            clock: clock
+        )
+        let task = Task { try await engine.send(TestRequest()) }
+        await clock.waitForSleepers(1)
+        #expect(clock.nextDeadline == .init(offset: .seconds(1)))  // not 1.4 s
+        clock.advance(by: .seconds(1))
+        _ = try await task.value
+        #expect(session.callCount == 2)
+    }
+
     @Test func withoutAPolicyNothingIsRetried() async {
         let session = ScriptedNetworkSession([.status(503), .ok()])
         let engine = AsyncRequestEngine(session: session, clock: ManualClock())
