@@ -166,6 +166,10 @@ struct OfflineFirstWorkload {
             weakStore = old?.queue.store
             weakCache = old?.reads.cache
         }
+        // Unlike the queue scenario's one second, this waits as long as the quit app's reads still
+        // hold its cache: a fetch in flight keeps it until the fetch ends (up to 29 s of virtual
+        // time over 300 seeds, 2026-11-28: its request's timeout), and the relaunch must not open
+        // the folders before. A process that quits takes them with it.
         var waited = Duration.zero
         while weakStore != nil || weakCache != nil, waited < .seconds(600) {
             try? await simulation.clock.sleep(for: .seconds(1))

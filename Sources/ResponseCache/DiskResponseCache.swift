@@ -219,10 +219,14 @@ public final class DiskResponseCache: Sendable {
     /// The primary keys of the exchanges in flight whose method and URL match.
     private func matchingExchanges(_ predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> [CacheDigest] {
         let exchanges = state.withLock { $0.exchanges }
-        return exchanges.compactMap { key, exchange in
-            guard let method = HTTPMethod(rawValue: exchange.method), let url = URL(string: exchange.url), predicate(method, url) else { return nil }
-            return key
-        }
+        return exchanges.compactMap { key, exchange in Self.matches(exchange.method, exchange.url, predicate) ? key : nil }
+    }
+
+    /// Whether a method and URL as stored (strings) match `predicate`; never when either does not
+    /// parse.
+    private static func matches(_ method: String, _ url: String, _ predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> Bool {
+        guard let method = HTTPMethod(rawValue: method), let url = URL(string: url) else { return false }
+        return predicate(method, url)
     }
 
     /// A `CachedRequestEngine` asks the origin about `primaryKey` (until `exchangeEnded`), for
@@ -252,10 +256,7 @@ public final class DiskResponseCache: Sendable {
             return (state.index.items.values.map(\.summary) + state.memory.values.map(\.summary) + state.pending.values.map(\.summary))
                 .filter { seen.insert($0.key).inserted }
         }
-        return summaries.filter { summary in
-            guard let method = HTTPMethod(rawValue: summary.method), let url = URL(string: summary.url) else { return false }
-            return predicate(method, url)
-        }
+        return summaries.filter { Self.matches($0.method, $0.url, predicate) }
     }
 
     /// Marks stale the stored responses whose method and URL match `predicate` (URLs as stored,
