@@ -54,9 +54,9 @@ public final class AsyncRequestEngine: RequestSending {
     /// Read by every send, so kept out of `configuration` (reading an optional existential
     /// through a struct copies it).
     private let sink: (any RequestEventSink)?
-    private let budget: RetryBudget?
-    /// What every request's attempts are decided with (`RequestStateMachine`). Its retry policy,
-    /// an existential, is read through it only when an attempt fails.
+    /// What every request's attempts are decided with (`RequestStateMachine`), the retry budget
+    /// included (every request records itself with it). Its retry policy, an existential, is read
+    /// through it only when an attempt fails.
     private let rules: RequestStateMachine.Rules
     private let sharedBreaker: CircuitBreaker?
     private let breakerRegistry: CircuitBreakerRegistry?
@@ -112,7 +112,6 @@ public final class AsyncRequestEngine: RequestSending {
         self.session = session
         self.configuration = configuration
         self.sink = configuration.eventSink
-        self.budget = configuration.retry.budget
         switch configuration.circuitBreaker {
         case .none: (sharedBreaker, breakerRegistry) = (nil, nil)
         case .shared(let breaker): (sharedBreaker, breakerRegistry) = (breaker, nil)
@@ -345,7 +344,7 @@ public final class AsyncRequestEngine: RequestSending {
         if let invalid = call.execution.invalid {
             return await end(call, invalid, attempt: 0)
         }
-        budget?.recordRequest()
+        rules.budget?.recordRequest()
         await attempts(call, from: 0, afterTimeout: nil)
     }
 
@@ -553,7 +552,7 @@ public final class AsyncRequestEngine: RequestSending {
         policy: HedgingPolicy
     ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
         let execution = call.execution
-        let budget = self.budget
+        let budget = rules.budget
         var onHedge: (@Sendable (Int, TimeInterval) async -> Void)?
         if let sink = hedgeSink {
             let traceID = execution.traceID
