@@ -26,6 +26,10 @@ public enum OfflineQueueError: Error, Sendable, Equatable {
     /// Two writers on one folder would deliver entries twice and delete each other's writes, so a
     /// folder has one owner at a time (see `DiskQueueStore.init(directory:)`).
     case folderInUse(path: String)
+    /// A `QueueClaim` is no longer its entry's live claim: its lease ran out and another consumer
+    /// claimed the entry, or the entry was cancelled. Nothing was changed; the delivery the claim
+    /// covered must stop (see `QueueStorage`).
+    case claimLost(id: UUID)
 }
 
 extension OfflineQueueError: CustomStringConvertible {
@@ -39,6 +43,7 @@ extension OfflineQueueError: CustomStringConvertible {
         case .credentialsInURL: return "offline queue refuses a URL with user-info (user:password@)"
         case .unstorable(let reason): return "offline queue cannot store the request: \(reason)"
         case .folderInUse(let path): return "offline queue folder \(path) is in use by another store (this process or another)"
+        case .claimLost(let id): return "offline queue entry \(id) is no longer claimed by this consumer"
         }
     }
 

@@ -123,8 +123,9 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         return copy
     }
 
-    /// This entry with another `sequence` (its place in line).
-    func placed(at sequence: UInt64) -> QueueEntry {
+    /// This entry with another `sequence` (its place in line): what a `QueueStorage` conformer
+    /// returns from `add(_:limit:)` once it has placed an entry.
+    public func placed(at sequence: UInt64) -> QueueEntry {
         var copy = self
         copy.sequence = sequence
         return copy

@@ -119,6 +119,10 @@ public final class DiskQueueStore: Sendable {
     private let deletions = Locked(DeletionCount())
     /// The descriptor holding the folder's `flock`; nil once released.
     private let lock: Locked<Int32?>
+    /// Entries claimed through `QueueStorage` (by id: the claim's token), and coalescing holders
+    /// being replaced by an `add` (`nil` token): neither is offered by `claim`. In memory only: one
+    /// engine uses a folder, and a crash drops its claims with it (see DiskQueueStore+QueueStorage.swift).
+    let claims = Locked([UUID: UUID?]())
 
     /// Opens (creating if needed, mode 0700) the queue folder, takes its lock, and loads every
     /// entry in it.
@@ -600,9 +604,12 @@ public final class DiskQueueStore: Sendable {
     }
 
     /// Removes every entry (stopping at the first file that cannot be deleted).
-    func removeAll() async throws {
+    public func removeAll() async throws {
         let ids = state.withLock { Array($0.index.entries.keys) }
-        for id in ids { try remove(id: id) }
+        for id in ids {
+            try remove(id: id)
+            claims.withLock { _ = $0.removeValue(forKey: id) }
+        }
     }
 
     /// Moves an entry to `dead-letter/`, with its final attempt count and error. Returns false,

@@ -1,0 +1,115 @@
+import Foundation
+
+/// Where an `OfflineQueueEngine` keeps its entries, shaped for more than one consumer: entries are
+/// claimed under a lease before they are sent, and a claim ends in exactly one of complete,
+/// release (kept for a later attempt) or dead-letter.
+///
+/// `DiskQueueStore` is the storage of an app: one engine per folder, so its claims are trivial
+/// (held in memory, with no lease to run out; a crash drops them with the process).
+/// `PostgresQueueStore` (the Integrations package's `ResiliencePostgres`) is the storage of a
+/// service with many replicas: claims are rows locked with `FOR UPDATE SKIP LOCKED` under a lease
+/// that another replica may take over once it runs out.
+///
+/// Every conformer keeps the queue's rules, whoever consumes:
+/// - **order**: `claim` offers entries by priority (highest first), then FIFO by `sequence`;
+/// - **one in flight per ordering key, in order**: an entry with an `orderingKey` is claimable only
+///   when no entry of its key with a smaller `sequence` is queued (claimed or not), so a key's
+///   entries go one at a time, in the order they were added;
+/// - **the newest edit wins**: `add` of an entry with a `coalescingKey` replaces the queued,
+///   unclaimed entry of that key in its place; an entry of that key being sent keeps its claim and
+///   the edit is queued behind it (claimable once the older one is gone);
+/// - **due and alive**: an entry is claimable only once its `nextAttemptAt` has passed and before
+///   it expires (`removeExpired(now:)` sweeps the expired);
+/// - **at most one live claim per entry**: while a claim's lease runs, nobody else can claim the
+///   entry; `complete`, `release` and `deadLetter` of a claim that is no longer the entry's live one
+///   change nothing and throw `OfflineQueueError.claimLost(id:)`, so an entry is never completed
+///   twice.
+///
+/// An entry keeps its `idempotencyKey` for life, so every attempt, by whichever consumer, carries
+/// the same key.
+public protocol QueueStorage: Sendable {
+    /// Every queued entry, claimed ones included, in claim order (priority descending, FIFO within
+    /// a priority).
+    func queuedEntries() async throws -> [QueueEntry]
+
+    /// The number of queued entries (expired ones included until they are swept).
+    func queuedCount() async throws -> Int
+
+    /// The queued entry with this id, claimed or not.
+    func queuedEntry(id: UUID) async throws -> QueueEntry?
+
+    /// Whether an entry with `orderingKey`, or one with `coalescingKey`, is queued: a new request with
+    /// either key must not overtake it (the engine then stores the request instead of sending it).
+    func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool
+
+    /// Stores `entry`, returning it as stored (with the `sequence` that places it).
+    ///
+    /// With a `coalescingKey`, the queued and unclaimed entry of that key is replaced, the new
+    /// edit taking its place; if that entry is claimed, the edit is stored beside it.
+    ///
+    /// - Throws: `OfflineQueueError.full` when `limit` entries are queued already (a replacement
+    ///   does not count), and the storage's own error when it cannot write (nothing is stored then).
+    func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry
+
+    /// Claims up to `limit` entries that may be sent at `now` under the rules above, for `lease`.
+    /// At most one entry of each ordering key is in the result.
+    func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim]
+
+    /// Extends a live claim's lease to `now + lease`.
+    ///
+    /// - Throws: `OfflineQueueError.claimLost(id:)` when the claim is no longer the entry's live
+    ///   one (its lease ran out and another consumer claimed it, or the entry was cancelled): the
+    ///   delivery it covers must stop.
+    func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim
+
+    /// Removes a claimed entry for good (delivered, rejected, superseded) with `reason`.
+    func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws
+
+    /// Ends a claim and keeps the entry queued as `entry` says (its attempts, next attempt time and
+    /// last error; the claimed entry unchanged when the attempt did not count).
+    func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws
+
+    /// Moves a claimed entry to the dead letters, as `entry` says (its final attempt count).
+    func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws
+
+    /// Removes a queued entry without sending it; `false` when it was not queued. A claim on it
+    /// then ends as lost.
+    func cancel(id: UUID) async throws -> Bool
+
+    /// Removes every queued entry.
+    func removeAll() async throws
+
+    /// Removes the entries expired at `now` that nobody has claimed, returning them.
+    func removeExpired(now: Date) async throws -> [QueueEntry]
+
+    /// The earliest `nextAttemptAt` among queued entries (when the next backoff ends), or `nil`.
+    func earliestNextAttempt() async throws -> Date?
+
+    /// A new stream for each call that yields when another consumer (a replica, a transaction's
+    /// outbox enqueue) may have added claimable work, so an idle engine starts on it at once rather
+    /// than at its next poll. The default never yields: an engine on storage it alone writes learns
+    /// of every entry from its own `enqueue`.
+    func arrivals() -> AsyncStream<Void>
+}
+
+extension QueueStorage {
+    public func arrivals() -> AsyncStream<Void> { AsyncStream { _ in } }
+}
+
+/// An entry held by one consumer until its lease ends: what `QueueStorage.claim(upTo:now:lease:)`
+/// returns, and what that consumer hands back to complete, release or dead-letter the entry.
+public struct QueueClaim: Sendable, Equatable {
+    /// The entry as it was when claimed.
+    public let entry: QueueEntry
+    /// Names this claim: the storage accepts a settlement only from the entry's live claim.
+    public let token: UUID
+    /// When the lease ends if not renewed; `nil` for a claim that holds until it is settled (a
+    /// storage with one consumer, such as `DiskQueueStore`).
+    public let leaseEnds: Date?
+
+    public init(entry: QueueEntry, token: UUID, leaseEnds: Date?) {
+        self.entry = entry
+        self.token = token
+        self.leaseEnds = leaseEnds
+    }
+}
