@@ -1,0 +1,316 @@
+import Foundation
+import Logging
+import OfflineQueue
+import PostgresNIO
+
+/// `PostgresQueueStore` as a `QueueStorage`: each requirement is one statement, or one short
+/// transaction, so every rule holds whichever replicas run at once (see `PostgresQueueStore`).
+extension PostgresQueueStore: QueueStorage {
+    public func queuedEntries() async throws -> [QueueEntry] {
+        try await perform("queuedEntries") {
+            let rows = try await client.query("SELECT seq, entry::text FROM \(unescaped: names.queue) ORDER BY priority DESC, seq", logger: logger)
+            return try await Self.entries(from: rows)
+        }
+    }
+
+    public func queuedCount() async throws -> Int {
+        try await perform("queuedCount") {
+            var count: Int64 = 0
+            for try await value in try await client.query("SELECT count(*) FROM \(unescaped: names.queue)", logger: logger).decode(Int64.self) {
+                count = value
+            }
+            return Int(count)
+        }
+    }
+
+    public func queuedEntry(id: UUID) async throws -> QueueEntry? {
+        try await perform("queuedEntry") {
+            let rows = try await client.query("SELECT seq, entry::text FROM \(unescaped: names.queue) WHERE id = \(id)", logger: logger)
+            return try await Self.entries(from: rows).first
+        }
+    }
+
+    public func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
+        guard orderingKey != nil || coalescingKey != nil else { return false }
+        return try await perform("hasQueuedEntries") {
+            let rows = try await client.query(
+                """
+                SELECT EXISTS (SELECT 1 FROM \(unescaped: names.queue) WHERE ordering_key = \(orderingKey))
+                    OR EXISTS (SELECT 1 FROM \(unescaped: names.queue) WHERE coalescing_key = \(coalescingKey))
+                """, logger: logger)
+            var found = false
+            for try await exists in rows.decode(Bool.self) { found = exists }
+            return found
+        }
+    }
+
+    /// Stores `entry` in a transaction of its own, and notifies the table's channel when it
+    /// commits (`arrivals()`).
+    ///
+    /// The transaction first takes advisory locks on the entry's ordering and coalescing keys (and,
+    /// with a `limit`, on the table's count), so entries of one key get their `seq` in the order
+    /// their transactions commit. With a `coalescingKey`, the key's newest row is replaced in
+    /// place (it keeps its `seq`; the row takes the new entry's id) unless it is leased; a leased
+    /// row — being sent, or whose consumer's lease ran out — keeps its place and the edit is added
+    /// behind it. An entry whose id is queued already is updated in place (its `seq` and any claim
+    /// kept).
+    ///
+    /// - Throws: `OfflineQueueError.full` when `limit` rows are queued and the entry needs a new
+    ///   one; `.database` when the write failed (nothing is stored then).
+    public func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
+        let json = try Self.encodeEntry(entry)
+        return try await transaction("add") { [self] connection in
+            try await insert(entry, json: json, limit: limit, on: connection)
+        }
+    }
+
+    /// One statement: the claimable rows are locked (`FOR UPDATE SKIP LOCKED`, so consumers never
+    /// wait for one another nor take the same row) and each gets a fresh lease token and
+    /// `lease_until = now + lease`.
+    public func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
+        guard limit > 0 else { return [] }
+        let leaseEnds = now.addingTimeInterval(lease.timeInterval)
+        return try await perform("claim") {
+            // Claimable: not leased (or its lease ran out), due, alive, and the head of its ordering
+            // key and of its coalescing key: no row of the key with a smaller seq, claimed or not.
+            // The head rule also keeps a batch to one row per key.
+            let rows = try await client.query(
+                """
+                WITH claimable AS (
+                    SELECT q.id FROM \(unescaped: names.queue) q
+                    WHERE (q.lease_token IS NULL OR q.lease_until <= \(now))
+                      AND (q.next_attempt_at IS NULL OR q.next_attempt_at <= \(now))
+                      AND q.expires_at > \(now)
+                      AND (q.ordering_key IS NULL OR NOT EXISTS (
+                          SELECT 1 FROM \(unescaped: names.queue) o WHERE o.ordering_key = q.ordering_key AND o.seq < q.seq))
+                      AND (q.coalescing_key IS NULL OR NOT EXISTS (
+                          SELECT 1 FROM \(unescaped: names.queue) c WHERE c.coalescing_key = q.coalescing_key AND c.seq < q.seq))
+                    ORDER BY q.priority DESC, q.seq
+                    LIMIT \(Int64(limit))
+                    FOR UPDATE OF q SKIP LOCKED
+                )
+                UPDATE \(unescaped: names.queue) t
+                SET lease_token = gen_random_uuid(), lease_until = \(leaseEnds)
+                FROM claimable
+                WHERE t.id = claimable.id
+                RETURNING t.priority, t.seq, t.lease_token, t.entry::text
+                """, logger: logger)
+            var claimed: [(priority: Int32, claim: QueueClaim)] = []
+            for try await (priority, seq, token, json) in rows.decode((Int32, Int64, UUID, String).self) {
+                let entry = try Self.decodeEntry(json, seq: seq)
+                claimed.append((priority, QueueClaim(entry: entry, token: token, leaseEnds: leaseEnds)))
+            }
+            // UPDATE … RETURNING keeps no order: the claims go back in claim order.
+            claimed.sort { ($0.priority, $1.claim.entry.sequence) > ($1.priority, $0.claim.entry.sequence) }
+            return claimed.map(\.claim)
+        }
+    }
+
+    public func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
+        let leaseEnds = now.addingTimeInterval(lease.timeInterval)
+        let id = claim.entry.id
+        let renewed = try await perform("renew") {
+            try await client.query(
+                """
+                UPDATE \(unescaped: names.queue) SET lease_until = \(leaseEnds)
+                WHERE id = \(id) AND lease_token = \(claim.token)
+                RETURNING id
+                """, logger: logger
+            ).decode(UUID.self).reduce(0) { count, _ in count + 1 }
+        }
+        guard renewed > 0 else { throw OfflineQueueError.claimLost(id: id) }
+        return QueueClaim(entry: claim.entry, token: claim.token, leaseEnds: leaseEnds)
+    }
+
+    /// Deletes the claim's row: a delivered entry leaves no row behind.
+    public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
+        let id = claim.entry.id
+        let deleted = try await perform("complete") {
+            try await client.query(
+                "DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id", logger: logger
+            ).decode(UUID.self).reduce(0) { count, _ in count + 1 }
+        }
+        guard deleted > 0 else { throw OfflineQueueError.claimLost(id: id) }
+    }
+
+    /// Writes `entry` (attempts, next attempt time, last error) into the claim's row and clears its
+    /// lease; the row keeps its `seq`.
+    public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
+        let id = claim.entry.id
+        let json = try Self.encodeEntry(entry)
+        let updated = try await perform("release") {
+            try await client.query(
+                """
+                UPDATE \(unescaped: names.queue)
+                SET entry = \(json)::jsonb, priority = \(Int32(clamping: entry.priority)), next_attempt_at = \(entry.nextAttemptAt),
+                    expires_at = \(entry.expiresAt), lease_token = NULL, lease_until = NULL
+                WHERE id = \(id) AND lease_token = \(claim.token)
+                RETURNING id
+                """, logger: logger
+            ).decode(UUID.self).reduce(0) { count, _ in count + 1 }
+        }
+        guard updated > 0 else { throw OfflineQueueError.claimLost(id: id) }
+    }
+
+    /// Moves the claim's row to `<table>_dead_letter` as `entry`, in one statement (both or
+    /// neither).
+    public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
+        let id = claim.entry.id
+        let json = try Self.encodeEntry(entry)
+        let moved = try await perform("deadLetter") {
+            try await client.query(
+                """
+                WITH moved AS (
+                    DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id, seq
+                )
+                INSERT INTO \(unescaped: names.deadLetter) (id, seq, entry)
+                SELECT id, seq, \(json)::jsonb FROM moved
+                ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, entry = EXCLUDED.entry, dead_lettered_at = now()
+                RETURNING id
+                """, logger: logger
+            ).decode(UUID.self).reduce(0) { count, _ in count + 1 }
+        }
+        guard moved > 0 else { throw OfflineQueueError.claimLost(id: id) }
+    }
+
+    public func cancel(id: UUID) async throws -> Bool {
+        try await perform("cancel") {
+            try await client.query("DELETE FROM \(unescaped: names.queue) WHERE id = \(id) RETURNING id", logger: logger)
+                .decode(UUID.self).reduce(0) { count, _ in count + 1 } > 0
+        }
+    }
+
+    public func removeAll() async throws {
+        try await perform("removeAll") {
+            _ = try await client.query("DELETE FROM \(unescaped: names.queue)", logger: logger)
+        }
+    }
+
+    /// Deletes the rows expired at `now` that nobody holds: unleased, or whose lease ran out (its
+    /// consumer is gone, and an expired entry is never claimed again), skipping rows another
+    /// consumer has locked at that moment.
+    public func removeExpired(now: Date) async throws -> [QueueEntry] {
+        try await perform("removeExpired") {
+            let rows = try await client.query(
+                """
+                WITH expired AS (
+                    SELECT id FROM \(unescaped: names.queue)
+                    WHERE expires_at <= \(now) AND (lease_token IS NULL OR lease_until <= \(now))
+                    FOR UPDATE SKIP LOCKED
+                )
+                DELETE FROM \(unescaped: names.queue) t USING expired WHERE t.id = expired.id
+                RETURNING t.priority, t.seq, t.entry::text
+                """, logger: logger)
+            var removed: [(priority: Int32, entry: QueueEntry)] = []
+            for try await (priority, seq, json) in rows.decode((Int32, Int64, String).self) {
+                removed.append((priority, try Self.decodeEntry(json, seq: seq)))
+            }
+            removed.sort { ($0.priority, $1.entry.sequence) > ($1.priority, $0.entry.sequence) }
+            return removed.map(\.entry)
+        }
+    }
+
+    public func earliestNextAttempt() async throws -> Date? {
+        try await perform("earliestNextAttempt") {
+            var earliest: Date?
+            for try await date in try await client.query("SELECT min(next_attempt_at) FROM \(unescaped: names.queue)", logger: logger).decode(Date?.self) {
+                earliest = date
+            }
+            return earliest
+        }
+    }
+}
+
+// MARK: - Adding, shared with the outbox
+
+extension PostgresQueueStore {
+    /// Adds `entry` (as `json`) inside the transaction open on `connection`: the key locks, the
+    /// coalescing replacement or the limit check, the insert, and the notification (sent when the
+    /// transaction commits).
+    func insert(_ entry: QueueEntry, json: String, limit: Int?, on connection: PostgresConnection) async throws -> QueueEntry {
+        // Advisory locks, held to the end of the transaction, in one order for every transaction
+        // (sorted by their hash) so that two adds never wait for each other in a cycle.
+        var locks: [String] = []
+        if let key = entry.orderingKey { locks.append("\(names.plain):o:\(key)") }
+        if let key = entry.coalescingKey { locks.append("\(names.plain):c:\(key)") }
+        if limit != nil { locks.append("\(names.plain):count") }
+        if !locks.isEmpty {
+            try await connection.query(
+                """
+                SELECT pg_advisory_xact_lock(h)
+                FROM (SELECT DISTINCT hashtextextended(k, 0) AS h FROM unnest(\(locks)::text[]) AS k ORDER BY h) AS locks
+                """, logger: logger)
+        }
+
+        // The coalescing key's newest row, replaced in place when it has no lease. `FOR UPDATE`
+        // waits for a claim in progress on it, then sees the lease that claim set.
+        if let key = entry.coalescingKey {
+            let holders = try await connection.query(
+                """
+                SELECT id, seq, lease_token IS NULL FROM \(unescaped: names.queue)
+                WHERE coalescing_key = \(key) AND id <> \(entry.id)
+                ORDER BY seq DESC LIMIT 1
+                FOR UPDATE
+                """, logger: logger)
+            var holder: (id: UUID, seq: Int64)?
+            for try await (id, seq, unleased) in holders.decode((UUID, Int64, Bool).self) where unleased { holder = (id, seq) }
+            if let holder, try await !isQueued(entry.id, on: connection) {
+                try await connection.query(
+                    """
+                    UPDATE \(unescaped: names.queue)
+                    SET id = \(entry.id), priority = \(Int32(clamping: entry.priority)), ordering_key = \(entry.orderingKey),
+                        coalescing_key = \(entry.coalescingKey), next_attempt_at = \(entry.nextAttemptAt), expires_at = \(entry.expiresAt),
+                        lease_token = NULL, lease_until = NULL, entry = \(json)::jsonb
+                    WHERE id = \(holder.id)
+                    """, logger: logger)
+                try await notify(on: connection)
+                return entry.placed(at: UInt64(holder.seq))
+            }
+        }
+
+        if let limit {
+            var queued: Int64 = 0
+            var present = false
+            let counts = try await connection.query(
+                "SELECT count(*), coalesce(bool_or(id = \(entry.id)), false) FROM \(unescaped: names.queue)", logger: logger)
+            for try await (count, isPresent) in counts.decode((Int64, Bool).self) { (queued, present) = (count, isPresent) }
+            if !present && queued >= Int64(limit) { throw OfflineQueueError.full }
+        }
+
+        let rows = try await connection.query(
+            """
+            WITH added AS (
+                INSERT INTO \(unescaped: names.queue) (id, seq, priority, ordering_key, coalescing_key, next_attempt_at, expires_at, entry)
+                VALUES (
+                    \(entry.id), nextval(\(unescaped: names.sequenceLiteral)), \(Int32(clamping: entry.priority)), \(entry.orderingKey),
+                    \(entry.coalescingKey), \(entry.nextAttemptAt), \(entry.expiresAt), \(json)::jsonb)
+                ON CONFLICT (id) DO UPDATE SET
+                    priority = EXCLUDED.priority, ordering_key = EXCLUDED.ordering_key, coalescing_key = EXCLUDED.coalescing_key,
+                    next_attempt_at = EXCLUDED.next_attempt_at, expires_at = EXCLUDED.expires_at, entry = EXCLUDED.entry
+                RETURNING seq
+            )
+            SELECT added.seq FROM added, pg_notify(\(names.plain), '') AS notified
+            """, logger: logger)
+        var placed: Int64?
+        for try await seq in rows.decode(Int64.self) { placed = seq }
+        guard let placed else {
+            throw PostgresQueueStoreError.database(operation: "add", sqlState: nil, message: "the insert returned no row")
+        }
+        return entry.placed(at: UInt64(placed))
+    }
+
+    private func isQueued(_ id: UUID, on connection: PostgresConnection) async throws -> Bool {
+        var found = false
+        for try await exists in try await connection.query("SELECT EXISTS (SELECT 1 FROM \(unescaped: names.queue) WHERE id = \(id))", logger: logger)
+            .decode(Bool.self)
+        {
+            found = exists
+        }
+        return found
+    }
+
+    /// `NOTIFY` on the table's channel, delivered when the transaction commits.
+    private func notify(on connection: PostgresConnection) async throws {
+        try await connection.query("SELECT pg_notify(\(names.plain), '')", logger: logger)
+    }
+}
