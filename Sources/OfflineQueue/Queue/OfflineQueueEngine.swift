@@ -48,6 +48,15 @@ public actor OfflineQueueEngine {
         /// replaces a stored header of the same name. Tokens need no hook: replay through
         /// `AuthenticatedRequestEngine`. Default `nil`.
         public var replayHeaders: (@Sendable (QueueEntry) async -> [String: String])?
+        /// On storage many consumers share (a `QueueStorage` other than `DiskQueueStore`): how long
+        /// a claimed entry stays this engine's without a renewal. The engine renews it every third
+        /// of this while the entry's request is in flight; a replica that dies lets it run out, and
+        /// another replica claims the entry then. Default 30 s.
+        public var claimLease: Duration
+        /// On storage many consumers share: how often a started engine looks for work nobody
+        /// announced (a lease that ran out, a missed notification), besides the storage's
+        /// `arrivals()`. Default 5 s.
+        public var storagePollInterval: Duration
 
         public init(
             retryPolicy: any RetryPolicy = ExponentialRetryPolicy(maxRetries: .max, baseDelay: 1, maxDelay: 300, jitter: .equal),
@@ -55,7 +64,9 @@ public actor OfflineQueueEngine {
             maximumRetryAfter: Duration = .seconds(3600),
             offlineRecheckInterval: Duration = .seconds(30),
             secretPolicy: QueueSecretPolicy = .standard,
-            replayHeaders: (@Sendable (QueueEntry) async -> [String: String])? = nil
+            replayHeaders: (@Sendable (QueueEntry) async -> [String: String])? = nil,
+            claimLease: Duration = .seconds(30),
+            storagePollInterval: Duration = .seconds(5)
         ) {
             self.retryPolicy = retryPolicy
             self.maxAttempts = maxAttempts.map { max(1, $0) }
@@ -63,34 +74,47 @@ public actor OfflineQueueEngine {
             self.offlineRecheckInterval = max(.milliseconds(1), offlineRecheckInterval)
             self.secretPolicy = secretPolicy
             self.replayHeaders = replayHeaders
+            self.claimLease = max(.milliseconds(3), claimLease)
+            self.storagePollInterval = max(.milliseconds(1), storagePollInterval)
         }
     }
 
     /// The most entries the queue holds; `enqueue` throws `OfflineQueueError.full` beyond it.
     /// Enforced by the store, so it holds under any number of concurrent enqueues.
     public nonisolated let maxQueueSize: Int
-    /// The storage.
-    public nonisolated let store: DiskQueueStore
+    /// Where the entries live: a `DiskQueueStore` (an app's queue), or another `QueueStorage`
+    /// that many consumers share (`PostgresQueueStore`, from the Integrations package).
+    public nonisolated let storage: any QueueStorage
+    /// `storage` when it is a `DiskQueueStore`: the engine then takes its own path for the disk
+    /// (the change feed, deferred deletions, durable deletions before a coalesced edit goes).
+    nonisolated let disk: DiskQueueStore?
+    /// The disk store of an engine made over one (every engine made with a `DiskQueueStore`, or
+    /// with the default folder). An engine over another `QueueStorage` has none: reading this
+    /// property there is a programming error (use `storage`).
+    public nonisolated var store: DiskQueueStore {
+        guard let disk else { preconditionFailure("this OfflineQueueEngine's storage is not a DiskQueueStore: use `storage`") }
+        return disk
+    }
     public nonisolated let configuration: Configuration
 
     private let sender: any RequestSending
     /// The monitor this queue follows (a drain service subscribes to the same one).
     public nonisolated let reachabilityMonitor: any ReachabilityMonitoring
     private var reachability: any ReachabilityMonitoring { reachabilityMonitor }
-    private let time: TimeSource
+    let time: TimeSource
     /// Bounds enqueues' first attempts (one sleeping task for all of them).
     private let firstAttemptDeadlines: DeadlineTimer
     private let wallClockOrigin: Date
 
     /// Which stored entries are being sent or replaced, and what an attempt's end does to them.
-    private var lifecycle = QueueEntryLifecycle()
+    var lifecycle = QueueEntryLifecycle()
     /// One line per ordering or coalescing key: enqueues that share a key run one at a time, in
     /// arrival order (the count includes the holder and everyone waiting).
     private var keyLines: [String: (gate: AdmissionGate, users: Int)] = [:]
-    private var learnedOffline = false
+    var learnedOffline = false
     /// One drain pass at a time, whoever triggers it; FIFO; a cancelled waiter leaves the line.
     private let passGate = AdmissionGate(limit: 1)
-    private var loopTask: Task<Void, Never>?
+    var loopTask: Task<Void, Never>?
     private var timerTask: Task<Void, Never>?
     private var timerDeadline: Date?
     /// Numbers the timers, so that one replaced after its sleep ended does not fire.
@@ -99,7 +123,11 @@ public actor OfflineQueueEngine {
     /// one fires (its pass schedules the next timer, which may fire while the first still waits),
     /// so `stop()` finds them here, cancels them and waits for them.
     private var firingTimers: [UInt64: Task<Void, Never>] = [:]
-    private nonisolated let subscribers = StreamSubscribers<QueueEntryResult>()
+    nonisolated let subscribers = StreamSubscribers<QueueEntryResult>()
+    /// `pendingCounts` on storage other than a disk store: the count after this engine's changes.
+    nonisolated let sharedCountSubscribers = StreamSubscribers<Int>()
+    /// While started on storage other than a disk store: the pass on each of its `arrivals()`.
+    private var arrivalsTask: Task<Void, Never>?
 
     /// - Parameters:
     ///   - requestEngine: sends the first attempt and every replay; any `RequestSending`
@@ -117,9 +145,44 @@ public actor OfflineQueueEngine {
         configuration: Configuration = Configuration(),
         clock: some Clock<Duration> = ContinuousClock()
     ) {
-        self.sender = requestEngine
+        self.init(
+            sender: requestEngine, reachabilityMonitor: reachabilityMonitor, storage: store, maxQueueSize: maxQueueSize,
+            configuration: configuration, clock: clock)
+    }
+
+    /// A queue on any `QueueStorage`: for a service whose replicas share one queue
+    /// (`PostgresQueueStore`, from the Integrations package), or storage of your own. Entries are
+    /// claimed under `configuration.claimLease`, renewed while their request is in flight; while
+    /// started, the engine also looks for work every `configuration.storagePollInterval` (an
+    /// expired lease, an entry another consumer added), besides the storage's `arrivals()`.
+    ///
+    /// On such storage `items` and `pendingCount()` read the storage, `pendingCounts` follows this
+    /// engine's own changes, and `changes` is empty (the change feed is the disk store's).
+    public init(
+        requestEngine: some RequestSending = AsyncRequestEngine(),
+        reachabilityMonitor: any ReachabilityMonitoring,
+        store: some QueueStorage,
+        maxQueueSize: Int = 500,
+        configuration: Configuration = Configuration(),
+        clock: some Clock<Duration> = ContinuousClock()
+    ) {
+        self.init(
+            sender: requestEngine, reachabilityMonitor: reachabilityMonitor, storage: store, maxQueueSize: maxQueueSize,
+            configuration: configuration, clock: clock)
+    }
+
+    private init(
+        sender: some RequestSending,
+        reachabilityMonitor: any ReachabilityMonitoring,
+        storage: any QueueStorage,
+        maxQueueSize: Int,
+        configuration: Configuration,
+        clock: some Clock<Duration>
+    ) {
+        self.sender = sender
         self.reachabilityMonitor = reachabilityMonitor
-        self.store = store
+        self.storage = storage
+        self.disk = storage as? DiskQueueStore
         self.maxQueueSize = max(0, maxQueueSize)
         self.configuration = configuration
         self.time = TimeSource(clock)
@@ -222,17 +285,17 @@ public actor OfflineQueueEngine {
             keyed?.requestPriority = request.requestPriority  // the caller's own: someone waits for it
             if let keyed {
                 offered = entry
-                store.announce(.offered(entry))
+                disk?.announce(.offered(entry))
                 let outcome = await firstAttempt(keyed, timeout: request.timeout, deadline: request.deadline)
                 switch QueueEntryLifecycle.firstAttemptEnded(outcome) {
                 case .sent(let status):
-                    store.announce(.removed(entry, reason: .delivered(statusCode: status)))
+                    disk?.announce(.removed(entry, reason: .delivered(statusCode: status)))
                     return .sent(statusCode: status)
                 case .rejected(let error):
-                    store.announce(.removed(entry, reason: .rejected(statusCode: error.statusCode)))
+                    disk?.announce(.removed(entry, reason: .rejected(statusCode: error.statusCode)))
                     throw error
                 case .cancelled:
-                    store.announce(.removed(entry, reason: .cancelled))
+                    disk?.announce(.removed(entry, reason: .cancelled))
                     throw NetworkError.cancelled
                 case .store(let counted, let retryAfter, let error):
                     attempts = counted
@@ -245,7 +308,7 @@ public actor OfflineQueueEngine {
         do {
             entry = try await persist(request, id: id, key: key, attempts: attempts, nextAttemptAt: nextAttemptAt, lastError: lastError)
         } catch {
-            if let offered { store.announce(.removed(offered, reason: .notStored)) }
+            if let offered { disk?.announce(.removed(offered, reason: .notStored)) }
             throw error
         }
         // While started, a stored entry is replayed without waiting for the next reconnect: when
@@ -262,24 +325,38 @@ public actor OfflineQueueEngine {
     // MARK: - Inspect and manage
 
     /// Entries in replay order (priority descending, FIFO within a priority).
+    /// On storage other than a `DiskQueueStore`, a storage that cannot be read gives none
+    /// (`storage.queuedEntries()` throws its error).
     public var items: [QueueEntry] {
-        get async { store.orderedEntries() }
+        get async {
+            guard let disk else { return (try? await storage.queuedEntries()) ?? [] }
+            return disk.orderedEntries()
+        }
     }
 
     /// The number of queued entries (expired ones included until a pass sweeps them).
-    public func pendingCount() async -> Int { store.entryCount }
+    /// On storage other than a `DiskQueueStore`, 0 when the storage cannot be read
+    /// (`storage.queuedCount()` throws its error).
+    public func pendingCount() async -> Int {
+        guard let disk else { return (try? await storage.queuedCount()) ?? 0 }
+        return disk.entryCount
+    }
 
     /// A new stream for each access: the number of queued entries at once, then every change (as
     /// entries are queued, delivered, failed, expired, dead-lettered or cancelled). Built for an
     /// "offline · 3 pending" indicator; combine it with the monitor's `connectivity` (see
     /// Sources/OfflineQueue/OfflineQueue.docc/OfflineQueueGuide.md). A slow consumer sees the latest count.
-    public nonisolated var pendingCounts: AsyncStream<Int> { store.entryCounts }
+    public nonisolated var pendingCounts: AsyncStream<Int> {
+        guard let disk else { return sharedCounts() }
+        return disk.entryCounts
+    }
 
     /// Removes an entry without sending it. Returns whether it was removed: `false` when it was not
     /// queued, or when its file could not be deleted (a read-only folder) — it then stays queued.
     /// An entry being sent at this moment cannot be recalled; its outcome is then discarded.
     @discardableResult
     public func cancel(id: UUID) async -> Bool {
+        guard let store = disk else { return await cancelShared(id: id) }
         guard store.entry(id: id) != nil else { return false }
         do {
             try store.remove(id: id)
@@ -291,12 +368,14 @@ public actor OfflineQueueEngine {
 
     /// Removes every entry.
     public func clear() async throws {
-        try await store.removeAll()
+        try await storage.removeAll()
+        if disk == nil { await publishSharedCount() }
     }
 
     /// `store.changes`: every change to the entries, in order (stored, updated, attempts
     /// starting and ending, removed and why).
-    public nonisolated var changes: AsyncStream<QueueChange> { store.changes }
+    /// Empty on storage other than a `DiskQueueStore`.
+    public nonisolated var changes: AsyncStream<QueueChange> { disk?.changes ?? AsyncStream { $0.finish() } }
 
     /// A new stream of per-entry results for each access; it ends when the engine is deinitialised.
     public var results: AsyncStream<QueueEntryResult> {
@@ -361,6 +440,7 @@ public actor OfflineQueueEngine {
                 await self.connectivityChanged(connected)
             }
         }
+        if disk == nil { arrivalsTask = followArrivals() }
     }
 
     /// Stops automatic draining and waits for a pass in flight to end (its entry in flight stays
@@ -369,6 +449,8 @@ public actor OfflineQueueEngine {
         let loop = loopTask
         let timer = timerTask
         let firing = firingTimers.sorted { $0.key < $1.key }.map(\.value)
+        let arrivals = arrivalsTask
+        arrivalsTask = nil
         loopTask = nil
         timerTask = nil
         timerDeadline = nil
@@ -376,6 +458,8 @@ public actor OfflineQueueEngine {
         loop?.cancel()
         timer?.cancel()
         for task in firing { task.cancel() }
+        arrivals?.cancel()
+        await arrivals?.value
         await loop?.value
         await timer?.value
         for task in firing { await task.value }
@@ -389,6 +473,10 @@ public actor OfflineQueueEngine {
     private func mayTrySending(_ request: some QueueableRequest) async -> Bool {
         guard !learnedOffline, await reachability.isConnected else { return false }
         // Entries already waiting with the same ordering or coalescing key must go first.
+        guard let store = disk else {
+            let waiting = try? await storage.hasQueuedEntries(orderingKey: request.orderingKey, coalescingKey: request.coalescingKey)
+            return waiting == false  // unreadable storage: stored, not sent (the add reports its error)
+        }
         if let key = request.orderingKey, store.hasEntries(orderingKey: key) { return false }
         if let key = request.coalescingKey, store.entry(coalescingKey: key) != nil { return false }
         return true
@@ -464,7 +552,7 @@ public actor OfflineQueueEngine {
     }
 
     /// One send and its classification (the outcome table of Sources/OfflineQueue/OfflineQueue.docc/OfflineQueueGuide.md).
-    private func attempt(_ request: PreparedRequest, previousAttempts: Int) async -> QueueAttemptOutcome {
+    func attempt(_ request: PreparedRequest, previousAttempts: Int) async -> QueueAttemptOutcome {
         do {
             let (data, response) = try await sender.response(for: request)
             learnedOffline = false
@@ -511,7 +599,7 @@ public actor OfflineQueueEngine {
     }
 
     /// The wait after `attempts` failed attempts; `nil` from the policy becomes "never" (dead letter).
-    private func backoff(afterAttempts attempts: Int) -> Duration {
+    func backoff(afterAttempts attempts: Int) -> Duration {
         guard let seconds = configuration.retryPolicy.delay(forAttempt: max(0, attempts - 1)) else { return QueueEntryLifecycle.neverAgain }
         return RetryPolicyDelay.sanitized(seconds, maximum: .seconds(86_400))
     }
@@ -524,6 +612,9 @@ public actor OfflineQueueEngine {
         nextAttemptAt: Date?,
         lastError: String?
     ) async throws -> QueueEntry {
+        guard let store = disk else {
+            return try await persistShared(request, id: id, key: key, attempts: attempts, nextAttemptAt: nextAttemptAt, lastError: lastError)
+        }
         var replaced: QueueEntry?
         if let coalescingKey = request.coalescingKey,
             let existing = store.entry(coalescingKey: coalescingKey),
@@ -556,20 +647,24 @@ public actor OfflineQueueEngine {
 
     // MARK: - Internals: passes
 
-    private func runPass(_ trigger: FlushReport.Trigger, ignoringReachability: Bool = false) async -> FlushReport {
+    func runPass(_ trigger: FlushReport.Trigger, ignoringReachability: Bool = false) async -> FlushReport {
         var report = FlushReport(trigger: trigger)
         do {
             try await passGate.enter()
         } catch {
             // Cancelled while another pass ran (e.g. a drain cycle's budget ran out): nothing sent.
             report.wasCancelled = true
-            report.remaining = store.entryCount
+            report.remaining = await pendingCount()
             return report
         }
         defer { passGate.leave() }
         let connected: Bool
         if ignoringReachability { connected = true } else { connected = await reachability.isConnected }
         report.endedOffline = !connected
+        guard let store = disk else {
+            await runSharedPass(&report, connected: connected)
+            return report
+        }
         // The pass's rules (ordering keys, expiry, backoff) are decided by `ReplayPass`; this loop
         // does what it says.
         var pass = ReplayPass(connected: connected)
@@ -683,7 +778,8 @@ public actor OfflineQueueEngine {
     /// Whether an edit of `coalescingKey` may be sent now: every deletion so far is durable
     /// (`DiskQueueStore.makeDeletionsDurable()`). Always true without a key.
     private func olderEditsAreGone(_ coalescingKey: String?) async -> Bool {
-        guard coalescingKey != nil else { return true }
+        // Other storage keeps no older edit that could come back (`QueueStorage`'s rules).
+        guard coalescingKey != nil, let store = disk else { return true }
         do {
             try await store.makeDeletionsDurable()
             return true
@@ -692,7 +788,7 @@ public actor OfflineQueueEngine {
         }
     }
 
-    private func record(_ result: QueueEntryResult, in report: inout FlushReport) {
+    func record(_ result: QueueEntryResult, in report: inout FlushReport) {
         report.results.append(result)
         subscribers.yield(result)
     }
@@ -710,11 +806,12 @@ public actor OfflineQueueEngine {
 
     /// Schedules a pass for when the earliest backoff among entries ends.
     private func scheduleNextTimer() async {
+        guard let store = disk else { return await scheduleSharedTimer() }
         let earliest = store.orderedEntries().compactMap(\.nextAttemptAt).min()
         scheduleTimerIfNeeded(for: earliest)
     }
 
-    private func scheduleTimerIfNeeded(for deadline: Date?) {
+    func scheduleTimerIfNeeded(for deadline: Date?) {
         guard loopTask != nil, let deadline else { return }
         if let current = timerDeadline, current <= deadline, timerTask != nil { return }
         timerTask?.cancel()
@@ -741,7 +838,7 @@ public actor OfflineQueueEngine {
         _ = await runPass(.timer)
     }
 
-    private func offlineRecheckDate() -> Date {
+    func offlineRecheckDate() -> Date {
         now.addingTimeInterval(configuration.offlineRecheckInterval.seconds)
     }
 
@@ -749,6 +846,8 @@ public actor OfflineQueueEngine {
         subscribers.finishAll()
         loopTask?.cancel()
         timerTask?.cancel()
+        arrivalsTask?.cancel()
         firstAttemptDeadlines.shutdown()
+        sharedCountSubscribers.finishAll()
     }
 }

@@ -57,6 +57,10 @@ public struct FlushReport: Sendable {
     public var endedOffline = false
     /// The pass ended early because its task was cancelled (e.g. a drain budget ran out).
     public var wasCancelled = false
+    /// The storage failed during the pass (it could not be read, or a claim could not be taken or
+    /// settled), and the pass ended there; `nil` when it did not. An entry whose settlement failed
+    /// stays claimed until its lease runs out, then goes again with the same `Idempotency-Key`.
+    public var storageError: (any Error)?
 
     public var delivered: [UUID] { results.compactMap { if case .delivered(let id, _) = $0 { id } else { nil } } }
     public var failed: [UUID] { results.compactMap { if case .failedPermanently(let id, _) = $0 { id } else { nil } } }

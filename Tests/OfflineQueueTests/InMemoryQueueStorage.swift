@@ -1,0 +1,158 @@
+import Foundation
+import ResilienceCore
+
+@testable import OfflineQueue
+
+/// A `QueueStorage` in memory with real leases, standing in for storage many consumers share
+/// (`PostgresQueueStore`): the engine's shared-storage path is tested against it with a manual
+/// clock, and the same rule checks run against `DiskQueueStore` (`QueueStorageRuleTests`).
+final class InMemoryQueueStorage: QueueStorage, Sendable {
+    private struct Row: Sendable {
+        var entry: QueueEntry
+        var token: UUID?
+        var leaseEnds: Date?
+    }
+
+    private struct State: Sendable {
+        var rows: [UUID: Row] = [:]
+        var nextSequence: UInt64 = 1
+        var deadLetters: [QueueEntry] = []
+        var renewals = 0
+        var failRenewals = false
+    }
+
+    private let state = Locked(State())
+    private let arrivalSubscribers = StreamSubscribers<Void>()
+
+    var deadLetters: [QueueEntry] { state.withLock { $0.deadLetters } }
+    var renewals: Int { state.withLock { $0.renewals } }
+    /// Makes every later renewal fail, as a database that went away would.
+    func failRenewals() { state.withLock { $0.failRenewals = true } }
+    /// When `id`'s lease ends, if it is claimed.
+    func leaseEnds(of id: UUID) -> Date? { state.withLock { $0.rows[id]?.leaseEnds } }
+    /// Tells engines following `arrivals()` that work was added (as a NOTIFY would).
+    func announceArrival() { arrivalSubscribers.yield(()) }
+
+    func queuedEntries() async throws -> [QueueEntry] { state.withLock { Self.ordered($0.rows.values.map(\.entry)) } }
+
+    func queuedCount() async throws -> Int { state.withLock { $0.rows.count } }
+
+    func queuedEntry(id: UUID) async throws -> QueueEntry? { state.withLock { $0.rows[id]?.entry } }
+
+    func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
+        state.withLock { state in
+            state.rows.values.contains { row in
+                (orderingKey != nil && row.entry.orderingKey == orderingKey)
+                    || (coalescingKey != nil && row.entry.coalescingKey == coalescingKey)
+            }
+        }
+    }
+
+    func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
+        try state.withLock { state in
+            let holder = entry.coalescingKey.flatMap { key in
+                state.rows.values.first { $0.entry.coalescingKey == key && $0.token == nil }?.entry
+            }
+            if holder == nil, let limit, state.rows.count >= limit { throw OfflineQueueError.full }
+            let sequence: UInt64
+            if let holder {
+                state.rows[holder.id] = nil
+                sequence = holder.sequence
+            } else {
+                sequence = state.nextSequence
+                state.nextSequence += 1
+            }
+            let stored = entry.withStorableHeaders().placed(at: sequence)
+            state.rows[stored.id] = Row(entry: stored)
+            return stored
+        }
+    }
+
+    func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
+        state.withLock { state in
+            let all = Self.ordered(state.rows.values.map(\.entry))
+            var claimed: [QueueClaim] = []
+            for entry in all where claimed.count < limit {
+                let row = state.rows[entry.id]!
+                if row.token != nil, let ends = row.leaseEnds, ends > now { continue }
+                guard !entry.isExpired(at: now), (entry.nextAttemptAt ?? now) <= now else { continue }
+                let earlier = all.contains { other in
+                    other.sequence < entry.sequence
+                        && ((entry.orderingKey != nil && other.orderingKey == entry.orderingKey)
+                            || (entry.coalescingKey != nil && other.coalescingKey == entry.coalescingKey))
+                }
+                if earlier { continue }
+                let token = UUID()
+                let ends = now.addingTimeInterval(lease.seconds)
+                state.rows[entry.id] = Row(entry: entry, token: token, leaseEnds: ends)
+                claimed.append(QueueClaim(entry: entry, token: token, leaseEnds: ends))
+            }
+            return claimed
+        }
+    }
+
+    func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
+        try state.withLock { state in
+            state.renewals += 1
+            guard !state.failRenewals else { throw OfflineQueueError.storage(operation: "renew", path: "memory", errno: EIO) }
+            try Self.checkLive(claim, in: state)
+            let ends = now.addingTimeInterval(lease.seconds)
+            state.rows[claim.entry.id]?.leaseEnds = ends
+            return QueueClaim(entry: claim.entry, token: claim.token, leaseEnds: ends)
+        }
+    }
+
+    func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
+        try state.withLock { state in
+            try Self.checkLive(claim, in: state)
+            state.rows[claim.entry.id] = nil
+        }
+    }
+
+    func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
+        try state.withLock { state in
+            try Self.checkLive(claim, in: state)
+            state.rows[claim.entry.id] = Row(entry: entry.placed(at: claim.entry.sequence))
+        }
+    }
+
+    func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
+        try state.withLock { state in
+            try Self.checkLive(claim, in: state)
+            state.rows[claim.entry.id] = nil
+            state.deadLetters.append(entry)
+        }
+    }
+
+    func cancel(id: UUID) async throws -> Bool {
+        state.withLock { $0.rows.removeValue(forKey: id) != nil }
+    }
+
+    func removeAll() async throws {
+        state.withLock { $0.rows = [:] }
+    }
+
+    func removeExpired(now: Date) async throws -> [QueueEntry] {
+        state.withLock { state in
+            let expired = state.rows.values.filter { $0.entry.isExpired(at: now) && ($0.token == nil || ($0.leaseEnds ?? now) <= now) }.map(\.entry)
+            for entry in expired { state.rows[entry.id] = nil }
+            return Self.ordered(expired)
+        }
+    }
+
+    func earliestNextAttempt() async throws -> Date? {
+        state.withLock { $0.rows.values.compactMap(\.entry.nextAttemptAt).min() }
+    }
+
+    func arrivals() -> AsyncStream<Void> { arrivalSubscribers.stream() }
+
+    private static func ordered(_ entries: [QueueEntry]) -> [QueueEntry] {
+        entries.sorted { ($0.priority, UInt64.max - $0.sequence) > ($1.priority, UInt64.max - $1.sequence) }
+    }
+
+    private static func checkLive(_ claim: QueueClaim, in state: State) throws {
+        guard let row = state.rows[claim.entry.id], row.token == claim.token else {
+            throw OfflineQueueError.claimLost(id: claim.entry.id)
+        }
+    }
+}
