@@ -26,6 +26,12 @@ extension PostgresQueueStore {
     /// The store's statements run under a savepoint: when one fails, the caller's transaction is
     /// left as it was before the call (and still usable), and the error is thrown.
     ///
+    /// Like `add`, it takes advisory locks on the request's ordering and coalescing keys, held
+    /// until the caller's transaction ends: another transaction enqueuing for the same key waits
+    /// for it (so a key's entries are claimed in commit order). A transaction that enqueues for
+    /// several keys, while others do too, should enqueue them in one agreed order, or PostgreSQL
+    /// may end one of them as a deadlock (`.database` with SQLSTATE `40P01`).
+    ///
     /// - Returns: the entry's id.
     /// - Throws: `PostgresQueueStoreError.notInTransaction` when `connection` has no open
     ///   transaction; `NetworkError.invalidRequest` and `OfflineQueueError.credentialsInURL`,

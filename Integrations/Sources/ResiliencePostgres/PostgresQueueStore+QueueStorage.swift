@@ -210,12 +210,24 @@ extension PostgresQueueStore: QueueStorage {
         }
     }
 
+    /// When the next entry that waits may become claimable: the earliest `nextAttemptAt` among
+    /// unleased entries, and for a leased one the time its lease ends (another consumer may take
+    /// it over then, should its holder have died). Entries behind the head of their ordering or
+    /// coalescing key are left out: they cannot go before it. Read with the claim rules, a date
+    /// in the past is an entry due now, never one a live lease holds.
     public func earliestNextAttempt() async throws -> Date? {
         try await perform("earliestNextAttempt") {
+            let rows = try await client.query(
+                """
+                SELECT min(CASE WHEN q.lease_token IS NULL THEN q.next_attempt_at ELSE q.lease_until END)
+                FROM \(unescaped: names.queue) q
+                WHERE (q.ordering_key IS NULL OR NOT EXISTS (
+                          SELECT 1 FROM \(unescaped: names.queue) o WHERE o.ordering_key = q.ordering_key AND o.seq < q.seq))
+                  AND (q.coalescing_key IS NULL OR NOT EXISTS (
+                          SELECT 1 FROM \(unescaped: names.queue) c WHERE c.coalescing_key = q.coalescing_key AND c.seq < q.seq))
+                """, logger: logger)
             var earliest: Date?
-            for try await date in try await client.query("SELECT min(next_attempt_at) FROM \(unescaped: names.queue)", logger: logger).decode(Date?.self) {
-                earliest = date
-            }
+            for try await date in rows.decode(Date?.self) { earliest = date }
             return earliest
         }
     }

@@ -122,6 +122,26 @@ struct PostgresOutboxTests {
         }
     }
 
+    @Test func testArrivalsListensAgainAfterItsConnectionIsLost() async throws {
+        try await PostgresTestDatabase.withStore { store, client in
+            let listener = try PostgresQueueStore(client: client, tableName: store.tableName, reconnectDelay: .milliseconds(10))
+            var arrivals = listener.arrivals().makeAsyncIterator()
+            #expect(await arrivals.next() != nil)
+            // The server ends the listening connection (a failover, an idle timeout, …).
+            let terminated = try await client.integer(
+                PostgresQuery(
+                    unsafeSQL: """
+                        SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                        WHERE pid <> pg_backend_pid() AND query LIKE 'LISTEN "\(store.tableName)"%'
+                        """))
+            #expect(terminated == 1)
+            #expect(await arrivals.next() != nil)  // listening again, on another connection
+
+            _ = try await store.add(entry(request()), limit: nil)
+            #expect(await arrivals.next() != nil)
+        }
+    }
+
     @Test func testArrivalsYieldsAfterAnotherClientsAdd() async throws {
         try await PostgresTestDatabase.withClient { otherClient in
             try await PostgresTestDatabase.withStore { store, client in

@@ -292,7 +292,8 @@ struct PostgresQueueStoreTests {
             #expect(try await store.hasQueuedEntries(orderingKey: nil, coalescingKey: "c"))
             #expect(try await !store.hasQueuedEntries(orderingKey: "c", coalescingKey: "o"))
 
-            let claim = try #require(try await store.claim(upTo: 2, now: at(1), lease: .seconds(30)).first { $0.entry.id == ordered.id })
+            let claim = try #require(try await store.claim(upTo: 1, now: at(1), lease: .seconds(30)).first)
+            #expect(claim.entry.id == ordered.id)
             try await store.release(claim, keeping: try claim.entry.afterFailedAttempt(nextAttemptAt: at(40)))
             #expect(try await store.earliestNextAttempt() == at(40))
             #expect(try await store.queuedCount() == 2)
@@ -301,6 +302,20 @@ struct PostgresQueueStoreTests {
             try await store.removeAll()
             #expect(try await store.queuedCount() == 0)
             #expect(try await store.queuedEntries().isEmpty)
+        }
+    }
+
+    @Test func testEarliestNextAttemptCountsLeaseEndsAndLeavesFollowersOut() async throws {
+        try await PostgresTestDatabase.withStore { store, _ in
+            _ = try await store.add(entry(request("/head", orderingKey: "k")), limit: nil)
+            // A follower of the key that was due long ago: it cannot go before its head.
+            _ = try await store.add(try entry(request("/follower", orderingKey: "k")).afterFailedAttempt(nextAttemptAt: at(5)), limit: nil)
+            #expect(try await store.earliestNextAttempt() == nil)  // the head is due now
+
+            let claim = try #require(try await store.claim(upTo: 10, now: at(1), lease: .seconds(30)).first)
+            #expect(try await store.earliestNextAttempt() == at(31))  // when a dead holder's lease ends
+            try await store.release(claim, keeping: try claim.entry.afterFailedAttempt(nextAttemptAt: at(60)))
+            #expect(try await store.earliestNextAttempt() == at(60))
         }
     }
 

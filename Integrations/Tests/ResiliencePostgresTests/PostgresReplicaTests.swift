@@ -41,6 +41,11 @@ struct PostgresReplicaTests {
         var deliveredTwice: Int { delivered.values.filter { $0 > 1 }.count }
     }
 
+    actor Flag {
+        private(set) var isSet = false
+        func set() { isSet = true }
+    }
+
     @Test func testTwoReplicasNeverClaimOneEntryTwiceNorTwoOfAKeyAtOnce() async throws {
         let total = 500
         let keys = 25
@@ -106,6 +111,42 @@ struct PostgresReplicaTests {
                 #expect(taken.map(\.entry.id) == [first.id])  // and the key's second still waits behind it
                 try await replica.complete(try #require(taken.first), reason: .delivered(statusCode: 200))
                 #expect(try await replica.claim(upTo: 10, now: at(31), lease: .seconds(30)).map(\.entry.id) == [second.id])
+            }
+        }
+    }
+
+    @Test func testEditsOfACoalescingKeyAddedWhileAnotherReplicaDrainsGoOutNewestLast() async throws {
+        try await PostgresTestDatabase.withClient { otherClient in
+            try await PostgresTestDatabase.withStore { store, _ in
+                let replica = try PostgresQueueStore(client: otherClient, tableName: store.tableName)
+                let edits = 60
+                let written = Flag()
+                let writer = Task {
+                    for version in 0..<edits {
+                        _ = try await store.add(entry(request("/profile", coalescingKey: "profile", body: "\(version)")), limit: nil)
+                    }
+                    await written.set()
+                }
+                // The replica sends whatever edit is queued, one at a time, until the writer is done
+                // and nothing is left.
+                var sent: [Int] = []
+                var inFlight = 0
+                while true {
+                    let claims = try await replica.claim(upTo: 10, now: at(1), lease: .seconds(600))
+                    inFlight = max(inFlight, claims.count)
+                    for claim in claims {
+                        sent.append(Int(String(decoding: claim.entry.body ?? Data(), as: UTF8.self)) ?? -1)
+                        try await replica.complete(claim, reason: .delivered(statusCode: 200))
+                    }
+                    if claims.isEmpty {
+                        if await written.isSet, try await replica.queuedCount() == 0 { break }
+                        await Task.yield()
+                    }
+                }
+                try await writer.value
+                #expect(inFlight == 1)
+                #expect(sent == sent.sorted() && Set(sent).count == sent.count, "an older edit went out after a newer one: \(sent)")
+                #expect(sent.last == edits - 1)
             }
         }
     }
