@@ -112,6 +112,25 @@ struct QueueSecretPolicyTests {
         #expect("\(OfflineQueueError.credentialsInURL)" == "offline queue refuses a URL with user-info (user:password@)")
         #expect("\(OfflineQueueError.sensitivePathParameter("jsessionid"))" == "offline queue refuses a URL with the credential-like path parameter 'jsessionid'")
     }
+
+    // MARK: An entry for a front door without an engine (the outbox)
+
+    @Test func anEntryForAFrontDoorIsStrippedAndCheckedAsTheEngineStoresIt() throws {
+        var request = Mutation("/orders")
+        request.url = URL(string: "https://api.example.test/orders#token=abc")!
+        request.headers = ["Authorization": "Bearer s3cret", "X-Api-Key": "k", "Content-Type": "application/json"]
+        request.idempotencyKey = "order-1"
+        let entry = try QueueSecretPolicy.standard.entry(for: request)
+        #expect(entry.headers == ["Content-Type": "application/json"])
+        #expect(entry.url.absoluteString == "https://api.example.test/orders")
+        #expect(entry.idempotencyKey == "order-1")
+
+        let withUser = Mutation("/a", base: URL(string: "https://user:pw@api.example.test")!)
+        #expect(throws: OfflineQueueError.credentialsInURL) { try QueueSecretPolicy.standard.entry(for: withUser) }
+        var spent = Mutation("/a")
+        spent.deadline = .zero
+        #expect(throws: NetworkError.self) { try QueueSecretPolicy.standard.entry(for: spent) }
+    }
 }
 
 /// What enqueue does with each kind of secret, read back from the entry file's bytes.

@@ -248,13 +248,9 @@ public actor OfflineQueueEngine {
     @discardableResult
     public func enqueue(_ request: some QueueableRequest, sending: SendTiming) async throws -> EnqueueResult {
         let attemptFirst = sending == .atOnce
-        _ = try request.makeURLRequest()  // invalid requests are thrown, never stored
-        // A deadline with nothing left would fail every send of the entry: refused, not stored.
-        if let deadline = request.deadline, deadline <= .zero {
-            throw NetworkError.invalidRequest(reason: "a queued request's deadline must be positive")
-        }
-        // Refuses URLs with credentials; strips the fragment, and secret headers from what is stored.
-        let request = try configuration.secretPolicy.storable(request)
+        // Refuses invalid requests and URLs with credentials; strips the fragment, and secret
+        // headers from what is stored.
+        let request = try configuration.secretPolicy.checkedStorable(request)
         let key = request.idempotencyKey  // read once: first attempt and every replay share it
 
         // Enqueues that share an ordering or coalescing key go one at a time, in arrival order:

@@ -131,6 +131,29 @@ public struct QueueSecretPolicy: Sendable, Equatable {
 // MARK: - Applying the policy at enqueue
 
 extension QueueSecretPolicy {
+    /// `request` as a queue entry, checked and stripped the way `OfflineQueueEngine.enqueue` stores
+    /// it: for a front door that queues without an engine, such as `PostgresQueueStore`'s outbox
+    /// enqueue inside a transaction. `request.idempotencyKey` is read once, here.
+    ///
+    /// - Throws: `NetworkError.invalidRequest` (a request that cannot be built, a deadline that is
+    ///   not positive), `OfflineQueueError.credentialsInURL`, `.sensitiveQueryParameter`,
+    ///   `.sensitivePathParameter`.
+    public func entry(for request: some QueueableRequest, id: UUID = UUID(), enqueuedAt: Date = Date()) throws -> QueueEntry {
+        let storable = try checkedStorable(request)
+        return QueueEntry(id: id, request: storable, idempotencyKey: storable.idempotencyKey, enqueuedAt: enqueuedAt, sequence: QueueEntry.unplacedSequence)
+    }
+
+    /// `storable(_:)` after the checks every enqueue makes: the request can be built, and its
+    /// deadline, if any, leaves time for an attempt.
+    func checkedStorable<Base: QueueableRequest>(_ request: Base) throws -> StorableRequest<Base> {
+        _ = try request.makeURLRequest()  // invalid requests are thrown, never stored
+        // A deadline with nothing left would fail every send of the entry: refused, not stored.
+        if let deadline = request.deadline, deadline <= .zero {
+            throw NetworkError.invalidRequest(reason: "a queued request's deadline must be positive")
+        }
+        return try storable(request)
+    }
+
     /// `request` as the queue may store it: refused (thrown) when its URL carries user-info or a
     /// secret query or path parameter; otherwise with the URL's fragment removed and its secret
     /// headers set aside for the first attempt only.
