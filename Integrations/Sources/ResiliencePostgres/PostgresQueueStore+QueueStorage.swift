@@ -66,7 +66,8 @@ extension PostgresQueueStore: QueueStorage {
 
     /// One statement: the claimable rows are locked (`FOR UPDATE SKIP LOCKED`, so consumers never
     /// wait for one another nor take the same row) and each gets a fresh lease token and
-    /// `lease_until = now + lease`.
+    /// `lease_until = now + lease`. A row that cannot be read as an entry is left out of the result
+    /// (and logged, by id), leased like the others, so it never stops them.
     public func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
         guard limit > 0 else { return [] }
         let leaseEnds = now.addingTimeInterval(lease.timeInterval)
@@ -93,11 +94,17 @@ extension PostgresQueueStore: QueueStorage {
                 SET lease_token = gen_random_uuid(), lease_until = \(leaseEnds)
                 FROM claimable
                 WHERE t.id = claimable.id
-                RETURNING t.priority, t.seq, t.lease_token, t.entry::text
+                RETURNING t.id, t.priority, t.seq, t.lease_token, t.entry::text
                 """, logger: logger)
             var claimed: [(priority: Int32, claim: QueueClaim)] = []
-            for try await (priority, seq, token, json) in rows.decode((Int32, Int64, UUID, String).self) {
-                let entry = try Self.decodeEntry(json, seq: seq)
+            for try await (id, priority, seq, token, json) in rows.decode((UUID, Int32, Int64, UUID, String).self) {
+                // A row this library cannot read (written by hand, or by a newer format) is left
+                // leased and out of the batch, so it never stops the others; once its lease ends it
+                // is tried again (and still holds back the rest of its key).
+                guard let entry = try? Self.decodeEntry(json, seq: seq) else {
+                    logger.error("unreadable queue entry left in the table", metadata: ["table": "\(names.plain)", "id": "\(id)"])
+                    continue
+                }
                 claimed.append((priority, QueueClaim(entry: entry, token: token, leaseEnds: leaseEnds)))
             }
             // UPDATE … RETURNING keeps no order: the claims go back in claim order.

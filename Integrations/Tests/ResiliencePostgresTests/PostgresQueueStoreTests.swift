@@ -346,6 +346,19 @@ struct PostgresQueueStoreTests {
 
     // MARK: Errors
 
+    @Test func testAnUnreadableRowIsLeftOutOfClaimsWithoutStoppingTheOthers() async throws {
+        try await PostgresTestDatabase.withStore { store, client in
+            let broken = try await store.add(entry(request("/broken", priority: .critical)), limit: nil)
+            let fine = try await store.add(entry(request("/fine")), limit: nil)
+            try await client.query(PostgresQuery(unsafeSQL: "UPDATE \"\(store.tableName)\" SET entry = '{\"id\": \"\(broken.id)\"}' WHERE id = '\(broken.id)'"))
+
+            #expect(try await store.claim(upTo: 10, now: at(1), lease: .seconds(30)).map(\.entry.id) == [fine.id])
+            await #expect(throws: PostgresQueueStoreError.unreadableEntry(id: broken.id, reason: "its JSON is not a queue entry (DecodingError)")) {
+                _ = try await store.queuedEntry(id: broken.id)
+            }
+        }
+    }
+
     @Test func testDatabaseErrorsAreTypedAndHoldNoValues() async throws {
         try await PostgresTestDatabase.withClient { client in
             let store = try PostgresQueueStore(client: client, tableName: PostgresTestDatabase.uniqueTableName("never_migrated"))
