@@ -1,7 +1,6 @@
 import Foundation
 import OfflineQueue
 import PostgresNIO
-import RequestEngine
 
 extension PostgresQueueStore {
     /// Queues `request` inside the transaction open on `connection` — the transactional outbox: the
@@ -38,12 +37,8 @@ extension PostgresQueueStore {
     ///   `.sensitiveQueryParameter`, `.sensitivePathParameter` for a request that may not be
     ///   stored; `.database` when a statement failed.
     public func enqueue(_ request: some QueueableRequest, on connection: PostgresConnection) async throws -> UUID {
-        _ = try request.makeURLRequest()  // invalid requests are thrown, never stored
-        if let deadline = request.deadline, deadline <= .zero {
-            throw NetworkError.invalidRequest(reason: "a queued request's deadline must be positive")
-        }
-        let storable = try OutboxRequest(request, policy: secretPolicy)
-        let entry = QueueEntry(storable, id: UUID(), enqueuedAt: Date())  // reads the idempotency key once
+        // Checked and stripped by the engine's own rule; the idempotency key is read once, here.
+        let entry = try secretPolicy.entry(for: request, id: UUID(), enqueuedAt: Date())
         let json = try Self.encodeEntry(entry)
         let logger = self.logger
         return try await perform("enqueue") {
@@ -62,66 +57,5 @@ extension PostgresQueueStore {
             }
             return entry.id
         }
-    }
-}
-
-/// A request as the outbox stores it: `QueueSecretPolicy` applied the way the engine's enqueue
-/// applies it (the URL's fragment dropped, secret headers left out; URLs carrying credentials
-/// refused). `QueueEntry`'s initializer then drops the always-secret headers and `Idempotency-Key`.
-struct OutboxRequest<Base: QueueableRequest>: QueueableRequest {
-    let base: Base
-    let url: URL
-    let headers: [String: String]
-
-    init(_ base: Base, policy: QueueSecretPolicy) throws {
-        let url = base.url
-        if !(url.user ?? "").isEmpty || !(url.password ?? "").isEmpty {
-            throw OfflineQueueError.credentialsInURL
-        }
-        let components = URLComponents(url: url, resolvingAgainstBaseURL: true)
-        if let name = components?.queryItems?.first(where: { policy.isSecretParameter($0.name) })?.name {
-            throw OfflineQueueError.sensitiveQueryParameter(name)
-        }
-        if let name = components.flatMap({ Self.secretPathParameter(in: $0, policy: policy) }) {
-            throw OfflineQueueError.sensitivePathParameter(name)
-        }
-        self.base = base
-        self.url = Self.removingFragment(from: url)
-        self.headers = base.headers.filter { name, _ in !policy.isSecretHeader(name) }
-    }
-
-    var method: HTTPMethod { base.method }
-    var body: Data? { base.body }
-    var timeout: TimeInterval { base.timeout }
-    var ttl: TimeInterval { base.ttl }
-    var priority: QueuePriority { base.priority }
-    /// Read through: the caller's default is a fresh UUID per read, and the entry reads it once.
-    var idempotencyKey: String { base.idempotencyKey }
-    var orderingKey: String? { base.orderingKey }
-    var coalescingKey: String? { base.coalescingKey }
-    var maximumResponseBodySize: Int? { base.maximumResponseBodySize }
-    var deadline: Duration? { base.deadline }
-    var requestPriority: RequestPriority { base.requestPriority }
-
-    /// The first path parameter (`;name=value` in a path segment) whose name is secret.
-    static func secretPathParameter(in components: URLComponents, policy: QueueSecretPolicy) -> String? {
-        let path = components.percentEncodedPath
-        guard path.contains(";") else { return nil }
-        for segment in path.split(separator: "/") {
-            for parameter in segment.split(separator: ";", omittingEmptySubsequences: false).dropFirst() {
-                let encoded = String(parameter.prefix { $0 != "=" })
-                let name = encoded.removingPercentEncoding ?? encoded
-                if policy.isSecretParameter(name) { return name }
-            }
-        }
-        return nil
-    }
-
-    /// `url` without its fragment (HTTP never sends it; it may hold a token).
-    static func removingFragment(from url: URL) -> URL {
-        guard url.fragment != nil else { return url }
-        let absolute = url.absoluteString
-        guard let hash = absolute.firstIndex(of: "#"), let stripped = URL(string: String(absolute[..<hash])) else { return url }
-        return stripped
     }
 }

@@ -116,6 +116,16 @@ struct PostgresOutboxTests {
             await #expect(throws: OfflineQueueError.sensitivePathParameter("jsessionid")) {
                 _ = try await enqueue("https://api.example.com/cart;jsessionid=abc")
             }
+            var noTimeLeft = request()
+            noTimeLeft.deadline = .zero
+            let invalid = noTimeLeft
+            await #expect(throws: NetworkError.self) {
+                do {
+                    try await client.withTransaction(logger: logger) { connection in _ = try await store.enqueue(invalid, on: connection) }
+                } catch let error as PostgresTransactionError {
+                    throw error.closureError ?? error
+                }
+            }
             #expect(try await store.queuedCount() == 0)
             let id = try await enqueue("https://api.example.com/x?page=2#access_token=abc")
             #expect(try await store.queuedEntry(id: id)?.url.absoluteString == "https://api.example.com/x?page=2")
