@@ -99,12 +99,13 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        // The README's and Docs/Integrations.md's adoption snippet, compiled by CI.
+        // The README's and Docs/Integrations.md's adoption snippet and the outbox recipe, compiled by CI.
         .executableTarget(
             name: "integrations-example",
             dependencies: [
                 "ResilienceAsyncHTTPClient", "ResilienceLogging", "ResilienceMetrics", "ResilienceTracing",
-                "ResilienceServiceLifecycle",
+                "ResilienceServiceLifecycle", "ResiliencePostgres",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Resilience", package: "Resilience"),
                 .product(name: "ResilienceTesting", package: "Resilience"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
