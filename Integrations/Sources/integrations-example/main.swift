@@ -16,3 +16,4 @@ let (data, response) = try await upstream.client.send(Local(url: server.url("/pr
 print("integrations-example: HTTP \(response.statusCode), \(String(decoding: data, as: UTF8.self))")
 _ = Profile(id: 42).url
 server.shutdown()
+try await runOutboxRecipe(logger: logger)

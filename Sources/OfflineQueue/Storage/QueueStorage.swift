@@ -82,7 +82,10 @@ public protocol QueueStorage: Sendable {
     /// Removes the entries expired at `now` that nobody has claimed, returning them.
     func removeExpired(now: Date) async throws -> [QueueEntry]
 
-    /// The earliest `nextAttemptAt` among queued entries (when the next backoff ends), or `nil`.
+    /// The earliest time an entry may next become claimable, or `nil` when none is waiting: the
+    /// earliest `nextAttemptAt` (a backoff's end); storage with leases may also count a claimed
+    /// entry at its lease's end, and leave out entries waiting behind the head of their key. A
+    /// started engine runs its next pass then (or at its poll interval, if sooner).
     func earliestNextAttempt() async throws -> Date?
 
     /// A new stream for each call that yields when another consumer (a replica, a transaction's
