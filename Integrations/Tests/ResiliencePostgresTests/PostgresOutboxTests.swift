@@ -14,7 +14,7 @@ struct PostgresOutboxTests {
 
     let logger = Logger(label: "PostgresOutboxTests")
 
-    @Test func testAnOutboxEnqueueRollsBackWithItsTransaction() async throws {
+    @Test func anOutboxEnqueueRollsBackWithItsTransaction() async throws {
         try await PostgresTestDatabase.withStore { store, client in
             let logger = self.logger
             await #expect(throws: PostgresTransactionError.self) {
@@ -35,7 +35,7 @@ struct PostgresOutboxTests {
         }
     }
 
-    @Test func testAnOutboxEnqueueNeedsATransaction() async throws {
+    @Test func anOutboxEnqueueNeedsATransaction() async throws {
         try await PostgresTestDatabase.withStore { store, client async throws in
             let outsideATransaction: @Sendable () async throws -> Void = {
                 try await client.withConnection { connection in
@@ -47,7 +47,7 @@ struct PostgresOutboxTests {
         }
     }
 
-    @Test func testAFailedOutboxEnqueueLeavesTheCallersTransactionUsable() async throws {
+    @Test func aFailedOutboxEnqueueLeavesTheCallersTransactionUsable() async throws {
         try await PostgresTestDatabase.withClient { client in
             // Never migrated: the enqueue's insert fails, under its savepoint.
             let store = try PostgresQueueStore(client: client, tableName: PostgresTestDatabase.uniqueTableName("missing"))
@@ -62,7 +62,7 @@ struct PostgresOutboxTests {
         }
     }
 
-    @Test func testSecretHeadersNeverReachTheTable() async throws {
+    @Test func secretHeadersNeverReachTheTable() async throws {
         try await PostgresTestDatabase.withStore { store, client in
             // Never stored, whoever made the entry.
             let alwaysSecret = [
@@ -97,7 +97,7 @@ struct PostgresOutboxTests {
         }
     }
 
-    @Test func testTheOutboxRefusesURLsWithCredentialsAndDropsTheFragment() async throws {
+    @Test func theOutboxRefusesURLsWithCredentialsAndDropsTheFragment() async throws {
         try await PostgresTestDatabase.withStore { store, client in
             let logger = self.logger
             func enqueue(_ url: String) async throws -> UUID {
@@ -132,7 +132,7 @@ struct PostgresOutboxTests {
         }
     }
 
-    @Test func testArrivalsListensAgainAfterItsConnectionIsLost() async throws {
+    @Test func arrivalsListensAgainAfterItsConnectionIsLost() async throws {
         try await PostgresTestDatabase.withStore { store, client in
             let listener = try PostgresQueueStore(client: client, tableName: store.tableName, reconnectDelay: .milliseconds(10))
             var arrivals = listener.arrivals().makeAsyncIterator()
@@ -152,7 +152,7 @@ struct PostgresOutboxTests {
         }
     }
 
-    @Test func testArrivalsYieldsAfterAnotherClientsAdd() async throws {
+    @Test func arrivalsYieldsAfterAnotherClientsAdd() async throws {
         try await PostgresTestDatabase.withClient { otherClient in
             try await PostgresTestDatabase.withStore { store, client in
                 let writer = try PostgresQueueStore(client: otherClient, tableName: store.tableName)

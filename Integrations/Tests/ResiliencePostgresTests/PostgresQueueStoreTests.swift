@@ -19,7 +19,7 @@ extension Trait where Self == ConditionTrait {
 struct PostgresQueueStoreTests {
     // MARK: Schema
 
-    @Test func testMigrateTwiceAndFromFourTasksAtOnceIsSafe() async throws {
+    @Test func migrateTwiceAndFromFourTasksAtOnceIsSafe() async throws {
         try await PostgresTestDatabase.withClient { client in
             let tableName = PostgresTestDatabase.uniqueTableName()
             let store = try PostgresQueueStore(client: client, tableName: tableName)
@@ -43,7 +43,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testASchemaNewerThanTheCodeThrowsSchemaTooNewAndChangesNothing() async throws {
+    @Test func aSchemaNewerThanTheCodeThrowsSchemaTooNewAndChangesNothing() async throws {
         try await PostgresTestDatabase.withStore { store, client in
             let schema = "\"\(store.tableName)_schema\""
             try await client.query(PostgresQuery(unsafeSQL: "UPDATE \(schema) SET version = 7"))
@@ -55,7 +55,7 @@ struct PostgresQueueStoreTests {
     }
 
     @Test(arguments: ["bad-name", "1queue", "", "queue\"; DROP TABLE x; --", "naïve", String(repeating: "q", count: 52)])
-    func testATableNameThatIsNotAPlainIdentifierIsRefused(_ name: String) async throws {
+    func aTableNameThatIsNotAPlainIdentifierIsRefused(_ name: String) async throws {
         try await PostgresTestDatabase.withClient { client in
             #expect(throws: PostgresQueueStoreError.invalidTableName(name)) { try PostgresQueueStore(client: client, tableName: name) }
         }
@@ -63,7 +63,7 @@ struct PostgresQueueStoreTests {
 
     // MARK: Order
 
-    @Test func testClaimsGoByPriorityThenFIFO() async throws {
+    @Test func claimsGoByPriorityThenFIFO() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             let a = try await store.add(entry(request("/a")), limit: nil)
             let b = try await store.add(entry(request("/b", priority: .high)), limit: nil)
@@ -82,7 +82,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testClaimTakesAtMostLimit() async throws {
+    @Test func claimTakesAtMostLimit() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             for index in 0..<5 { _ = try await store.add(entry(request("/\(index)")), limit: nil) }
             #expect(try await store.claim(upTo: 2, now: at(1), lease: .seconds(30)).count == 2)
@@ -93,7 +93,7 @@ struct PostgresQueueStoreTests {
 
     // MARK: Ordering keys
 
-    @Test func testOneEntryOfAnOrderingKeyIsInFlightAtATimeInOrder() async throws {
+    @Test func oneEntryOfAnOrderingKeyIsInFlightAtATimeInOrder() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             let first = try await store.add(entry(request("/1", orderingKey: "account-7")), limit: nil)
             let second = try await store.add(entry(request("/2", priority: .critical, orderingKey: "account-7")), limit: nil)
@@ -108,7 +108,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testAReleasedHeadWithBackoffKeepsTheRestOfItsKeyWaiting() async throws {
+    @Test func aReleasedHeadWithBackoffKeepsTheRestOfItsKeyWaiting() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             let first = try await store.add(entry(request("/1", orderingKey: "k")), limit: nil)
             let second = try await store.add(entry(request("/2", orderingKey: "k")), limit: nil)
@@ -133,7 +133,7 @@ struct PostgresQueueStoreTests {
 
     // MARK: Coalescing keys
 
-    @Test func testTheNewestEditReplacesAnUnclaimedHolderInItsPlace() async throws {
+    @Test func theNewestEditReplacesAnUnclaimedHolderInItsPlace() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             let holder = try await store.add(entry(request("/profile", coalescingKey: "profile", body: "v1")), limit: nil)
             let other = try await store.add(entry(request("/other")), limit: nil)
@@ -147,7 +147,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testAnEditBesideAClaimedHolderWaitsUntilTheHolderIsGone() async throws {
+    @Test func anEditBesideAClaimedHolderWaitsUntilTheHolderIsGone() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             let holder = try await store.add(entry(request("/profile", coalescingKey: "profile", body: "v1")), limit: nil)
             let claim = try #require(try await store.claim(upTo: 10, now: at(1), lease: .seconds(30)).first)
@@ -167,7 +167,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testAddIsRefusedAtTheLimitButAReplacementIsNot() async throws {
+    @Test func addIsRefusedAtTheLimitButAReplacementIsNot() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             _ = try await store.add(entry(request("/1", coalescingKey: "c")), limit: 2)
             _ = try await store.add(entry(request("/2")), limit: 2)
@@ -180,7 +180,7 @@ struct PostgresQueueStoreTests {
 
     // MARK: Time to live
 
-    @Test func testAnExpiredEntryIsNotClaimedAndRemoveExpiredSweepsIt() async throws {
+    @Test func anExpiredEntryIsNotClaimedAndRemoveExpiredSweepsIt() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             let shortLived = try await store.add(entry(request("/short", ttl: 10)), limit: nil)
             let longLived = try await store.add(entry(request("/long", ttl: 1000)), limit: nil)
@@ -192,7 +192,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testAClaimedEntryIsSweptOnlyOnceItsLeaseRanOut() async throws {
+    @Test func aClaimedEntryIsSweptOnlyOnceItsLeaseRanOut() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             let added = try await store.add(entry(request("/x", ttl: 10)), limit: nil)
             _ = try await store.claim(upTo: 1, now: at(1), lease: .seconds(30))  // leased until 31
@@ -204,7 +204,7 @@ struct PostgresQueueStoreTests {
 
     // MARK: Settling claims
 
-    @Test func testCompleteLeavesNoRowBehind() async throws {
+    @Test func completeLeavesNoRowBehind() async throws {
         try await PostgresTestDatabase.withStore { store, client in
             _ = try await store.add(entry(request()), limit: nil)
             let claim = try #require(try await store.claim(upTo: 1, now: at(1), lease: .seconds(30)).first)
@@ -214,7 +214,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testDeadLetterMovesTheRow() async throws {
+    @Test func deadLetterMovesTheRow() async throws {
         try await PostgresTestDatabase.withStore { store, client in
             let added = try await store.add(entry(request("/doomed", body: "payload")), limit: nil)
             let claim = try #require(try await store.claim(upTo: 1, now: at(1), lease: .seconds(30)).first)
@@ -230,7 +230,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testAStaleClaimChangesNothingAndThrowsClaimLost() async throws {
+    @Test func aStaleClaimChangesNothingAndThrowsClaimLost() async throws {
         try await PostgresTestDatabase.withClient { otherClient in
             try await PostgresTestDatabase.withStore { store, _ in
                 let replica = try PostgresQueueStore(client: otherClient, tableName: store.tableName)
@@ -263,7 +263,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testRenewExtendsTheLease() async throws {
+    @Test func renewExtendsTheLease() async throws {
         try await PostgresTestDatabase.withClient { otherClient in
             try await PostgresTestDatabase.withStore { store, _ in
                 let replica = try PostgresQueueStore(client: otherClient, tableName: store.tableName)
@@ -281,7 +281,7 @@ struct PostgresQueueStoreTests {
 
     // MARK: The rest of the protocol
 
-    @Test func testCancelRemoveAllEarliestNextAttemptAndKeyLookups() async throws {
+    @Test func cancelRemoveAllEarliestNextAttemptAndKeyLookups() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             #expect(try await store.earliestNextAttempt() == nil)
             #expect(try await !store.hasQueuedEntries(orderingKey: "o", coalescingKey: "c"))
@@ -305,7 +305,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testEarliestNextAttemptCountsLeaseEndsAndLeavesFollowersOut() async throws {
+    @Test func earliestNextAttemptCountsLeaseEndsAndLeavesFollowersOut() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             _ = try await store.add(entry(request("/head", orderingKey: "k")), limit: nil)
             // A follower of the key that was due long ago: it cannot go before its head.
@@ -319,7 +319,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testTheIdempotencyKeySurvivesEveryRoundTrip() async throws {
+    @Test func theIdempotencyKeySurvivesEveryRoundTrip() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             let added = try await store.add(entry(request(idempotencyKey: "order-42-charge")), limit: nil)
             #expect(try await store.queuedEntry(id: added.id)?.idempotencyKey == "order-42-charge")
@@ -332,7 +332,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testAnEntryRoundTripsWithInfiniteTimeoutAndTTL() async throws {
+    @Test func anEntryRoundTripsWithInfiniteTimeoutAndTTL() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             var forever = request("/forever", ttl: .infinity)
             forever.timeout = .infinity
@@ -346,7 +346,7 @@ struct PostgresQueueStoreTests {
 
     // MARK: Errors
 
-    @Test func testAnUnreadableRowIsLeftOutOfClaimsWithoutStoppingTheOthers() async throws {
+    @Test func anUnreadableRowIsLeftOutOfClaimsWithoutStoppingTheOthers() async throws {
         try await PostgresTestDatabase.withStore { store, client in
             let broken = try await store.add(entry(request("/broken", priority: .critical)), limit: nil)
             let fine = try await store.add(entry(request("/fine")), limit: nil)
@@ -359,7 +359,7 @@ struct PostgresQueueStoreTests {
         }
     }
 
-    @Test func testDatabaseErrorsAreTypedAndHoldNoValues() async throws {
+    @Test func databaseErrorsAreTypedAndHoldNoValues() async throws {
         try await PostgresTestDatabase.withClient { client in
             let store = try PostgresQueueStore(client: client, tableName: PostgresTestDatabase.uniqueTableName("never_migrated"))
             let secret = "card-4111-1111-1111-1111"

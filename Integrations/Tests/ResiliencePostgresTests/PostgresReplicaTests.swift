@@ -46,7 +46,7 @@ struct PostgresReplicaTests {
         func set() { isSet = true }
     }
 
-    @Test func testTwoReplicasNeverClaimOneEntryTwiceNorTwoOfAKeyAtOnce() async throws {
+    @Test func twoReplicasNeverClaimOneEntryTwiceNorTwoOfAKeyAtOnce() async throws {
         let total = 500
         let keys = 25
         try await PostgresTestDatabase.withClient { otherClient in
@@ -97,7 +97,7 @@ struct PostgresReplicaTests {
         }
     }
 
-    @Test func testAnExpiredLeaseIsReclaimedByAnotherReplica() async throws {
+    @Test func anExpiredLeaseIsReclaimedByAnotherReplica() async throws {
         try await PostgresTestDatabase.withClient { otherClient in
             try await PostgresTestDatabase.withStore { store, _ in
                 let replica = try PostgresQueueStore(client: otherClient, tableName: store.tableName)
@@ -115,7 +115,7 @@ struct PostgresReplicaTests {
         }
     }
 
-    @Test func testEditsOfACoalescingKeyAddedWhileAnotherReplicaDrainsGoOutNewestLast() async throws {
+    @Test func editsOfACoalescingKeyAddedWhileAnotherReplicaDrainsGoOutNewestLast() async throws {
         try await PostgresTestDatabase.withClient { otherClient in
             try await PostgresTestDatabase.withStore { store, _ in
                 let replica = try PostgresQueueStore(client: otherClient, tableName: store.tableName)
@@ -151,7 +151,7 @@ struct PostgresReplicaTests {
         }
     }
 
-    @Test func testAddsOfOneKeyFromManyTasksAreClaimedInTheOrderTheyWereStored() async throws {
+    @Test func addsOfOneKeyFromManyTasksAreClaimedInTheOrderTheyWereStored() async throws {
         try await PostgresTestDatabase.withClient { otherClient in
             try await PostgresTestDatabase.withStore { store, _ in
                 let replica = try PostgresQueueStore(client: otherClient, tableName: store.tableName)
