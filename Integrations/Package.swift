@@ -126,6 +126,21 @@ let package = Package(
             ]
         ),
 
+        // Replicas draining one PostgreSQL queue table, for the replica test (PostgresReplicaKillTests)
+        // and the replica benchmark (Benchmark/postgres-replicas.sh).
+        .executableTarget(
+            name: "postgres-queue-replica",
+            dependencies: [
+                "ResilienceAsyncHTTPClient",
+                "ResiliencePostgres",
+                .product(name: "OfflineQueue", package: "Resilience"),
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+
         // The response cache behind an HTTP gateway, for the HTTP-caching conformance suite
         // (Integrations/Scripts/cache-conformance.sh).
         .executableTarget(
@@ -199,6 +214,7 @@ let package = Package(
             name: "ResiliencePostgresTests",
             dependencies: [
                 "ResiliencePostgres",
+                .product(name: "ResilienceTesting", package: "Resilience"),
                 .product(name: "OfflineQueue", package: "Resilience"),
                 .product(name: "RequestEngine", package: "Resilience"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
