@@ -19,6 +19,8 @@ enum EnqueueCommand {
         let keys = try arguments.integer("keys", default: 200)
         let workers = try arguments.integer("workers", default: 4, minimum: 1)
         let run = arguments.string("run", default: String(UUID().uuidString.prefix(8)).lowercased())
+        let via = arguments.string("via", default: "mixed")
+        guard ["mixed", "engine", "outbox"].contains(via) else { throw UsageError("--via takes mixed, engine or outbox, found \(via)") }
         try await ReplicaDatabase.withClient { client in
             let store = try PostgresQueueStore(client: client, tableName: tableName)
             try await DrainCommand.migrate(store)
@@ -32,7 +34,7 @@ enum EnqueueCommand {
                         for number in 0..<count where ((keys > 0 ? number % keys : number) % workers) == worker {
                             let entry = ReplicaEntry(number: number, keys: keys, run: run)
                             let request = entry.request(origin: origin)
-                            if number.isMultiple(of: 2) {
+                            if via == "engine" || (via == "mixed" && number.isMultiple(of: 2)) {
                                 _ = try await engine.enqueue(request, sending: .onNextDrain)
                             } else {
                                 _ = try await client.withTransaction(logger: logger) { connection in

@@ -14,6 +14,8 @@ private let sendSignal = Darwin.kill
 /// once (the first request carrying it is the effect; later ones are duplicates, answered the same)
 /// and answers 201. Each request's body is `<ordering key> <index>` (`postgres-queue-replica`'s
 /// entries); the origin checks, as each effect lands, that a key's effects come in index order.
+/// Each answer is written `responseDelay` after the request arrived (the effect is recorded at once),
+/// so that a replica killed at a random moment is often killed between an effect and its answer.
 final class DeduplicatingOrigin: Sendable {
     struct Effect: Equatable, Sendable {
         let orderingKey: String
@@ -30,8 +32,9 @@ final class DeduplicatingOrigin: Sendable {
     let server: LoopbackHTTPServer
     private let state = Mutex(State())
 
-    init() throws {
+    init(responseDelay: Duration = .zero) throws {
         server = try LoopbackHTTPServer()
+        let answer = LoopbackResponse.status(201).delayed(by: responseDelay)
         server.route("/effects/*") { [weak self] request in
             guard let self else { return .status(503) }
             return self.state.withLock { state in
@@ -46,7 +49,7 @@ final class DeduplicatingOrigin: Sendable {
                 }
                 guard state.effects[key] == nil else {
                     state.duplicates += 1
-                    return .status(201)
+                    return answer
                 }
                 let orderingKey = String(fields[0])
                 state.effects[key] = Effect(orderingKey: orderingKey, index: index)
@@ -55,7 +58,7 @@ final class DeduplicatingOrigin: Sendable {
                     state.violations.append("\(orderingKey): the first effect of entry \(index) came when entry \(expected) was next")
                 }
                 state.nextIndex[orderingKey] = max(expected, index + 1)
-                return .status(201)
+                return answer
             }
         }
     }

@@ -25,6 +25,9 @@ struct PostgresReplicaKillTests {
     /// The lease the replicas claim under: a killed replica's entry is claimed again this long
     /// after its last renewal.
     static let leaseMilliseconds = 2_000
+    /// How long the origin takes to answer each request: a replica spends most of its time in this
+    /// window, between an effect and its answer, where a kill makes a duplicate.
+    static let responseDelay: Duration = .milliseconds(10)
     /// The longest the whole run may take before the test fails (it takes well under a minute).
     static let deadline: Duration = .seconds(240)
 
@@ -32,7 +35,7 @@ struct PostgresReplicaKillTests {
         let binary = try #require(
             ReplicaProcess.binary, "postgres-queue-replica is not beside the test bundle: build with `swift build --build-tests --package-path Integrations`")
         let seed = ProcessInfo.processInfo.environment["RESILIENCE_REPLICA_SEED"].flatMap(UInt64.init) ?? 29
-        let origin = try DeduplicatingOrigin()
+        let origin = try DeduplicatingOrigin(responseDelay: Self.responseDelay)
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("replica-kill-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         let table = PostgresTestDatabase.uniqueTableName("replica_kill")
@@ -71,7 +74,11 @@ struct PostgresReplicaKillTests {
                 // effect for every acknowledged entry and the table is empty; failed when the
                 // deadline passes first.
                 while true {
-                    if enqueuer.hasExited, outcome.acknowledged.isEmpty { outcome.acknowledged = Self.acknowledgements(in: enqueuer.output) }
+                    if enqueuer.hasExited, outcome.acknowledged.isEmpty {
+                        outcome.acknowledged = Self.acknowledgements(in: enqueuer.output)
+                        outcome.enqueueDuration = ContinuousClock.now - started
+                        outcome.effectsWhenEnqueued = origin.effectCount
+                    }
                     if enqueuer.hasExited, await fleet.killsAreOver, origin.effectCount >= outcome.acknowledged.count, try await store.queuedCount() == 0 {
                         break
                     }
@@ -110,7 +117,8 @@ struct PostgresReplicaKillTests {
                 \(Self.replicas) replicas, \(outcome.kills) SIGKILLs (seed \(seed)), lease \(Self.leaseMilliseconds) ms: \
                 \(effects.count) effects, \(origin.duplicates) duplicate deliveries absorbed by the origin, \
                 \(origin.violations.count) order violations, \(missing.count) missing, \(outcome.remainingRows.count) rows left, \
-                in \(outcome.duration.formatted(.units(allowed: [.seconds], fractionalPart: .show(length: 1))))
+                in \(Self.seconds(outcome.duration)) (the enqueue process done after \(Self.seconds(outcome.enqueueDuration)), \
+                with \(outcome.effectsWhenEnqueued) effects by then); the replicas' own reports: \(Self.replicaReports(in: folder))
                 """)
             if outcome.timedOut || !missing.isEmpty || !outcome.remainingRows.isEmpty {
                 print("replica test: the last lines of each replica's output:\n\(logs)")
@@ -134,8 +142,28 @@ struct PostgresReplicaKillTests {
         var kills = 0
         var timedOut = false
         var duration: Duration = .zero
+        var enqueueDuration: Duration = .zero
+        var effectsWhenEnqueued = 0
         var remainingRows: [QueueEntry] = []
         var deadLetters = 0
+    }
+
+    /// How many attempts the replicas' logs (every incarnation's) report as not delivered, by kind.
+    static func replicaReports(in folder: URL) -> String {
+        let files = (try? FileManager.default.contentsOfDirectory(at: folder, includingPropertiesForKeys: nil)) ?? []
+        var counts: [String: Int] = [:]
+        for file in files where file.lastPathComponent.hasPrefix("drain-") {
+            let text = (try? String(contentsOf: file, encoding: .utf8)) ?? ""
+            for line in text.split(separator: "\n") where !line.hasPrefix("READY") {
+                counts[String(line.prefix { $0 != ":" }), default: 0] += 1
+            }
+        }
+        guard !counts.isEmpty else { return "every attempt delivered" }
+        return counts.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")
+    }
+
+    static func seconds(_ duration: Duration) -> String {
+        duration.formatted(.units(allowed: [.seconds], fractionalPart: .show(length: 1)))
     }
 
     /// The enqueue process's `ACK <idempotency key> <ordering key> <index>` lines.
