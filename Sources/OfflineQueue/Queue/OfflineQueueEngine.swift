@@ -129,35 +129,25 @@ public actor OfflineQueueEngine {
     /// While started on storage other than a disk store: the pass on each of its `arrivals()`.
     private var arrivalsTask: Task<Void, Never>?
 
+    /// A queue on `store`: a `DiskQueueStore` (an app's queue, in a folder), or any other
+    /// `QueueStorage`, such as a table a service's replicas share (`PostgresQueueStore`, from the
+    /// Integrations package).
+    ///
+    /// On storage other than a disk store, entries are claimed under `configuration.claimLease`,
+    /// renewed while their request is in flight; while started, the engine also looks for work every
+    /// `configuration.storagePollInterval` (an expired lease, an entry another consumer added),
+    /// besides the storage's `arrivals()`. `items` and `pendingCount()` read the storage,
+    /// `pendingCounts` follows this engine's own changes, and `changes` is empty (the change feed is
+    /// the disk store's).
+    ///
     /// - Parameters:
     ///   - requestEngine: sends the first attempt and every replay; any `RequestSending`
     ///     (`AsyncRequestEngine`, or `AuthenticatedRequestEngine` so tokens refresh during a drain).
     ///   - reachabilityMonitor: says when the network is usable.
     ///   - store: where entries live.
     ///   - maxQueueSize: the most entries held (default 500).
-    ///   - configuration: backoff, dead-lettering, Retry-After cap.
+    ///   - configuration: backoff, dead-lettering, Retry-After cap, leases.
     ///   - clock: the clock backoff timers run on; wall-clock times (TTL, next attempt) advance with it.
-    public init(
-        requestEngine: some RequestSending = AsyncRequestEngine(),
-        reachabilityMonitor: any ReachabilityMonitoring,
-        store: DiskQueueStore,
-        maxQueueSize: Int = 500,
-        configuration: Configuration = Configuration(),
-        clock: some Clock<Duration> = ContinuousClock()
-    ) {
-        self.init(
-            sender: requestEngine, reachabilityMonitor: reachabilityMonitor, storage: store, maxQueueSize: maxQueueSize,
-            configuration: configuration, clock: clock)
-    }
-
-    /// A queue on any `QueueStorage`: for a service whose replicas share one queue
-    /// (`PostgresQueueStore`, from the Integrations package), or storage of your own. Entries are
-    /// claimed under `configuration.claimLease`, renewed while their request is in flight; while
-    /// started, the engine also looks for work every `configuration.storagePollInterval` (an
-    /// expired lease, an entry another consumer added), besides the storage's `arrivals()`.
-    ///
-    /// On such storage `items` and `pendingCount()` read the storage, `pendingCounts` follows this
-    /// engine's own changes, and `changes` is empty (the change feed is the disk store's).
     public init(
         requestEngine: some RequestSending = AsyncRequestEngine(),
         reachabilityMonitor: any ReachabilityMonitoring,
@@ -166,23 +156,10 @@ public actor OfflineQueueEngine {
         configuration: Configuration = Configuration(),
         clock: some Clock<Duration> = ContinuousClock()
     ) {
-        self.init(
-            sender: requestEngine, reachabilityMonitor: reachabilityMonitor, storage: store, maxQueueSize: maxQueueSize,
-            configuration: configuration, clock: clock)
-    }
-
-    private init(
-        sender: some RequestSending,
-        reachabilityMonitor: any ReachabilityMonitoring,
-        storage: any QueueStorage,
-        maxQueueSize: Int,
-        configuration: Configuration,
-        clock: some Clock<Duration>
-    ) {
-        self.sender = sender
+        self.sender = requestEngine
         self.reachabilityMonitor = reachabilityMonitor
-        self.storage = storage
-        self.disk = storage as? DiskQueueStore
+        self.storage = store
+        self.disk = store as? DiskQueueStore
         self.maxQueueSize = max(0, maxQueueSize)
         self.configuration = configuration
         self.time = TimeSource(clock)
