@@ -52,6 +52,9 @@ public final class OfflineFirstClient: Sendable {
     private let progress: Progress
     private let listener: Task<Void, Never>
 
+    /// - Parameter queue: an engine over a `DiskQueueStore`: the client follows that store's change
+    ///   feed, which storage many replicas share (`PostgresQueueStore`) has not. Passing an engine
+    ///   over other storage is a programming error, stopped here.
     public init(
         reads: CachedRequestEngine,
         queue: OfflineQueueEngine,
@@ -62,6 +65,7 @@ public final class OfflineFirstClient: Sendable {
         self.queue = queue
         self.optimisticUpdates = optimisticUpdates
         self.invalidations = invalidations
+        precondition(queue.storage is DiskQueueStore, "OfflineFirstClient follows a DiskQueueStore's change feed: make its queue over one")
         let start = queue.store.sequencedChangesWithStart()
         let progress = Progress(entries: start.entries, sequence: start.sequence, rules: optimisticUpdates)
         self.progress = progress

@@ -5,7 +5,9 @@ import ResilienceCore
 
 /// A `QueueStorage` in memory with real leases, standing in for storage many consumers share
 /// (`PostgresQueueStore`): the engine's shared-storage path is tested against it with a manual
-/// clock, and the same rule checks run against `DiskQueueStore` (`QueueStorageRuleTests`).
+/// clock, and the same rule checks run against `DiskQueueStore` (`QueueStorageRuleTests`). Like
+/// postgres-nio, which will not lease a connection to a cancelled task, it refuses every call
+/// from a cancelled task with `CancellationError`.
 final class InMemoryQueueStorage: QueueStorage, Sendable {
     private struct Row: Sendable {
         var entry: QueueEntry
@@ -19,6 +21,8 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
         var deadLetters: [QueueEntry] = []
         var renewals = 0
         var failRenewals = false
+        var hangRenewals = false
+        var renewalsToFail = 0
     }
 
     private let state = Locked(State())
@@ -28,16 +32,29 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
     var renewals: Int { state.withLock { $0.renewals } }
     /// Makes every later renewal fail, as a database that went away would.
     func failRenewals() { state.withLock { $0.failRenewals = true } }
+    /// Makes the next `count` renewals fail.
+    func failNextRenewals(_ count: Int) { state.withLock { $0.renewalsToFail = count } }
+    /// Makes every later renewal hang until its task is cancelled, as a network gone silent would.
+    func hangRenewals() { state.withLock { $0.hangRenewals = true } }
     /// When `id`'s lease ends, if it is claimed.
     func leaseEnds(of id: UUID) -> Date? { state.withLock { $0.rows[id]?.leaseEnds } }
     /// Tells engines following `arrivals()` that work was added (as a NOTIFY would).
     func announceArrival() { arrivalSubscribers.yield(()) }
 
-    func queuedEntries() async throws -> [QueueEntry] { state.withLock { Self.ordered($0.rows.values.map(\.entry)) } }
+    func queuedEntries() async throws -> [QueueEntry] {
+        try Task.checkCancellation()
+        return state.withLock { Self.ordered($0.rows.values.map(\.entry)) }
+    }
 
-    func queuedCount() async throws -> Int { state.withLock { $0.rows.count } }
+    func queuedCount() async throws -> Int {
+        try Task.checkCancellation()
+        return state.withLock { $0.rows.count }
+    }
 
-    func queuedEntry(id: UUID) async throws -> QueueEntry? { state.withLock { $0.rows[id]?.entry } }
+    func queuedEntry(id: UUID) async throws -> QueueEntry? {
+        try Task.checkCancellation()
+        return state.withLock { $0.rows[id]?.entry }
+    }
 
     func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
         state.withLock { state in
@@ -49,7 +66,8 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
     }
 
     func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
-        try state.withLock { state in
+        try Task.checkCancellation()
+        return try state.withLock { state in
             let holder = entry.coalescingKey.flatMap { key in
                 state.rows.values.first { $0.entry.coalescingKey == key && $0.token == nil }?.entry
             }
@@ -69,7 +87,8 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
     }
 
     func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
-        state.withLock { state in
+        try Task.checkCancellation()
+        return state.withLock { state in
             let all = Self.ordered(state.rows.values.map(\.entry))
             var claimed: [QueueClaim] = []
             for entry in all where claimed.count < limit {
@@ -92,9 +111,19 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
     }
 
     func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
-        try state.withLock { state in
+        try Task.checkCancellation()
+        if state.withLock({ $0.hangRenewals }) {
+            state.withLock { $0.renewals += 1 }
+            let (never, continuation) = AsyncStream<Void>.makeStream()
+            for await _ in never {}  // ends only when the renewal's task is cancelled
+            withExtendedLifetime(continuation) {}
+            throw CancellationError()
+        }
+        return try state.withLock { state in
             state.renewals += 1
-            guard !state.failRenewals else { throw OfflineQueueError.storage(operation: "renew", path: "memory", errno: EIO) }
+            let fails = state.failRenewals || state.renewalsToFail > 0
+            state.renewalsToFail = max(0, state.renewalsToFail - 1)
+            guard !fails else { throw OfflineQueueError.storage(operation: "renew", path: "memory", errno: EIO) }
             try Self.checkLive(claim, in: state)
             let ends = now.addingTimeInterval(lease.seconds)
             state.rows[claim.entry.id]?.leaseEnds = ends
@@ -103,6 +132,7 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
     }
 
     func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
+        try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
             state.rows[claim.entry.id] = nil
@@ -110,6 +140,7 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
     }
 
     func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
+        try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
             state.rows[claim.entry.id] = Row(entry: entry.placed(at: claim.entry.sequence))
@@ -117,6 +148,7 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
     }
 
     func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
+        try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
             state.rows[claim.entry.id] = nil
@@ -133,7 +165,8 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
     }
 
     func removeExpired(now: Date) async throws -> [QueueEntry] {
-        state.withLock { state in
+        try Task.checkCancellation()
+        return state.withLock { state in
             let expired = state.rows.values.filter { $0.entry.isExpired(at: now) && ($0.token == nil || ($0.leaseEnds ?? now) <= now) }.map(\.entry)
             for entry in expired { state.rows[entry.id] = nil }
             return Self.ordered(expired)

@@ -25,7 +25,8 @@ struct SharedHarness {
         storage: InMemoryQueueStorage = InMemoryQueueStorage(),
         clock: ManualClock = ManualClock(),
         connected: Bool = true,
-        maxAttempts: Int? = nil
+        maxAttempts: Int? = nil,
+        backoff: TimeInterval = 10
     ) {
         self.storage = storage
         self.clock = clock
@@ -36,7 +37,7 @@ struct SharedHarness {
             reachabilityMonitor: monitor,
             store: storage,
             configuration: .init(
-                retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10),
+                retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: backoff),
                 maxAttempts: maxAttempts,
                 claimLease: .seconds(30),
                 storagePollInterval: .seconds(5)
@@ -132,19 +133,110 @@ struct SharedStorageEngineTests {
         #expect(await flush.value.delivered == [id])
     }
 
-    @Test func aLeaseThatCannotBeRenewedCancelsItsDeliveryAndTheEntryStaysQueued() async throws {
+    @Test func aLeaseThatCannotBeRenewedCancelsItsDeliveryBeforeItEndsAndTheEntryStaysQueued() async throws {
         let a = SharedHarness([.hang])
+        let b = a.replica([.status(201)])  // made now: engines on one clock agree on the time
         let id = try #require(try await a.engine.enqueue(Mutation("/a"), sending: .onNextDrain).queuedID)
         a.storage.failRenewals()
         let flush = Task { await a.engine.flush() }
         await a.session.waitForCalls(1)
-        await a.clock.waitForSleepers(1)
-        a.clock.advance(by: .seconds(10))
+        // Renewals at 10 s and 20 s fail; at 27 s, a tenth of the lease before its end, the send is cut.
+        for round in 1...2 {
+            await a.clock.waitForSleepers(2)
+            a.clock.advance(by: .seconds(10))
+            while a.storage.renewals < round { await Task.yield() }
+        }
+        await a.clock.waitForSleepers(2)
+        a.clock.advance(by: .seconds(7))
         let report = await flush.value  // the hanging send was cancelled
         #expect(report.results.isEmpty)
         let entry = try #require(try await a.storage.queuedEntry(id: id))
         #expect(entry.attempts == 0)  // a cut delivery is not an attempt
 
+        #expect(await b.engine.flush().results.isEmpty)  // its lease still runs
+        a.clock.advance(by: .seconds(3))
+        #expect(await b.engine.flush().delivered == [id])
+    }
+
+    @Test func aRenewalThatHangsCutsTheSendBeforeTheLeaseEnds() async throws {
+        let a = SharedHarness([.hang])
+        let b = a.replica([.status(201)])  // made now: engines on one clock agree on the time
+        let id = try #require(try await a.engine.enqueue(Mutation("/a"), sending: .onNextDrain).queuedID)
+        a.storage.hangRenewals()
+        let flush = Task { await a.engine.flush() }
+        await a.session.waitForCalls(1)
+        await a.clock.waitForSleepers(2)  // the renewal's third, and the lease's cut
+        a.clock.advance(by: .seconds(10))
+        while a.storage.renewals < 1 { await Task.yield() }  // the renewal hangs from here
+        a.clock.advance(by: .seconds(16))
+        #expect(a.storage.leaseEnds(of: id) == a.engine.now.addingTimeInterval(4))
+        a.clock.advance(by: .seconds(1))  // 27 s: a tenth of the lease before its end
+        let report = await flush.value
+        #expect(report.results.isEmpty)
+        #expect(try await a.storage.queuedEntry(id: id)?.attempts == 0)
+        // Nobody sends it before the lease has ended; then another engine does.
+        #expect(await b.engine.flush().results.isEmpty)
+        a.clock.advance(by: .seconds(3))
+        #expect(await b.engine.flush().delivered == [id])
+    }
+
+    @Test func aRenewalThatFailsOnceIsTriedAgainAndTheSendGoesOn() async throws {
+        let a = SharedHarness([.held(.status(201))])
+        let id = try #require(try await a.engine.enqueue(Mutation("/a"), sending: .onNextDrain).queuedID)
+        a.storage.failNextRenewals(1)
+        let flush = Task { await a.engine.flush() }
+        await a.session.waitForCalls(1)
+        for round in 1...2 {
+            await a.clock.waitForSleepers(2)
+            a.clock.advance(by: .seconds(10))
+            while a.storage.renewals < round { await Task.yield() }
+        }
+        #expect(a.storage.leaseEnds(of: id) == a.engine.now.addingTimeInterval(30))
+        a.session.releaseHeld()
+        #expect(await flush.value.delivered == [id])
+    }
+
+    @Test func stoppingDuringASendHandsTheClaimBackAtOnce() async throws {
+        let a = SharedHarness([.hang])
+        await a.engine.start()
+        let id = try #require(try await a.engine.enqueue(Mutation("/a"), sending: .onNextDrain).queuedID)
+        await a.session.waitForCalls(1)
+        await a.engine.stop()
+        #expect(a.storage.leaseEnds(of: id) == nil)  // released, not left leased
+        let entry = try #require(try await a.storage.queuedEntry(id: id))
+        #expect(entry.attempts == 0)
+        let b = a.replica([.status(201)])
+        #expect(await b.engine.flush().delivered == [id])
+    }
+
+    @Test func aCancelledFlushIsReportedAsCancelledWithWhatRemains() async throws {
+        let a = SharedHarness([.hang])
+        _ = try await a.engine.enqueue(Mutation("/a"), sending: .onNextDrain)
+        let flush = Task { await a.engine.flush() }
+        await a.session.waitForCalls(1)
+        flush.cancel()
+        let report = await flush.value
+        #expect(report.wasCancelled)
+        #expect(report.storageError == nil)
+        #expect(report.remaining == 1)
+    }
+
+    @Test func anEntryKeptWithNoWaitIsNotSentTwiceInOnePass() async throws {
+        let h = SharedHarness([.status(503), .status(201)], backoff: 0)
+        let id = try #require(try await h.engine.enqueue(Mutation("/a"), sending: .onNextDrain).queuedID)
+        let first = await h.engine.flush()
+        #expect(first.kept == [id])
+        #expect(h.session.requests.count == 1)
+        #expect(await h.engine.flush().delivered == [id])
+    }
+
+    @Test func anEnqueueWithAnOrderingKeyIsStoredForAClaimRatherThanSentAtOnce() async throws {
+        let a = SharedHarness([.status(201)])
+        var keyed = Mutation("/keyed")
+        keyed.orderingKey = "k"
+        let id = try #require(try await a.engine.enqueue(keyed).queuedID)
+        #expect(a.session.requests.isEmpty)
+        #expect(try await a.engine.enqueue(Mutation("/free")) == .sent(statusCode: 201))  // no key: at once
         let b = a.replica([.status(201)])
         #expect(await b.engine.flush().delivered == [id])
     }

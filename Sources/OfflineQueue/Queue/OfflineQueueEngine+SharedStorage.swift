@@ -1,5 +1,6 @@
 import Foundation
 import RequestEngine
+import ResilienceCore
 
 /// The engine on a `QueueStorage` other than `DiskQueueStore` — storage that several engines (a
 /// service's replicas) may consume at once, such as `PostgresQueueStore`. A pass takes one entry at
@@ -61,17 +62,25 @@ extension OfflineQueueEngine {
     /// One pass over shared storage: sweep the expired, then claim and send one entry at a time
     /// until nothing is claimable, the network is gone, or the pass is cancelled. An entry the pass
     /// already sent (kept with no wait) ends it rather than going twice.
+    ///
+    /// The storage's calls that settle what the pass did run outside the pass's task (`settled`):
+    /// a cancelled pass (`stop()`, a drain budget, a service's shutdown) still hands its claim back,
+    /// or completes an entry whose send landed as the cancellation came, where a storage that
+    /// checks for cancellation (postgres-nio does) would refuse the call and leave the entry
+    /// leased until its lease ran out.
     func runSharedPass(_ report: inout FlushReport, connected: Bool) async {
         do {
             for expired in try await storage.removeExpired(now: now) {
                 record(.expired(id: expired.id), in: &report)
             }
             if connected { try await claimAndSend(&report) }
+        } catch is CancellationError {
+            report.wasCancelled = true
         } catch {
-            report.storageError = error
+            if Task.isCancelled { report.wasCancelled = true } else { report.storageError = error }
         }
-        report.remaining = await pendingCount()
-        await publishSharedCount()
+        report.remaining = await settled { await self.pendingCount() }
+        await settled { await self.publishSharedCount() }
         guard isStarted, connected else { return }
         if learnedOffline {
             scheduleTimerIfNeeded(for: offlineRecheckDate())
@@ -80,12 +89,22 @@ extension OfflineQueueEngine {
         }
     }
 
+    /// Runs `body` in a task of its own, which the pass's cancellation does not reach.
+    private func settled<Result: Sendable>(_ body: @escaping @Sendable () async throws -> Result) async throws -> Result {
+        try await Task { try await body() }.value
+    }
+
+    private func settled<Result: Sendable>(_ body: @escaping @Sendable () async -> Result) async -> Result {
+        await Task { await body() }.value
+    }
+
     private func claimAndSend(_ report: inout FlushReport) async throws {
         var handled: Set<UUID> = []
+        let storage = self.storage
         while !Task.isCancelled {
             guard let claim = try await storage.claim(upTo: 1, now: now, lease: configuration.claimLease).first else { return }
             guard handled.insert(claim.entry.id).inserted else {
-                try await storage.release(claim, keeping: claim.entry)
+                try await settled { try await storage.release(claim, keeping: claim.entry) }
                 return
             }
             switch try await replay(claim, report: &report) {
@@ -104,41 +123,44 @@ extension OfflineQueueEngine {
 
     private func replay(_ claim: QueueClaim, report: inout FlushReport) async throws -> ClaimedSend {
         let entry = claim.entry
+        let storage = self.storage
         guard let request = entry.replayRequest else {
-            try await storage.complete(claim, reason: .rejected(statusCode: nil))
+            try await settled { try await storage.complete(claim, reason: .rejected(statusCode: nil)) }
             record(.failedPermanently(id: entry.id, statusCode: nil), in: &report)
             return .outcome(.permanent(.invalidRequest(reason: "unknown method \(entry.method)")))
         }
         let prepared = await request.addingReplayHeaders(for: entry, from: configuration.replayHeaders)
         let send = await sendHolding(claim, prepared)
         guard case .outcome(let outcome) = send else {
-            // Cut because the lease could not be renewed: handed back if it is still ours (a failed
-            // renewal), else it is already another consumer's.
-            try? await storage.release(claim, keeping: entry)
+            // Cut because the lease could not be kept: it is another consumer's already, or its
+            // lease ends within a tenth of it (a storage that cannot renew may not answer a release
+            // either, so none is asked for).
             return send
         }
         let end = lifecycle.replayEnded(entry, outcome, stillQueued: true, supersededBy: nil, maxAttempts: configuration.maxAttempts, now: now)
         do {
             switch end {
             case .remove(let reason, let result):
-                try await storage.complete(claim, reason: reason)
+                try await settled { try await storage.complete(claim, reason: reason) }
                 if let result { record(result, in: &report) }
             case .keep(let updated, let error, let next):
-                try await storage.release(claim, keeping: updated)
+                try await settled { try await storage.release(claim, keeping: updated) }
                 record(.keptForRetry(id: entry.id, error: error, attempts: updated.attempts, nextAttemptAt: next), in: &report)
             case .deadLetter(var updated):
                 do {
-                    try await storage.deadLetter(claim, entry: updated)
+                    let final = updated
+                    try await settled { try await storage.deadLetter(claim, entry: final) }
                     record(.deadLettered(id: entry.id, attempts: updated.attempts), in: &report)
                 } catch OfflineQueueError.claimLost(let id) {
                     throw OfflineQueueError.claimLost(id: id)
                 } catch {
                     // Cannot write the dead letter: keep the entry rather than lose it.
                     updated.nextAttemptAt = now.addingTimeInterval(backoff(afterAttempts: updated.attempts).seconds)
-                    try await storage.release(claim, keeping: updated)
+                    let kept = updated
+                    try await settled { try await storage.release(claim, keeping: kept) }
                 }
             case .supersede, .leave:
-                try await storage.release(claim, keeping: entry)
+                try await settled { try await storage.release(claim, keeping: entry) }
             }
         } catch OfflineQueueError.claimLost {
             // Cancelled, or its lease ran out and another consumer has it: its outcome is not ours
@@ -148,36 +170,86 @@ extension OfflineQueueEngine {
         return send
     }
 
-    /// Sends `request` while renewing `claim` every third of the lease; a renewal that fails cuts
-    /// the send (`lost`). A claim without a lease is sent as it is.
+    /// Who ends a claimed entry's send first.
+    private enum HeldSend: Sendable {
+        /// The send ended, with this outcome.
+        case sent(QueueAttemptOutcome)
+        /// The lease was lost (another consumer has the entry) or is about to end unrenewed.
+        case leaseLost
+        /// The pass was cancelled.
+        case cancelled
+    }
+
+    /// Sends `request` while renewing `claim` every third of the lease. The send is cut (`lost`)
+    /// when the storage says the claim is lost, or when the lease is about to end unrenewed — a
+    /// tenth of it before its end, whatever a renewal in progress does meanwhile (one that hangs on
+    /// a network gone silent included), so the send never outlives its lease. A renewal that fails
+    /// is tried again at the next third while the lease lasts. A cancelled pass cuts the send and
+    /// waits for it, so its claim is settled by what the send did. A claim without a lease is sent
+    /// as it is.
     private func sendHolding(_ claim: QueueClaim, _ request: PreparedRequest) async -> ClaimedSend {
-        guard claim.leaseEnds != nil else { return .outcome(await attempt(request, previousAttempts: claim.entry.attempts)) }
+        guard let firstEnd = claim.leaseEnds else { return .outcome(await attempt(request, previousAttempts: claim.entry.attempts)) }
         let lease = configuration.claimLease
+        let margin = lease / 10
+        let race = FirstAnswer<HeldSend>()
+        let deadlines = self.deadlines
+        let expiry = Locked<DeadlineTimer.Token?>(nil)
+        let now: @Sendable () -> Date = { self.now }
+        // (Re)arms the cut for a lease that ends at `end`.
+        let arm: @Sendable (Date) -> Void = { end in
+            let wait = Duration.clamped(seconds: end.timeIntervalSince(now()), upperBound: .seconds(86_400)) - margin
+            let token = deadlines.schedule(after: max(Duration.zero, wait)) { race.answer(.leaseLost) }
+            if let old = expiry.withLock({ state in
+                defer { state = token }; return state
+            }) {
+                deadlines.cancel(old)
+            }
+        }
+        arm(firstEnd)
+        let sending = Task {
+            let outcome = await self.attempt(request, previousAttempts: claim.entry.attempts)
+            race.answer(.sent(outcome))
+            return outcome
+        }
         let storage = self.storage
         let time = self.time
-        return await withTaskGroup(of: ClaimedSend?.self) { group in
-            group.addTask { .outcome(await self.attempt(request, previousAttempts: claim.entry.attempts)) }
-            group.addTask {
-                var current = claim
-                while true {
-                    do { try await time.sleep(lease / 3) } catch { return nil }  // the send ended first
-                    do {
-                        current = try await storage.renew(current, now: self.now, lease: lease)
-                    } catch {
-                        return .lost
-                    }
+        let renewing = Task {
+            var current = claim
+            while true {
+                do { try await time.sleep(lease / 3) } catch { return }  // the send ended first
+                do {
+                    current = try await storage.renew(current, now: now(), lease: lease)
+                    if let end = current.leaseEnds { arm(end) }
+                } catch OfflineQueueError.claimLost {
+                    race.answer(.leaseLost)
+                    return
+                } catch {
+                    continue  // tried again at the next third; the cut comes first if none succeeds
                 }
             }
-            // The first answer decides: the send's outcome, or a renewal that failed (the group
-            // then waits for the cancelled send, whose own outcome is not the entry's).
-            var first: ClaimedSend = .lost
-            while let next = await group.next() {
-                guard let next else { continue }  // the renewals ended because the send did
-                first = next
-                break
-            }
-            group.cancelAll()
-            return first
+        }
+        let winner = await withTaskCancellationHandler {
+            await race.value
+        } onCancel: {
+            race.answer(.cancelled)
+        }
+        renewing.cancel()
+        if let token = expiry.withLock({ state in
+            defer { state = nil }; return state
+        }) {
+            deadlines.cancel(token)
+        }
+        switch winner {
+        case .sent(let outcome):
+            return .outcome(outcome)
+        case .cancelled:
+            // The send is cut and waited for: a response that landed first is still delivered.
+            sending.cancel()
+            return .outcome(await sending.value)
+        case .leaseLost:
+            sending.cancel()
+            _ = await sending.value  // never two sends of the entry from this engine at once
+            return .lost
         }
     }
 

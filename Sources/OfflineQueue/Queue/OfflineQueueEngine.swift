@@ -102,8 +102,8 @@ public actor OfflineQueueEngine {
     public nonisolated let reachabilityMonitor: any ReachabilityMonitoring
     private var reachability: any ReachabilityMonitoring { reachabilityMonitor }
     let time: TimeSource
-    /// Bounds enqueues' first attempts (one sleeping task for all of them).
-    private let firstAttemptDeadlines: DeadlineTimer
+    /// Bounds enqueues' first attempts and claimed sends' leases (one sleeping task for all of them).
+    let deadlines: DeadlineTimer
     private let wallClockOrigin: Date
 
     /// Which stored entries are being sent or replaced, and what an attempt's end does to them.
@@ -163,7 +163,7 @@ public actor OfflineQueueEngine {
         self.maxQueueSize = max(0, maxQueueSize)
         self.configuration = configuration
         self.time = TimeSource(clock)
-        self.firstAttemptDeadlines = DeadlineTimer(time: self.time)
+        self.deadlines = DeadlineTimer(time: self.time)
         self.wallClockOrigin = SimulationPoints.date()  // Date() but under a simulation
     }
 
@@ -447,8 +447,10 @@ public actor OfflineQueueEngine {
         guard !learnedOffline, await reachability.isConnected else { return false }
         // Entries already waiting with the same ordering or coalescing key must go first.
         guard let store = disk else {
-            let waiting = try? await storage.hasQueuedEntries(orderingKey: request.orderingKey, coalescingKey: request.coalescingKey)
-            return waiting == false  // unreadable storage: stored, not sent (the add reports its error)
+            // On storage other engines drain, a request with a key goes through the table: a send
+            // at once could overlap another engine's send of the same key, or overtake an entry
+            // of the key added meanwhile. It is stored, and a pass claims it (at once if started).
+            return request.orderingKey == nil && request.coalescingKey == nil
         }
         if let key = request.orderingKey, store.hasEntries(orderingKey: key) { return false }
         if let key = request.coalescingKey, store.entry(coalescingKey: key) != nil { return false }
@@ -469,13 +471,13 @@ public actor OfflineQueueEngine {
         let race = FirstAttemptRace()
         let sending = Task { race.answer(.attempt(await self.attempt(request, previousAttempts: 0))) }
         // The queue's one timer, not a sleeping task per enqueue (see `DeadlineTimer`).
-        let timeout = firstAttemptDeadlines.schedule(after: limit) { race.answer(.timedOut) }
+        let timeout = deadlines.schedule(after: limit) { race.answer(.timedOut) }
         let winner = await withTaskCancellationHandler {
             await race.value
         } onCancel: {
             race.answer(.callerCancelled)
         }
-        firstAttemptDeadlines.cancel(timeout)
+        deadlines.cancel(timeout)
         sending.cancel()  // a no-op when it answered; otherwise its late outcome is ignored
         switch winner {
         case .attempt(let outcome): return outcome
@@ -820,7 +822,7 @@ public actor OfflineQueueEngine {
         loopTask?.cancel()
         timerTask?.cancel()
         arrivalsTask?.cancel()
-        firstAttemptDeadlines.shutdown()
+        deadlines.shutdown()
         sharedCountSubscribers.finishAll()
     }
 }

@@ -169,26 +169,19 @@ struct QueueEntryLifecycle: Sendable {
 /// the three to answer decides how the attempt ended, and the later ones are ignored. Its state
 /// machine is `FirstAttemptRace.StateMachine` (tested on its own); this class holds it under a lock
 /// and the enqueue's continuation in it.
-final class FirstAttemptRace: Sendable {
-    /// Who answered first.
-    enum Answer: Sendable {
-        /// The attempt ended, with this outcome.
-        case attempt(QueueAttemptOutcome)
-        /// The time limit passed first (the attempt is cancelled and counts as timed out).
-        case timedOut
-        /// The enqueue's caller was cancelled first.
-        case callerCancelled
-    }
-
-    /// The race as a value: running, an enqueue waiting, answered, finished. `Waiter` is the
-    /// enqueue's continuation (anything in tests).
+///
+/// The same race decides other first answers (a claimed entry's send against its lease's end and
+/// its pass's cancellation): `FirstAnswer` is generic over who answers.
+final class FirstAnswer<Answer: Sendable>: Sendable {
+    /// The race as a value: running, someone waiting, answered, finished. `Waiter` is the waiting
+    /// task's continuation (anything in tests).
     struct StateMachine<Waiter: Sendable>: Sendable {
         private enum State {
             /// Nobody has answered and nobody waits yet.
             case running
-            /// The enqueue waits; nobody has answered.
+            /// The waiter waits; nobody has answered.
             case waiting(Waiter)
-            /// Answered before the enqueue waited.
+            /// Answered before anyone waited.
             case answered(Answer)
             /// The enqueue has its answer.
             case finished
@@ -222,7 +215,7 @@ final class FirstAttemptRace: Sendable {
             }
         }
 
-        /// The enqueue waits for the answer: resumed at once if one came first. Waiting twice is a
+        /// The waiter waits for the answer: resumed at once if one came first. Waiting twice is a
         /// programming error.
         mutating func wait(_ waiter: Waiter) -> Action {
             switch state {
@@ -233,7 +226,7 @@ final class FirstAttemptRace: Sendable {
                 state = .finished
                 return .resume(waiter, answer)
             case .waiting, .finished:
-                preconditionFailure("a first attempt's answer is awaited once")
+                preconditionFailure("a first answer is awaited once")
             }
         }
     }
@@ -257,3 +250,16 @@ final class FirstAttemptRace: Sendable {
         }
     }
 }
+
+/// Who answers first in an enqueue's first attempt.
+enum FirstAttemptAnswer: Sendable {
+    /// The attempt ended, with this outcome.
+    case attempt(QueueAttemptOutcome)
+    /// The time limit passed first (the attempt is cancelled and counts as timed out).
+    case timedOut
+    /// The enqueue's caller was cancelled first.
+    case callerCancelled
+}
+
+/// An enqueue's first attempt against its time limit and its caller's cancellation.
+typealias FirstAttemptRace = FirstAnswer<FirstAttemptAnswer>
