@@ -66,14 +66,18 @@ struct PostgresReplicaKillTests {
             // random share of the entries, then a random few milliseconds more), a random replica
             // is SIGKILLed and another started in its place at once.
             let killer = Task {
-                await fleet.killAtRandomMoments(count: Self.kills, seed: seed, replicas: Self.replicas, entries: Self.entries) { origin.effectCount }
+                await fleet.killAtRandomMoments(count: Self.kills, seed: seed, replicas: Self.replicas, entries: Self.entries) { count in
+                    await origin.waitForEffects(atLeast: count)
+                }
             }
 
             var outcome = RunOutcome()
             do {
                 // Done when the enqueue process has ended, the kills are over, the origin has an
                 // effect for every acknowledged entry and the table is empty; failed when the
-                // deadline passes first.
+                // deadline passes first. The state read here is other processes' (their exits,
+                // their deletions in PostgreSQL, which send no event), so it is read again every
+                // 100 ms; the kills above wait on the origin's own events.
                 while true {
                     if enqueuer.hasExited, outcome.acknowledged.isEmpty {
                         outcome.acknowledged = Self.acknowledgements(in: enqueuer.output)
@@ -223,18 +227,17 @@ actor ReplicaFleet {
         try start(slot)
     }
 
-    /// SIGKILLs `count` replicas, each at a seeded random moment of the delivery — once `progress()`
-    /// (the origin's effects) has passed a random share of `entries`, then a random few milliseconds
+    /// SIGKILLs `count` replicas, each at a seeded random moment of the delivery — once `progress`
+    /// says the origin's effects have passed a random share of `entries`, then a random few milliseconds
     /// more — and starts another in its slot at once. Ends early when cancelled or when a replica
     /// cannot be started; `killsAreOver` then, however it ends.
-    func killAtRandomMoments(count: Int, seed: UInt64, replicas: Int, entries: Int, progress: @Sendable () -> Int) async {
+    func killAtRandomMoments(count: Int, seed: UInt64, replicas: Int, entries: Int, progress: @Sendable (Int) async -> Void) async {
         defer { killsAreOver = true }
         var generator = SplitMix64(seed: seed)
         let moments = (0..<count).map { _ in Double.random(in: 0.02...0.95, using: &generator) }.sorted()
         for moment in moments {
-            while progress() < Int(moment * Double(entries)) {
-                do { try await Task.sleep(for: .milliseconds(10)) } catch { return }
-            }
+            await progress(Int(moment * Double(entries)))
+            guard !Task.isCancelled else { return }
             do { try await Task.sleep(for: .milliseconds(Int.random(in: 0...50, using: &generator))) } catch { return }
             do {
                 try await killAndRestart(Int.random(in: 0..<replicas, using: &generator))
