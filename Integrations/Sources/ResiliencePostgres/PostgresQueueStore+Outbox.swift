@@ -27,9 +27,23 @@ extension PostgresQueueStore {
     ///
     /// Like `add`, it takes advisory locks on the request's ordering and coalescing keys, held
     /// until the caller's transaction ends: another transaction enqueuing for the same key waits
-    /// for it (so a key's entries are claimed in commit order). A transaction that enqueues for
-    /// several keys, while others do too, should enqueue them in one agreed order, or PostgreSQL
-    /// may end one of them as a deadlock (`.database` with SQLSTATE `40P01`).
+    /// for it (so a key's entries are claimed in commit order). Transactions that enqueue for one
+    /// key therefore run one after another from their enqueue to their commit: give a key to what
+    /// must stay in order (one customer, one account), not to a whole kind of request. A
+    /// transaction that enqueues for several keys, while others do too, should enqueue them in one
+    /// agreed order, or PostgreSQL may end one of them as a deadlock (`.database` with SQLSTATE
+    /// `40P01`). It takes no limit: `OfflineQueueEngine.maxQueueSize` does not bound the outbox.
+    ///
+    /// With a coalescing key, the key's newest row is replaced in place when it has no lease and
+    /// the same ordering key, as `add` does; beside a row being sent the edit is added behind it,
+    /// and the replica sending that row never waits for the caller's transaction.
+    ///
+    /// Written for READ COMMITTED, PostgreSQL's default. Under REPEATABLE READ or SERIALIZABLE the
+    /// enqueue reads the table as of the transaction's snapshot: ordering keys still keep commit
+    /// order, but with a coalescing key it fails with a serialization failure (`.database` with
+    /// SQLSTATE `40001`: roll back and retry the transaction) when the row it would replace
+    /// changed since the snapshot, and it adds its edit behind one that another transaction
+    /// committed since, instead of replacing it (both are delivered, the newest last).
     ///
     /// - Returns: the entry's id.
     /// - Throws: `PostgresQueueStoreError.notInTransaction` when `connection` has no open

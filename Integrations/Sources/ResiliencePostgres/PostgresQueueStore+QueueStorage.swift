@@ -47,16 +47,25 @@ extension PostgresQueueStore: QueueStorage {
     /// Stores `entry` in a transaction of its own, and notifies the table's channel when it
     /// commits (`arrivals()`).
     ///
-    /// The transaction first takes advisory locks on the entry's ordering and coalescing keys (and,
-    /// with a `limit`, on the table's count), so entries of one key get their `seq` in the order
-    /// their transactions commit. With a `coalescingKey`, the key's newest row is replaced in
-    /// place (it keeps its `seq`; the row takes the new entry's id) unless it is leased; a leased
-    /// row — being sent, or whose consumer's lease ran out — keeps its place and the edit is added
-    /// behind it. An entry whose id is queued already is updated in place (its `seq` and any claim
-    /// kept).
+    /// The transaction first takes advisory locks on the entry's ordering and coalescing keys, so
+    /// entries of one key get their `seq` in the order their transactions commit. With a
+    /// `coalescingKey`, the key's newest row is replaced in place (it keeps its `seq`; the row
+    /// takes the new entry's id) when it has no lease and the same ordering key as the entry (or
+    /// neither has one); otherwise — the row is being sent, its consumer's lease ran out, or it
+    /// belongs to another ordering key — it keeps its place and the edit is added behind it. An
+    /// entry whose id is queued already is updated in place (its `seq` and any claim kept).
+    ///
+    /// `limit` bounds the whole table, every replica's entries together: the engine passes its
+    /// `maxQueueSize`, so on shared storage that is the most entries all replicas hold at once.
+    /// Checking it takes a table-wide advisory lock and counts the rows, so adds with a limit run
+    /// one at a time; `nil` or `Int.max` takes neither (the outbox's `enqueue(_:on:)` never has a
+    /// limit).
     ///
     /// - Throws: `OfflineQueueError.full` when `limit` rows are queued and the entry needs a new
-    ///   one; `.database` when the write failed (nothing is stored then).
+    ///   one; `.database` when the write failed. Nothing is stored then, with one exception no
+    ///   client can rule out: when the connection is lost after the server committed but before
+    ///   its answer arrived, the error is thrown for an entry that is stored, and that entry is
+    ///   delivered like any other.
     public func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
         let json = try Self.encodeEntry(entry)
         return try await transaction("add") { [self] connection in
@@ -187,6 +196,8 @@ extension PostgresQueueStore: QueueStorage {
         }
     }
 
+    /// Deletes every row of the table: every replica's entries, claimed ones included (their
+    /// claims then end as lost). The dead letters are kept.
     public func removeAll() async throws {
         try await perform("removeAll") {
             _ = try await client.query("DELETE FROM \(unescaped: names.queue)", logger: logger)
@@ -195,7 +206,8 @@ extension PostgresQueueStore: QueueStorage {
 
     /// Deletes the rows expired at `now` that nobody holds: unleased, or whose lease ran out (its
     /// consumer is gone, and an expired entry is never claimed again), skipping rows another
-    /// consumer has locked at that moment.
+    /// consumer has locked at that moment. A deleted row that cannot be read as an entry is left
+    /// out of the result and logged by id, so the others' results are not lost with it.
     public func removeExpired(now: Date) async throws -> [QueueEntry] {
         try await perform("removeExpired") {
             let rows = try await client.query(
@@ -206,11 +218,16 @@ extension PostgresQueueStore: QueueStorage {
                     FOR UPDATE SKIP LOCKED
                 )
                 DELETE FROM \(unescaped: names.queue) t USING expired WHERE t.id = expired.id
-                RETURNING t.priority, t.seq, t.entry::text
+                RETURNING t.id, t.priority, t.seq, t.entry::text
                 """, logger: logger)
             var removed: [(priority: Int32, entry: QueueEntry)] = []
-            for try await (priority, seq, json) in rows.decode((Int32, Int64, String).self) {
-                removed.append((priority, try Self.decodeEntry(json, seq: seq)))
+            for try await (id, priority, seq, json) in rows.decode((UUID, Int32, Int64, String).self) {
+                // The row is deleted already: throwing would lose every other row's result.
+                guard let entry = try? Self.decodeEntry(json, seq: seq) else {
+                    logger.error("unreadable expired queue entry removed", metadata: ["table": "\(names.plain)", "id": "\(id)"])
+                    continue
+                }
+                removed.append((priority, entry))
             }
             removed.sort { ($0.priority, $1.entry.sequence) > ($1.priority, $0.entry.sequence) }
             return removed.map(\.entry)
@@ -247,6 +264,8 @@ extension PostgresQueueStore {
     /// coalescing replacement or the limit check, the insert, and the notification (sent when the
     /// transaction commits).
     func insert(_ entry: QueueEntry, json: String, limit: Int?, on connection: PostgresConnection) async throws -> QueueEntry {
+        // A limit of `Int.max` bounds nothing: no count, and no table-wide lock.
+        let limit = limit == Int.max ? nil : limit
         // Advisory locks, held to the end of the transaction, in one order for every transaction
         // (sorted by their hash) so that two adds never wait for each other in a cycle.
         var locks: [String] = []
@@ -261,30 +280,9 @@ extension PostgresQueueStore {
                 """, logger: logger)
         }
 
-        // The coalescing key's newest row, replaced in place when it has no lease. `FOR UPDATE`
-        // waits for a claim in progress on it, then sees the lease that claim set.
-        if let key = entry.coalescingKey {
-            let holders = try await connection.query(
-                """
-                SELECT id, seq, lease_token IS NULL FROM \(unescaped: names.queue)
-                WHERE coalescing_key = \(key) AND id <> \(entry.id)
-                ORDER BY seq DESC LIMIT 1
-                FOR UPDATE
-                """, logger: logger)
-            var holder: (id: UUID, seq: Int64)?
-            for try await (id, seq, unleased) in holders.decode((UUID, Int64, Bool).self) where unleased { holder = (id, seq) }
-            if let holder, try await !isQueued(entry.id, on: connection) {
-                try await connection.query(
-                    """
-                    UPDATE \(unescaped: names.queue)
-                    SET id = \(entry.id), priority = \(Int32(clamping: entry.priority)), ordering_key = \(entry.orderingKey),
-                        coalescing_key = \(entry.coalescingKey), next_attempt_at = \(entry.nextAttemptAt), expires_at = \(entry.expiresAt),
-                        lease_token = NULL, lease_until = NULL, entry = \(json)::jsonb
-                    WHERE id = \(holder.id)
-                    """, logger: logger)
-                try await notify(on: connection)
-                return entry.placed(at: UInt64(holder.seq))
-            }
+        if let key = entry.coalescingKey, let placed = try await replaceHolder(of: key, with: entry, json: json, on: connection) {
+            try await notify(on: connection)
+            return entry.placed(at: UInt64(placed))
         }
 
         if let limit {
@@ -316,6 +314,42 @@ extension PostgresQueueStore {
             throw PostgresQueueStoreError.database(operation: "add", sqlState: nil, message: "the insert returned no row")
         }
         return entry.placed(at: UInt64(placed))
+    }
+
+    /// Replaces the newest row of coalescing key `key` with `entry`, in its place (its `seq`), and
+    /// returns that `seq`; `nil` when there is no such row, or it may not be replaced: it is leased
+    /// (being sent, or its consumer's lease ran out), or its ordering key differs from the entry's
+    /// (keeping its `seq` would move the edit ahead of its own key's earlier entries). An entry
+    /// whose id is queued already is never a replacement (`insert` updates its row).
+    ///
+    /// The holder is read without a row lock and replaced only by an `UPDATE` whose condition
+    /// repeats the checks: a lock taken on a leased row would be held until the transaction
+    /// commits — an outbox's, for as long as its caller keeps it open — and the replica sending
+    /// that row would wait for it to renew, complete or release its claim. The `UPDATE` locks only
+    /// a row it changes (an unleased one); should a claim take the row meanwhile, it waits for that
+    /// claim's statement, then sees the lease and changes nothing.
+    private func replaceHolder(of key: String, with entry: QueueEntry, json: String, on connection: PostgresConnection) async throws -> Int64? {
+        var holder: UUID?
+        let holders = try await connection.query(
+            """
+            SELECT id FROM \(unescaped: names.queue)
+            WHERE coalescing_key = \(key) AND id <> \(entry.id)
+            ORDER BY seq DESC LIMIT 1
+            """, logger: logger)
+        for try await id in holders.decode(UUID.self) { holder = id }
+        guard let holder, try await !isQueued(entry.id, on: connection) else { return nil }
+        var placed: Int64?
+        let replaced = try await connection.query(
+            """
+            UPDATE \(unescaped: names.queue)
+            SET id = \(entry.id), priority = \(Int32(clamping: entry.priority)), ordering_key = \(entry.orderingKey),
+                coalescing_key = \(entry.coalescingKey), next_attempt_at = \(entry.nextAttemptAt), expires_at = \(entry.expiresAt),
+                lease_token = NULL, lease_until = NULL, entry = \(json)::jsonb
+            WHERE id = \(holder) AND lease_token IS NULL AND ordering_key IS NOT DISTINCT FROM \(entry.orderingKey)
+            RETURNING seq
+            """, logger: logger)
+        for try await seq in replaced.decode(Int64.self) { placed = seq }
+        return placed
     }
 
     private func isQueued(_ id: UUID, on connection: PostgresConnection) async throws -> Bool {

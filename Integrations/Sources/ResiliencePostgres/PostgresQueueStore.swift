@@ -12,6 +12,8 @@ import PostgresNIO
 /// try await store.migrate()  // at every replica's start: safe concurrently
 /// ```
 ///
+/// Needs PostgreSQL 13 or later (`gen_random_uuid()` is built in from 13 on).
+///
 /// Every rule of `QueueStorage` holds across replicas:
 /// - claims go by priority (highest first), then FIFO by `sequence` (the row's `seq`, taken from a
 ///   sequence when the entry is added; a coalescing replacement keeps the holder's);
@@ -20,29 +22,39 @@ import PostgresNIO
 ///   transactions committed: adding an entry of a key takes a transaction-scoped advisory lock on
 ///   the key before it takes its `seq`;
 /// - `add` of an entry with a coalescing key replaces, in its place, the key's newest row when that
-///   row has no lease (no claim, live or expired); otherwise the edit is added behind it;
+///   row has no lease (no claim, live or expired) and the same ordering key (or neither has one);
+///   otherwise the edit is added behind it;
 /// - a claim is a lease (`lease_token`, `lease_until`): settling it (`complete`, `release`,
 ///   `deadLetter`) and `renew` match the row's id and token, and when the row is gone or another
 ///   consumer holds it they change nothing and throw `OfflineQueueError.claimLost(id:)`;
 /// - the times that decide what is due, expired or leased are the `now` each call is given (the
 ///   engine's clock), never the database's clock; a claim's lease runs to `now + lease`.
 ///
+/// **The replicas' clocks must agree.** Whether a lease ran out is judged by the clock of the
+/// replica that looks, against the end its holder's clock set. The engine renews a lease every
+/// third of `OfflineQueueEngine.Configuration.claimLease`, so a lease whose renewals succeed has
+/// at least `claimLease - claimLease / 3` left (20 s with the default 30 s): keep every two
+/// replicas' clocks (NTP) within well under that of each other. A replica whose clock runs
+/// further ahead of another's sees that one's live leases as run out and claims its entries while
+/// they are being sent: a request is then in flight twice at once (with one `Idempotency-Key`),
+/// until the first holder's next renewal finds its claim lost and cancels its send.
+///
 /// A delivered (or cancelled, expired, dead-lettered) entry's row is deleted: the table holds only
-/// queued entries. Dead letters are moved to `<table>_dead_letter` (`deadLetters()`).
+/// queued entries. Dead letters are moved to `<table>_dead_letter` (`deadLetters()`). The table is
+/// shared: `removeAll()` (the engine's `clear()`) deletes every replica's entries, and an `add`
+/// `limit` (the engine's `maxQueueSize`) counts them all.
 ///
 /// Entries are stored as their JSON encoding (`entry jsonb`) beside the columns claims search on.
 /// `Authorization`, `Proxy-Authorization`, `Cookie` and `Idempotency-Key` headers are never written
 /// (the key travels in the entry's `idempotencyKey`), whoever built the entry.
 ///
 /// Errors are `OfflineQueueError` for the queue's own outcomes and `PostgresQueueStoreError`
-/// otherwise (the database unreachable or failing, an unreadable row, a schema too new); no error
-/// or log line holds a statement's bound values.
+/// otherwise (the database unreachable or failing, an unreadable row, a schema too new). A
+/// `.database` error keeps PostgreSQL's SQLSTATE and primary message only, and the store logs no
+/// more: its statements bind ids, times, numbers, the entry's ordering and coalescing keys and its
+/// JSON, and the JSON (the request's URL, headers and body) never appears in a primary message;
+/// PostgreSQL's DETAIL and CONTEXT, which can quote a row, are dropped.
 public final class PostgresQueueStore: Sendable {
-    /// The lease a claim is worth unless the engine asks for another: short enough that the entries
-    /// of a replica that died are claimed by another within a minute, long enough that a request in
-    /// flight renews it a few times at most.
-    public static let defaultLease: Duration = .seconds(30)
-
     /// The newest schema version this library writes and reads (`migrate()`).
     public static let schemaVersion = 1
 
@@ -76,7 +88,8 @@ public final class PostgresQueueStore: Sendable {
     ///   - client: the client the statements run on; its `run()` must be running.
     ///   - tableName: the queue table's name.
     ///   - secretPolicy: what the outbox enqueue strips or refuses (the engine's default).
-    ///   - logger: where the store logs (failures' kinds and SQLSTATEs, never values).
+    ///   - logger: where the store logs: failures' SQLSTATEs and primary messages (at `debug`), and
+    ///     unreadable rows by id; never an entry's JSON.
     ///   - reconnectDelay: how long `arrivals()` waits before listening again after its connection
     ///     failed.
     public init(
@@ -153,13 +166,15 @@ extension PostgresQueueStore {
         }
     }
 
-    /// Runs `body` in a transaction of its own on one of the client's connections: committed when
-    /// it returns, rolled back when it throws (its error is thrown as the store's).
+    /// Runs `body` in a READ COMMITTED transaction of its own on one of the client's connections:
+    /// committed when it returns, rolled back when it throws (its error is thrown as the store's).
     func transaction<Result: Sendable>(_ operation: String, _ body: @Sendable (PostgresConnection) async throws -> Result) async throws -> Result {
         let logger = self.logger
         return try await perform(operation) {
             try await client.withConnection { connection in
-                try await connection.query("BEGIN", logger: logger)
+                // READ COMMITTED whatever the server's default: each statement sees what committed
+                // before it, which the key locks rely on (see `insert`).
+                try await connection.query("BEGIN ISOLATION LEVEL READ COMMITTED", logger: logger)
                 do {
                     let result = try await body(connection)
                     try await connection.query("COMMIT", logger: logger)

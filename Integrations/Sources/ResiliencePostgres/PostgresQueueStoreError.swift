@@ -5,8 +5,9 @@ import PostgresNIO
 /// What `PostgresQueueStore` throws besides `OfflineQueueError` (which keeps the queue's own
 /// meanings: `.full`, `.claimLost(id:)`, the URL refusals of the outbox).
 ///
-/// No case carries a statement's bound values: request URLs, headers and bodies never appear in an
-/// error's text, nor in what the store logs.
+/// An entry's JSON — its request's URL, headers and body — never appears in an error's text, nor
+/// in what the store logs: `.database` keeps only PostgreSQL's SQLSTATE and primary message (see
+/// that case).
 public enum PostgresQueueStoreError: Error, Sendable, Equatable {
     /// The table name is not a plain SQL identifier (a letter or `_`, then letters, digits or `_`,
     /// at most `PostgresQueueStore.maximumTableNameLength` characters).
@@ -22,8 +23,10 @@ public enum PostgresQueueStoreError: Error, Sendable, Equatable {
     /// The database could not be reached, or answered an error: `operation` names what the store
     /// was doing (`"claim"`, `"add"`, …), `sqlState` is PostgreSQL's error code when the server
     /// answered (`"40P01"` for a deadlock, …; `nil` when the connection failed), and `message` the
-    /// server's primary message or the connection failure (never the statement's values, nor
-    /// PostgreSQL's DETAIL, which can quote a row).
+    /// server's primary message as PostgreSQL wrote it, or the connection failure. PostgreSQL's
+    /// DETAIL and CONTEXT, which can quote a row, are dropped. The store's statements bind only
+    /// ids, times, numbers, the entry's ordering and coalescing keys and the entry's JSON, and
+    /// PostgreSQL's primary messages never quote the JSON.
     case database(operation: String, sqlState: String?, message: String)
 }
 

@@ -13,12 +13,13 @@ import ResiliencePostgres  // PostgresQueueStore
 /// The call a service owes a partner once an order is saved.
 struct OrderPlaced: QueueableRequest {
     let orderID: UUID
+    let customerID: UUID
     let partner: URL
     var url: URL { partner.appendingPathComponent("hooks/orders") }
     var method: HTTPMethod { .post }
-    var body: Data? { Data(#"{"order":"\#(orderID)"}"#.utf8) }
+    var body: Data? { Data(#"{"order":"\#(orderID)","customer":"\#(customerID)"}"#.utf8) }
     var idempotencyKey: String { "order-placed-\(orderID)" }  // the partner's effect happens once
-    var orderingKey: String? { "orders" }                      // delivered in the order placed
+    var orderingKey: String? { "customer-\(customerID)" }     // per customer, in the order placed
 }
 
 /// What every replica of the service keeps: the table, and the engine that drains it.
@@ -39,10 +40,10 @@ struct Outbox: Sendable {
     }
 
     /// In a request handler: the order and the call owed for it commit together, or neither does.
-    func placeOrder(_ id: UUID, total: Int, partner: URL, postgres: PostgresClient, logger: Logger) async throws {
+    func placeOrder(_ id: UUID, customer: UUID, total: Int, partner: URL, postgres: PostgresClient, logger: Logger) async throws {
         try await postgres.withTransaction(logger: logger) { connection in
-            try await connection.query("INSERT INTO orders (id, total) VALUES (\(id), \(total))", logger: logger)
-            _ = try await store.enqueue(OrderPlaced(orderID: id, partner: partner), on: connection)
+            try await connection.query("INSERT INTO orders (id, customer, total) VALUES (\(id), \(customer), \(total))", logger: logger)
+            _ = try await store.enqueue(OrderPlaced(orderID: id, customerID: customer, partner: partner), on: connection)
         }
     }
 }

@@ -28,18 +28,19 @@ func runOutboxRecipe(logger: Logger) async throws {
         group.addTask { await postgres.run() }
         defer { group.cancelAll() }
         try await postgres.query("DROP TABLE IF EXISTS orders, partner_outbox, partner_outbox_dead_letter, partner_outbox_schema CASCADE", logger: logger)
-        try await postgres.query("CREATE TABLE orders (id uuid PRIMARY KEY, total int NOT NULL)", logger: logger)
+        try await postgres.query("CREATE TABLE orders (id uuid PRIMARY KEY, customer uuid NOT NULL, total int NOT NULL)", logger: logger)
 
         let sender = AsyncRequestEngine(session: AsyncHTTPClientSession(client: AsyncHTTPClientSession.sharedClient))
         let outbox = try await Outbox(postgres: postgres, sender: sender)
         let results = await outbox.queue.results  // subscribed before the order is placed
         let placed = UUID()
-        try await outbox.placeOrder(placed, total: 42, partner: partner.url("/"), postgres: postgres, logger: logger)
+        try await outbox.placeOrder(placed, customer: UUID(), total: 42, partner: partner.url("/"), postgres: postgres, logger: logger)
         struct Refused: Error {}
         do {
             try await postgres.withTransaction(logger: logger) { connection in
-                try await connection.query("INSERT INTO orders (id, total) VALUES (\(UUID()), 7)", logger: logger)
-                _ = try await outbox.store.enqueue(OrderPlaced(orderID: UUID(), partner: partner.url("/")), on: connection)
+                let (order, customer) = (UUID(), UUID())
+                try await connection.query("INSERT INTO orders (id, customer, total) VALUES (\(order), \(customer), 7)", logger: logger)
+                _ = try await outbox.store.enqueue(OrderPlaced(orderID: order, customerID: customer, partner: partner.url("/")), on: connection)
                 throw Refused()  // the order fails after the enqueue: neither is kept
             }
         } catch let error as PostgresTransactionError where error.closureError is Refused {}  // rolled back

@@ -62,6 +62,107 @@ struct PostgresOutboxTests {
         }
     }
 
+    @Test func anOpenOutboxTransactionBesideALeasedHolderNeverHoldsUpItsReplica() async throws {
+        try await PostgresTestDatabase.withStore { store, client in
+            let holder = try await store.add(entry(request("/profile", coalescingKey: "profile", body: "v1"), enqueuedAt: Date()), limit: nil)
+            let claim = try #require(try await store.claim(upTo: 1, now: Date(), lease: .seconds(30)).first)
+            #expect(claim.entry.id == holder.id)
+
+            // A request handler's transaction queues an edit beside the holder being sent, and
+            // goes on working: its transaction stays open.
+            let handler = try await OpenTransaction.begin(on: client) { connection in
+                try await store.enqueue(request("/profile", coalescingKey: "profile", body: "v2"), on: connection)
+            }
+            // Meanwhile the replica sending the holder renews its lease, releases it after a
+            // failed attempt, claims it again and completes it: none of it waits for the handler.
+            let settled = try await within(.seconds(10)) {
+                let renewed = try await store.renew(claim, now: Date(), lease: .seconds(30))
+                try await store.release(renewed, keeping: renewed.entry)
+                let again = try #require(try await store.claim(upTo: 1, now: Date(), lease: .seconds(30)).first)
+                try await store.complete(again, reason: .delivered(statusCode: 200))
+                return again.entry.id
+            }
+            try await handler.commit()
+            #expect(settled == holder.id, "the holder's renew, release or complete waited for the open outbox transaction")
+
+            let next = try await store.claim(upTo: 10, now: Date(), lease: .seconds(30))
+            #expect(next.map(\.entry.id) == [handler.value])
+            #expect(next.first?.entry.body == Data("v2".utf8))
+        }
+    }
+
+    @Test func outboxEnqueuesOfOneKeyWaitInTurnAndAreClaimedInCommitOrder() async throws {
+        try await PostgresTestDatabase.withStore { store, client in
+            let first = try await OpenTransaction.begin(on: client) { connection in
+                try await store.enqueue(request("/first", orderingKey: "K"), on: connection)
+            }
+            // A second transaction enqueuing for K waits for the first's key lock.
+            let second = Task {
+                try await OpenTransaction.begin(on: client) { connection in
+                    try await store.enqueue(request("/second", orderingKey: "K"), on: connection)
+                }
+            }
+            try await client.untilSomeoneWaits(forAdvisoryLock: "\(store.tableName):o:K")
+            #expect(try await store.claim(upTo: 10, now: Date(), lease: .seconds(30)).isEmpty)  // neither committed
+
+            try await first.commit()
+            let secondOpen = try await second.value  // its enqueue returns once the first committed
+            let head = try await store.claim(upTo: 10, now: Date(), lease: .seconds(30))
+            #expect(head.map(\.entry.id) == [first.value])
+            try await secondOpen.commit()
+            #expect(try await store.claim(upTo: 10, now: Date(), lease: .seconds(30)).isEmpty)  // behind the head in flight
+
+            try await store.complete(try #require(head.first), reason: .delivered(statusCode: 200))
+            #expect(try await store.claim(upTo: 10, now: Date(), lease: .seconds(30)).map(\.entry.id) == [secondOpen.value])
+        }
+    }
+
+    /// The outbox is written for READ COMMITTED: a stricter level reads the queue as of the
+    /// caller's snapshot, which the guide's outbox section tells.
+    @Test(arguments: ["REPEATABLE READ", "SERIALIZABLE"])
+    func underAStricterIsolationACoalescingEnqueueReadsItsSnapshot(level: String) async throws {
+        try await PostgresTestDatabase.withStore { store, client in
+            /// Enqueues `body` for coalescing key `key` in a transaction at `level` whose snapshot
+            /// was taken before another transaction enqueued (and committed) an edit of that key.
+            @Sendable func enqueueAfterAnotherCommitted(_ key: String, _ body: String) async throws {
+                try await client.withConnection { connection in
+                    try await connection.query(PostgresQuery(unsafeSQL: "BEGIN ISOLATION LEVEL \(level)"), logger: testLogger)
+                    try await connection.query("SELECT 1", logger: testLogger)  // the snapshot
+                    try await client.withTransaction(logger: testLogger) { other in
+                        _ = try await store.enqueue(request("/\(key)", coalescingKey: key, body: "other"), on: other)
+                    }
+                    do {
+                        _ = try await store.enqueue(request("/\(key)", coalescingKey: key, body: body), on: connection)
+                        try await connection.query("COMMIT", logger: testLogger)
+                    } catch {
+                        _ = try? await connection.query("ROLLBACK", logger: testLogger)
+                        throw error
+                    }
+                }
+            }
+            // The row it would replace changed since its snapshot: a serialization failure, for
+            // the caller to retry.
+            _ = try await store.add(entry(request("/unleased", coalescingKey: "unleased", body: "v1"), enqueuedAt: Date()), limit: nil)
+            do {
+                try await enqueueAfterAnotherCommitted("unleased", "v3")
+                Issue.record("the enqueue replaced a row changed since its snapshot")
+            } catch let error as PostgresQueueStoreError {
+                guard case .database(_, let sqlState, _) = error else { throw error }
+                #expect(sqlState == "40001")  // serialization_failure
+            }
+            #expect(try await store.queuedEntries().map(\.body) == [Data("other".utf8)])
+
+            // Beside a leased holder, the other transaction's edit is not in its snapshot: its
+            // own is queued behind that edit rather than replacing it, and both are delivered.
+            let holder = try await store.add(entry(request("/leased", coalescingKey: "leased", body: "v1"), enqueuedAt: Date()), limit: nil)
+            let claims = try await store.claim(upTo: 10, now: Date(), lease: .seconds(30))
+            #expect(claims.map(\.entry.id).contains(holder.id))
+            try await enqueueAfterAnotherCommitted("leased", "v3")
+            let leasedKey = try await store.queuedEntries().filter { $0.coalescingKey == "leased" }.map(\.body)
+            #expect(leasedKey == [Data("v1".utf8), Data("other".utf8), Data("v3".utf8)])
+        }
+    }
+
     @Test func secretHeadersNeverReachTheTable() async throws {
         try await PostgresTestDatabase.withStore { store, client in
             // Never stored, whoever made the entry.

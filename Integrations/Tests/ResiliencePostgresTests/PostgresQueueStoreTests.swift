@@ -5,10 +5,15 @@ import ResiliencePostgres
 import Testing
 
 extension Trait where Self == ConditionTrait {
-    /// Skips a suite, saying why, when no PostgreSQL answers (`Scripts/postgres.sh start` runs one).
+    /// Skips a suite, saying why, when no PostgreSQL answers (`Scripts/postgres.sh start` runs one)
+    /// and nothing says one should. When `CI` or `RESILIENCE_POSTGRES_URL` is set (`.ci/run` sets
+    /// both, having started a server), a server that does not answer fails every test instead:
+    /// a suite that CI meant to run never passes by being skipped.
     static var postgresReachable: Self {
         .enabled("needs PostgreSQL: run `bash Scripts/postgres.sh start` or set RESILIENCE_POSTGRES_URL") {
-            await PostgresTestDatabase.isReachable()
+            if await PostgresTestDatabase.isReachable() { return true }
+            if let required = PostgresTestDatabase.requiredBy { throw PostgresTestDatabase.Unreachable(requiredBy: required) }
+            return false
         }
     }
 }
@@ -164,6 +169,51 @@ struct PostgresQueueStoreTests {
             let next = try await store.claim(upTo: 10, now: at(3), lease: .seconds(30))
             #expect(next.map(\.entry.id) == [newer.id])
             #expect(next.first?.entry.body == Data("v3".utf8))
+        }
+    }
+
+    @Test func anEditOfAnotherOrderingKeyIsAddedBehindTheHolderNotInItsPlace() async throws {
+        try await PostgresTestDatabase.withStore { store, _ in
+            let holder = try await store.add(entry(request("/a", orderingKey: "a", coalescingKey: "c", body: "v1")), limit: nil)
+            let earlierOfB = try await store.add(entry(request("/b", orderingKey: "b")), limit: nil)
+            // Taking the holder's place would put the edit ahead of key b's earlier entry.
+            let edit = try await store.add(entry(request("/a", orderingKey: "b", coalescingKey: "c", body: "v2")), limit: nil)
+            #expect(edit.sequence > earlierOfB.sequence)
+            #expect(try await store.queuedEntries().map(\.id) == [holder.id, earlierOfB.id, edit.id])
+            #expect(try await store.queuedEntry(id: holder.id)?.body == Data("v1".utf8))
+            #expect(try await store.claim(upTo: 10, now: at(1), lease: .seconds(30)).map(\.entry.id) == [holder.id, earlierOfB.id])
+
+            // No ordering key beside a newest row with one: behind it too; the same (none): in place.
+            let unordered = try await store.add(entry(request("/a", coalescingKey: "c", body: "v3")), limit: nil)
+            #expect(unordered.sequence > edit.sequence)
+            let newest = try await store.add(entry(request("/a", coalescingKey: "c", body: "v4")), limit: nil)
+            #expect(newest.sequence == unordered.sequence)
+            #expect(try await store.queuedEntries().map(\.id) == [holder.id, earlierOfB.id, edit.id, newest.id])
+        }
+    }
+
+    @Test func anAddWithoutALimitTakesNoTableWideLock() async throws {
+        try await PostgresTestDatabase.withStore { store, client in
+            // Another transaction holds the lock an add with a limit takes to count the table.
+            let countLock = "\(store.tableName):count"
+            let counting = try await OpenTransaction.begin(on: client) { connection in
+                try await connection.query("SELECT pg_advisory_xact_lock(hashtextextended(\(countLock), 0))", logger: testLogger)
+            }
+            let unbounded = try await within(.seconds(10)) {
+                try await store.add(entry(request("/nil")), limit: nil).id
+            }
+            let atIntMax = try await within(.seconds(10)) {
+                try await store.add(entry(request("/max")), limit: .max).id
+            }
+            #expect(unbounded != nil, "add(limit: nil) waited for the count lock")
+            #expect(atIntMax != nil, "add(limit: .max) waited for the count lock")
+
+            // An add with a limit waits for it: it counts the whole table, every replica's rows.
+            let bounded = Task { try await store.add(entry(request("/bounded")), limit: 10) }
+            try await client.untilSomeoneWaits(forAdvisoryLock: countLock)
+            try await counting.commit()
+            _ = try await bounded.value
+            #expect(try await store.queuedCount() == 3)
         }
     }
 
@@ -341,6 +391,18 @@ struct PostgresQueueStoreTests {
             #expect(stored == added)
             #expect(stored.timeout == .infinity && stored.ttl == .infinity)
             #expect(try await store.claim(upTo: 1, now: at(86_400 * 365), lease: .seconds(30)).map(\.entry.id) == [added.id])
+        }
+    }
+
+    @Test func removeExpiredReturnsTheReadableRowsWhenOneIsUnreadable() async throws {
+        try await PostgresTestDatabase.withStore { store, client in
+            let broken = try await store.add(entry(request("/broken", ttl: 10)), limit: nil)
+            let readable = try await store.add(entry(request("/readable", ttl: 10)), limit: nil)
+            let alive = try await store.add(entry(request("/alive", ttl: 1000)), limit: nil)
+            try await client.query(PostgresQuery(unsafeSQL: "UPDATE \"\(store.tableName)\" SET entry = '{\"id\": \"\(broken.id)\"}' WHERE id = '\(broken.id)'"))
+
+            #expect(try await store.removeExpired(now: at(11)).map(\.id) == [readable.id])
+            #expect(try await store.queuedEntries().map(\.id) == [alive.id])  // the unreadable one is gone too
         }
     }
 

@@ -104,7 +104,7 @@ struct PostgresReplicaTests {
                 let first = try await store.add(entry(request("/1", orderingKey: "k")), limit: nil)
                 let second = try await store.add(entry(request("/2", orderingKey: "k")), limit: nil)
                 // This replica claims and then "dies": its claim is never settled.
-                _ = try await store.claim(upTo: 10, now: at(0), lease: PostgresQueueStore.defaultLease)
+                _ = try await store.claim(upTo: 10, now: at(0), lease: .seconds(30))  // the engine's default `claimLease`
                 #expect(try await replica.claim(upTo: 10, now: at(29), lease: .seconds(30)).isEmpty)
 
                 let taken = try await replica.claim(upTo: 10, now: at(30), lease: .seconds(30))

@@ -31,7 +31,25 @@ enum PostgresTestDatabase {
         return configuration
     }()
 
-    /// Whether the database answers a connection (the suite is skipped, saying so, when not).
+    /// The environment variable that says a server must answer (`CI` or `RESILIENCE_POSTGRES_URL`),
+    /// if one is set: the suites then fail, rather than skip, when none does.
+    static var requiredBy: String? {
+        let environment = ProcessInfo.processInfo.environment
+        return ["RESILIENCE_POSTGRES_URL", "CI"].first { environment[$0] != nil }
+    }
+
+    /// Thrown by `.postgresReachable` when a server must answer and does not: Swift Testing records
+    /// it as the test's failure.
+    struct Unreachable: Error, CustomStringConvertible {
+        let requiredBy: String
+        var description: String {
+            "PostgreSQL at \(configuration.host ?? "?"):\(configuration.port ?? 5432) does not answer, and \(requiredBy) is set: "
+                + "the tests must run against it (start it with `bash Scripts/postgres.sh start`)"
+        }
+    }
+
+    /// Whether the database answers a connection (when not, the suites are skipped, saying so, or
+    /// fail when `requiredBy` says a server must answer).
     static func isReachable() async -> Bool {
         do {
             let connection = try await PostgresConnection.connect(
@@ -159,5 +177,114 @@ extension PostgresClient {
         var result = 0
         for try await value in try await self.query(query).decode(Int64.self) { result = Int(value) }
         return result
+    }
+}
+
+// MARK: - Transactions held open, locks and bounds
+
+let testLogger = Logger(label: "ResiliencePostgresTests")
+
+/// A transaction on one of a client's connections that stays open after its body until
+/// `commit()` or `rollBack()`: what a service's request handler does while it still works.
+final class OpenTransaction<Value: Sendable>: Sendable {
+    /// What the body returned.
+    let value: Value
+    private let end: AsyncStream<Bool>.Continuation
+    private let task: Task<Void, any Error>
+
+    private init(value: Value, end: AsyncStream<Bool>.Continuation, task: Task<Void, any Error>) {
+        self.value = value
+        self.end = end
+        self.task = task
+    }
+
+    /// Begins a transaction (`begin` is the statement, for another isolation level), runs `body`
+    /// in it, and returns once `body` has: the transaction is open until `commit()` or
+    /// `rollBack()`. When `body` throws, the transaction is rolled back and the error thrown.
+    static func begin(
+        on client: PostgresClient, _ begin: String = "BEGIN", _ body: @escaping @Sendable (PostgresConnection) async throws -> Value
+    ) async throws -> OpenTransaction {
+        let (ends, end) = AsyncStream<Bool>.makeStream()
+        let (values, started) = AsyncThrowingStream<Value, any Error>.makeStream()
+        let task = Task {
+            do {
+                try await client.withConnection { connection in
+                    try await connection.query(PostgresQuery(unsafeSQL: begin), logger: testLogger)
+                    do {
+                        started.yield(try await body(connection))
+                    } catch {
+                        _ = try? await connection.query("ROLLBACK", logger: testLogger)
+                        throw error
+                    }
+                    var commits = false
+                    for await decision in ends {
+                        commits = decision
+                        break
+                    }
+                    try await connection.query(commits ? "COMMIT" : "ROLLBACK", logger: testLogger)
+                }
+                started.finish()
+            } catch {
+                started.finish(throwing: error)
+                throw error
+            }
+        }
+        var iterator = values.makeAsyncIterator()
+        guard let value = try await iterator.next() else { throw CancellationError() }
+        return OpenTransaction(value: value, end: end, task: task)
+    }
+
+    func commit() async throws {
+        end.yield(true)
+        try await task.value
+    }
+
+    func rollBack() async throws {
+        end.yield(false)
+        try await task.value
+    }
+}
+
+/// What `operation` returns, or `nil` when it has not returned within `bound`: a test that
+/// something does not wait for a lock fails after `bound` rather than hanging. The operation runs
+/// in a task of its own, left to finish on its own when the bound passes (whatever held it up must
+/// then be released for it to end).
+func within<Result: Sendable>(_ bound: Duration, _ operation: @escaping @Sendable () async throws -> Result) async throws -> Result? {
+    // Not a task group: the group would wait for a blocked operation when the bound passes.
+    let (outcomes, outcome) = AsyncStream<Swift.Result<Result, any Error>?>.makeStream()
+    Task {
+        do {
+            outcome.yield(.success(try await operation()))
+        } catch {
+            outcome.yield(.failure(error))
+        }
+    }
+    let timer = Task {
+        try? await Task.sleep(for: bound)
+        outcome.yield(nil)
+    }
+    defer { timer.cancel() }
+    for await first in outcomes { return try first?.get() }
+    return nil
+}
+
+extension PostgresClient {
+    /// How many transactions wait for the transaction-scoped advisory lock `key` (as the store
+    /// takes it: `pg_advisory_xact_lock(hashtextextended(key, 0))`).
+    func waiters(forAdvisoryLock key: String) async throws -> Int {
+        try await integer(
+            """
+            SELECT count(*) FROM pg_locks, (SELECT hashtextextended(\(key), 0) AS h) AS lock
+            WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND classid = ((lock.h >> 32) & 4294967295)::oid AND objid = (lock.h & 4294967295)::oid AND objsubid = 1
+            """)
+    }
+
+    /// Returns once a transaction waits for the advisory lock `key`: looks every few milliseconds
+    /// (the suite's time limit bounds it).
+    func untilSomeoneWaits(forAdvisoryLock key: String) async throws {
+        while try await waiters(forAdvisoryLock: key) == 0 {
+            try await Task.sleep(for: .milliseconds(5))
+        }
     }
 }
