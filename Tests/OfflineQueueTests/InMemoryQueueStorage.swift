@@ -69,7 +69,8 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
         try Task.checkCancellation()
         return try state.withLock { state in
             let holder = entry.coalescingKey.flatMap { key in
-                state.rows.values.first { $0.entry.coalescingKey == key && $0.token == nil }?.entry
+                state.rows.values.filter { $0.entry.coalescingKey == key }.max { $0.entry.sequence < $1.entry.sequence }
+                    .flatMap { $0.token == nil && $0.entry.orderingKey == entry.orderingKey ? $0.entry : nil }
             }
             if holder == nil, let limit, state.rows.count >= limit { throw OfflineQueueError.full }
             let sequence: UInt64

@@ -94,6 +94,20 @@ struct QueueStorageRuleTests {
     }
 
     @Test(arguments: Kind.allCases)
+    func anEditOfAnotherOrderingKeyIsQueuedBehindTheHolderRatherThanJumpingItsNewKeysLine(kind: Kind) async throws {
+        let (storage, folder) = try Self.make(kind)
+        _ = try await storage.add(Self.entry("/b1", orderingKey: "b"), limit: nil)
+        _ = try await storage.add(Self.entry("/v1", orderingKey: "a", coalescingKey: "doc"), limit: nil)
+        let v2 = try await storage.add(Self.entry("/v2", orderingKey: "b", coalescingKey: "doc"), limit: nil)
+        #expect(try await storage.queuedCount() == 3)  // stored behind, not in /v1's place
+        let first = try await storage.claim(upTo: 10, now: Self.now, lease: .seconds(3600))
+        #expect(Self.paths(first) == ["/b1", "/v1"])  // /v2 waits behind /b1 (its key) and /v1 (its edit)
+        for claim in first { try await storage.complete(claim, reason: .delivered(statusCode: 200)) }
+        #expect(try await storage.claim(upTo: 10, now: Self.now, lease: .seconds(3600)).map(\.entry.id) == [v2.id])
+        withExtendedLifetime(folder) {}
+    }
+
+    @Test(arguments: Kind.allCases)
     func aClaimOnACancelledEntryIsLostAndItsSettlementChangesNothing(kind: Kind) async throws {
         let (storage, folder) = try Self.make(kind)
         let stored = try await storage.add(Self.entry("/a"), limit: nil)

@@ -12,20 +12,37 @@ import Testing
 /// a lost entry or one completed twice.
 @Suite(.postgresReachable, .timeLimit(.minutes(2)))
 struct PostgresFaultTests {
-    /// `PostgresQueueStore` whose next `complete` fails as a dropped connection makes it fail: the
-    /// statement never reaches the server.
-    final class CompletionFails: QueueStorage {
+    /// `PostgresQueueStore` with the faults a dropped connection makes: the next `complete` fails
+    /// before its statement reaches the server (`.completion`), or the next `claim` is committed by
+    /// the server and its answer lost (`.claimAnswer`).
+    final class ConnectionDrops: QueueStorage {
+        enum Fault { case completion, claimAnswer }
         let base: PostgresQueueStore
-        let failures = Mutex(1)
-        init(_ base: PostgresQueueStore) { self.base = base }
+        let pending: Mutex<Fault?>
+        init(_ base: PostgresQueueStore, _ fault: Fault) {
+            self.base = base
+            pending = Mutex(fault)
+        }
+
+        private func take(_ fault: Fault) -> Bool {
+            pending.withLock { pending in
+                guard pending == fault else { return false }
+                pending = nil
+                return true
+            }
+        }
+
+        static let reset = PostgresQueueStoreError.database(operation: "complete", sqlState: nil, message: "connection reset by peer")
 
         func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
-            let fail = failures.withLock { count in
-                defer { count = max(0, count - 1) }
-                return count > 0
-            }
-            if fail { throw PostgresQueueStoreError.database(operation: "complete", sqlState: nil, message: "connection reset by peer") }
+            if take(.completion) { throw Self.reset }
             try await base.complete(claim, reason: reason)
+        }
+
+        func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
+            let claims = try await base.claim(upTo: limit, now: now, lease: lease)
+            if take(.claimAnswer) { throw Self.reset }
+            return claims
         }
 
         func queuedEntries() async throws -> [QueueEntry] { try await base.queuedEntries() }
@@ -35,9 +52,6 @@ struct PostgresFaultTests {
             try await base.hasQueuedEntries(orderingKey: orderingKey, coalescingKey: coalescingKey)
         }
         func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry { try await base.add(entry, limit: limit) }
-        func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
-            try await base.claim(upTo: limit, now: now, lease: lease)
-        }
         func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
             try await base.renew(claim, now: now, lease: lease)
         }
@@ -55,7 +69,7 @@ struct PostgresFaultTests {
         origin.route("/pay", .status(201))
         try await PostgresTestDatabase.withStore { store, _ in
             let clock = ManualClock()
-            let failing = CompletionFails(store)
+            let failing = ConnectionDrops(store, .completion)
             let (first, _) = PostgresEngineTests.engine(store, clock: clock)
             let replica = OfflineQueueEngine(
                 requestEngine: AsyncRequestEngine(session: URLSessionTransport.shared, clock: clock),
@@ -75,6 +89,34 @@ struct PostgresFaultTests {
             clock.advance(by: .seconds(31))  // the lease (30 s) ran out
             #expect(await first.flush().delivered == [id])
             #expect(origin.requestLog.map { $0.headers["idempotency-key"] } == ["payment-7", "payment-7"])
+            #expect(try await store.queuedCount() == 0)
+        }
+    }
+
+    @Test func aClaimCommittedWhoseAnswerIsLostLeavesTheEntryLeasedUntilItsLeaseEndsThenItGoesOnce() async throws {
+        let origin = try LoopbackHTTPServer()
+        defer { origin.shutdown() }
+        origin.route("/pay", .status(201))
+        try await PostgresTestDatabase.withStore { store, _ in
+            let clock = ManualClock()
+            let (first, _) = PostgresEngineTests.engine(store, clock: clock)
+            let replica = OfflineQueueEngine(
+                requestEngine: AsyncRequestEngine(session: URLSessionTransport.shared, clock: clock),
+                reachabilityMonitor: ManualReachabilityMonitor(),
+                store: ConnectionDrops(store, .claimAnswer),
+                clock: clock
+            )
+            let id = try #require(try await first.enqueue(PostgresEngineTests.post(origin, "/pay", key: "payment-8"), sending: .onNextDrain).queuedID)
+
+            let cut = await replica.flush()
+            #expect(cut.storageError != nil)
+            #expect(origin.requestLog.isEmpty)  // the claim's answer never came: nothing was sent
+            #expect(try await store.queuedEntry(id: id) != nil)
+            #expect(await first.flush().results.isEmpty)  // leased by a claim nobody holds
+
+            clock.advance(by: .seconds(31))
+            #expect(await first.flush().delivered == [id])
+            #expect(origin.requestLog.map { $0.headers["idempotency-key"] } == ["payment-8"])
             #expect(try await store.queuedCount() == 0)
         }
     }

@@ -18,10 +18,13 @@ extension DiskQueueStore: QueueStorage {
 
     public func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
         var entry = entry.withStorableHeaders()
-        // The holder of the coalescing key is replaced in its place unless it is claimed; while the
-        // edit is written the holder is marked, so `claim` does not offer it meanwhile.
+        // The holder of the coalescing key is replaced in its place unless it is claimed or of
+        // another ordering key (whose line the edit must not jump); while the edit is written the
+        // holder is marked, so `claim` does not offer it meanwhile.
         var replaced: QueueEntry?
-        if let key = entry.coalescingKey, let holder = self.entry(coalescingKey: key), holder.id != entry.id {
+        if let key = entry.coalescingKey, let holder = self.entry(coalescingKey: key), holder.id != entry.id,
+            holder.orderingKey == entry.orderingKey
+        {
             replaced = claims.withLock { claims in
                 guard claims[holder.id] == nil else { return nil }
                 claims[holder.id] = .some(nil)

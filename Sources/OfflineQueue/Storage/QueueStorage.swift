@@ -16,8 +16,10 @@ import Foundation
 ///   when no entry of its key with a smaller `sequence` is queued (claimed or not), so a key's
 ///   entries go one at a time, in the order they were added;
 /// - **the newest edit wins**: `add` of an entry with a `coalescingKey` replaces the queued,
-///   unclaimed entry of that key in its place; an entry of that key being sent keeps its claim and
-///   the edit is queued behind it (claimable once the older one is gone);
+///   unclaimed entry of that key in its place when both have the same `orderingKey` (or neither
+///   has one); an entry of that key being sent keeps its claim, and an edit that cannot take the
+///   holder's place (claimed, or of another ordering key, whose line it must not jump) is queued
+///   behind it, claimable once the older one is gone;
 /// - **due and alive**: an entry is claimable only once its `nextAttemptAt` has passed and before
 ///   it expires (`removeExpired(now:)` sweeps the expired);
 /// - **at most one live claim per entry**: while a claim's lease runs, nobody else can claim the
@@ -44,11 +46,14 @@ public protocol QueueStorage: Sendable {
 
     /// Stores `entry`, returning it as stored (with the `sequence` that places it).
     ///
-    /// With a `coalescingKey`, the queued and unclaimed entry of that key is replaced, the new
-    /// edit taking its place; if that entry is claimed, the edit is stored beside it.
+    /// With a `coalescingKey`, the queued and unclaimed entry of that key with the same
+    /// `orderingKey` is replaced, the new edit taking its place; otherwise (claimed, or of another
+    /// ordering key) the edit is stored behind it.
     ///
     /// - Throws: `OfflineQueueError.full` when `limit` entries are queued already (a replacement
-    ///   does not count), and the storage's own error when it cannot write (nothing is stored then).
+    ///   does not count), and the storage's own error when it cannot write: nothing is stored then,
+    ///   unless the storage committed and only its answer was lost (a database connection dropped
+    ///   at that moment), in which case the entry is stored and will be delivered.
     func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry
 
     /// Claims up to `limit` entries that may be sent at `now` under the rules above, for `lease`.
