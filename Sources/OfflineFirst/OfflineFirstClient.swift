@@ -52,9 +52,13 @@ public final class OfflineFirstClient: Sendable {
     private let progress: Progress
     private let listener: Task<Void, Never>
 
-    /// - Parameter queue: an engine over a `DiskQueueStore`: the client follows that store's change
-    ///   feed, which storage many replicas share (`PostgresQueueStore`) has not. Passing an engine
-    ///   over other storage is a programming error, stopped here.
+    /// - Parameters:
+    ///   - reads: the engine the client reads through, with its cache.
+    ///   - queue: an engine over a `DiskQueueStore`: the client follows that store's change feed,
+    ///     which storage many replicas share (`PostgresQueueStore`) has not. Passing an engine over
+    ///     other storage is a programming error, stopped here.
+    ///   - optimisticUpdates: how queued writes show in the reads they change.
+    ///   - invalidations: which reads a delivered write makes stale.
     public init(
         reads: CachedRequestEngine,
         queue: OfflineQueueEngine,
