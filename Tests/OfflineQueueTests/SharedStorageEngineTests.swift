@@ -51,6 +51,16 @@ struct SharedHarness {
         SharedHarness(steps, storage: storage, clock: clock)
     }
 
+    /// Moves the clock a third of the lease (10 s) at a time, once the send's two sleepers (the next
+    /// renewal, the lease's cut) wait, until the storage has seen `count` renewals in all.
+    func passRenewals(through count: Int) async {
+        for round in (storage.renewals + 1)...count {
+            await clock.waitForSleepers(2)
+            clock.advance(by: .seconds(10))
+            while storage.renewals < round { await Task.yield() }
+        }
+    }
+
     var sentPaths: [String] { session.requests.compactMap { $0.url?.path } }
     var sentKeys: [String?] { session.requests.map { $0.value(forHTTPHeaderField: "Idempotency-Key") } }
 }
@@ -121,11 +131,7 @@ struct SharedStorageEngineTests {
         let flush = Task { await a.engine.flush() }
         await a.session.waitForCalls(1)
         // Past the first lease's end in three renewals (every 10 s of a 30 s lease).
-        for round in 1...4 {
-            await a.clock.waitForSleepers(1)
-            a.clock.advance(by: .seconds(10))
-            while a.storage.renewals < round { await Task.yield() }
-        }
+        await a.passRenewals(through: 4)
         #expect(a.storage.leaseEnds(of: id) == a.engine.now.addingTimeInterval(30))
         #expect(await b.engine.flush().results.isEmpty)
         #expect(b.session.requests.isEmpty)
@@ -141,11 +147,7 @@ struct SharedStorageEngineTests {
         let flush = Task { await a.engine.flush() }
         await a.session.waitForCalls(1)
         // Renewals at 10 s and 20 s fail; at 27 s, a tenth of the lease before its end, the send is cut.
-        for round in 1...2 {
-            await a.clock.waitForSleepers(2)
-            a.clock.advance(by: .seconds(10))
-            while a.storage.renewals < round { await Task.yield() }
-        }
+        await a.passRenewals(through: 2)
         await a.clock.waitForSleepers(2)
         a.clock.advance(by: .seconds(7))
         let report = await flush.value  // the hanging send was cancelled
@@ -165,9 +167,7 @@ struct SharedStorageEngineTests {
         a.storage.hangRenewals()
         let flush = Task { await a.engine.flush() }
         await a.session.waitForCalls(1)
-        await a.clock.waitForSleepers(2)  // the renewal's third, and the lease's cut
-        a.clock.advance(by: .seconds(10))
-        while a.storage.renewals < 1 { await Task.yield() }  // the renewal hangs from here
+        await a.passRenewals(through: 1)  // the renewal hangs from here
         a.clock.advance(by: .seconds(16))
         #expect(a.storage.leaseEnds(of: id) == a.engine.now.addingTimeInterval(4))
         a.clock.advance(by: .seconds(1))  // 27 s: a tenth of the lease before its end
@@ -186,11 +186,7 @@ struct SharedStorageEngineTests {
         a.storage.failNextRenewals(1)
         let flush = Task { await a.engine.flush() }
         await a.session.waitForCalls(1)
-        for round in 1...2 {
-            await a.clock.waitForSleepers(2)
-            a.clock.advance(by: .seconds(10))
-            while a.storage.renewals < round { await Task.yield() }
-        }
+        await a.passRenewals(through: 2)
         #expect(a.storage.leaseEnds(of: id) == a.engine.now.addingTimeInterval(30))
         a.session.releaseHeld()
         #expect(await flush.value.delivered == [id])
