@@ -54,8 +54,9 @@ extension OfflineQueueEngine {
         return stream
     }
 
+    /// Reads the count for `pendingCounts`, only while someone listens (a storage read each time).
     func publishSharedCount() async {
-        guard let count = try? await storage.queuedCount() else { return }
+        guard sharedCountSubscribers.count > 0, let count = try? await storage.queuedCount() else { return }
         sharedCountSubscribers.yield(count)
     }
 

@@ -114,7 +114,7 @@ public actor OfflineQueueEngine {
     var learnedOffline = false
     /// One drain pass at a time, whoever triggers it; FIFO; a cancelled waiter leaves the line.
     private let passGate = AdmissionGate(limit: 1)
-    var loopTask: Task<Void, Never>?
+    private var loopTask: Task<Void, Never>?
     private var timerTask: Task<Void, Never>?
     private var timerDeadline: Date?
     /// Numbers the timers, so that one replaced after its sleep ended does not fire.
@@ -123,7 +123,7 @@ public actor OfflineQueueEngine {
     /// one fires (its pass schedules the next timer, which may fire while the first still waits),
     /// so `stop()` finds them here, cancels them and waits for them.
     private var firingTimers: [UInt64: Task<Void, Never>] = [:]
-    nonisolated let subscribers = StreamSubscribers<QueueEntryResult>()
+    private nonisolated let subscribers = StreamSubscribers<QueueEntryResult>()
     /// `pendingCounts` on storage other than a disk store: the count after this engine's changes.
     nonisolated let sharedCountSubscribers = StreamSubscribers<Int>()
     /// While started on storage other than a disk store: the pass on each of its `arrivals()`.
