@@ -125,28 +125,22 @@ extension PostgresQueueStore: QueueStorage {
     public func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
         let leaseEnds = now.addingTimeInterval(lease.timeInterval)
         let id = claim.entry.id
-        let renewed = try await perform("renew") {
-            try await client.query(
-                """
-                UPDATE \(unescaped: names.queue) SET lease_until = \(leaseEnds)
-                WHERE id = \(id) AND lease_token = \(claim.token)
-                RETURNING id
-                """, logger: logger
-            ).decode(UUID.self).reduce(0) { count, _ in count + 1 }
+        try await settle(claim, "renew") {
+            """
+            UPDATE \(unescaped: names.queue) SET lease_until = \(leaseEnds)
+            WHERE id = \(id) AND lease_token = \(claim.token)
+            RETURNING id
+            """
         }
-        guard renewed > 0 else { throw OfflineQueueError.claimLost(id: id) }
         return QueueClaim(entry: claim.entry, token: claim.token, leaseEnds: leaseEnds)
     }
 
     /// Deletes the claim's row: a delivered entry leaves no row behind.
     public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
         let id = claim.entry.id
-        let deleted = try await perform("complete") {
-            try await client.query(
-                "DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id", logger: logger
-            ).decode(UUID.self).reduce(0) { count, _ in count + 1 }
+        try await settle(claim, "complete") {
+            "DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id"
         }
-        guard deleted > 0 else { throw OfflineQueueError.claimLost(id: id) }
     }
 
     /// Writes `entry` (attempts, next attempt time, last error) into the claim's row and clears its
@@ -154,18 +148,15 @@ extension PostgresQueueStore: QueueStorage {
     public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
         let id = claim.entry.id
         let json = try Self.encodeEntry(entry)
-        let updated = try await perform("release") {
-            try await client.query(
-                """
-                UPDATE \(unescaped: names.queue)
-                SET entry = \(json)::jsonb, priority = \(Int32(clamping: entry.priority)), next_attempt_at = \(entry.nextAttemptAt),
-                    expires_at = \(entry.expiresAt), lease_token = NULL, lease_until = NULL
-                WHERE id = \(id) AND lease_token = \(claim.token)
-                RETURNING id
-                """, logger: logger
-            ).decode(UUID.self).reduce(0) { count, _ in count + 1 }
+        try await settle(claim, "release") {
+            """
+            UPDATE \(unescaped: names.queue)
+            SET entry = \(json)::jsonb, priority = \(Int32(clamping: entry.priority)), next_attempt_at = \(entry.nextAttemptAt),
+                expires_at = \(entry.expiresAt), lease_token = NULL, lease_until = NULL
+            WHERE id = \(id) AND lease_token = \(claim.token)
+            RETURNING id
+            """
         }
-        guard updated > 0 else { throw OfflineQueueError.claimLost(id: id) }
     }
 
     /// Moves the claim's row to `<table>_dead_letter` as `entry`, in one statement (both or
@@ -173,27 +164,36 @@ extension PostgresQueueStore: QueueStorage {
     public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
         let id = claim.entry.id
         let json = try Self.encodeEntry(entry)
-        let moved = try await perform("deadLetter") {
-            try await client.query(
-                """
-                WITH moved AS (
-                    DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id, seq
-                )
-                INSERT INTO \(unescaped: names.deadLetter) (id, seq, entry)
-                SELECT id, seq, \(json)::jsonb FROM moved
-                ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, entry = EXCLUDED.entry, dead_lettered_at = now()
-                RETURNING id
-                """, logger: logger
-            ).decode(UUID.self).reduce(0) { count, _ in count + 1 }
+        try await settle(claim, "deadLetter") {
+            """
+            WITH moved AS (
+                DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id, seq
+            )
+            INSERT INTO \(unescaped: names.deadLetter) (id, seq, entry)
+            SELECT id, seq, \(json)::jsonb FROM moved
+            ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, entry = EXCLUDED.entry, dead_lettered_at = now()
+            RETURNING id
+            """
         }
-        guard moved > 0 else { throw OfflineQueueError.claimLost(id: id) }
     }
 
     public func cancel(id: UUID) async throws -> Bool {
         try await perform("cancel") {
-            try await client.query("DELETE FROM \(unescaped: names.queue) WHERE id = \(id) RETURNING id", logger: logger)
-                .decode(UUID.self).reduce(0) { count, _ in count + 1 } > 0
+            try await rowsReturned(by: "DELETE FROM \(unescaped: names.queue) WHERE id = \(id) RETURNING id") > 0
         }
+    }
+
+    /// Runs `statement`, which changes `claim`'s row only while the claim is live (it matches the
+    /// row's id and lease token, and returns the ids it changed): no row means the claim is lost,
+    /// and nothing was changed.
+    private func settle(_ claim: QueueClaim, _ operation: String, _ statement: () -> PostgresQuery) async throws {
+        let changed = try await perform(operation) { try await rowsReturned(by: statement()) }
+        guard changed > 0 else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
+    }
+
+    /// How many ids `statement` returns (its `RETURNING id`).
+    private func rowsReturned(by statement: PostgresQuery) async throws -> Int {
+        try await client.query(statement, logger: logger).decode(UUID.self).reduce(0) { count, _ in count + 1 }
     }
 
     /// Deletes every row of the table: every replica's entries, claimed ones included (their
