@@ -27,7 +27,12 @@ let package = Package(
     targets: [
         .target(name: "ResilienceCore"),
         .target(name: "Retry", dependencies: ["ResilienceCore"]),
-        .target(name: "RequestEngine", dependencies: ["Retry", "ResilienceCore"]),
+        // Linux only: mends corelibs-foundation's per-transfer leak for URLSessionTransport.
+        .target(name: "CURLHandleRepair"),
+        .target(
+            name: "RequestEngine",
+            dependencies: ["Retry", "ResilienceCore", .target(name: "CURLHandleRepair", condition: .when(platforms: [.linux]))]
+        ),
         .target(name: "CNetlink"),
         .target(
             name: "Reachability",
@@ -60,7 +65,13 @@ let package = Package(
 
         .testTarget(name: "ResilienceCoreTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "ResilienceTesting"]),
         .testTarget(name: "RetryTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Retry", "ResilienceTesting"]),
-        .testTarget(name: "RequestEngineTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "RequestEngine", "ResilienceTesting"]),
+        .testTarget(
+            name: "RequestEngineTests",
+            dependencies: [
+                "ResilienceCore", "ResilienceTestSupport", "RequestEngine", "ResilienceTesting",
+                .target(name: "CURLHandleRepair", condition: .when(platforms: [.linux])),
+            ]
+        ),
         .testTarget(name: "ResilienceTestingTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "ResilienceTesting"]),
         .testTarget(name: "ReachabilityTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "Reachability", "ResilienceTesting"]),
         .testTarget(name: "OfflineQueueTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "OfflineQueue", "ResilienceTesting"]),

@@ -6,6 +6,9 @@ import Retry
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
+#if canImport(CURLHandleRepair)
+import CURLHandleRepair
+#endif
 
 /// The engine's default transport: a `URLSession` of its own whose delegate receives every body as
 /// it arrives, so a size limit stops the transfer the moment it is crossed, and whose cancellation
@@ -36,6 +39,12 @@ import FoundationNetworking
 ///   corelibs-foundation can crash the process when a task is cancelled just after it starts.
 ///   For cached reads use `ResponseCache`. (A plain `URLSession` used as a `NetworkSession` keeps
 ///   its configuration's cache, and that risk.)
+/// - On Linux, making one mends corelibs-foundation's leak of about 180 bytes per request, once
+///   for the process: every transfer there releases the URL parts libcurl parsed with `curl_free`
+///   instead of `curl_url_cleanup`, for as long as the process runs. The transport points
+///   FoundationNetworking's own two libcurl entries (`curl_url`, `curl_free`) at wrappers that
+///   release those parts, and changes nothing else (module CURLHandleRepair; Benchmarks/Repro/).
+///   This covers every `URLSession` in the process, the transport's and others, from then on.
 ///
 /// Unlike a plain `URLSession` (which also conforms to `NetworkSession`), this transport sees the
 /// body while it arrives; a plain session's body can only be checked once it has arrived whole.
@@ -62,6 +71,9 @@ public final class URLSessionTransport: NetworkSession {
         makeTask: @escaping @Sendable (URLSession, URLRequest) -> any TransferTask
     ) {
         let delegate = URLSessionTransportDelegate()
+        #if canImport(CURLHandleRepair)
+        _ = curl_handle_repair_install()
+        #endif
         #if canImport(FoundationNetworking)
         // corelibs-foundation traps ("Trying to access a behaviour for a task that in not in the
         // registry") when a task is cancelled just after it starts while its session has a

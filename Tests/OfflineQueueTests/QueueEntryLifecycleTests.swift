@@ -4,7 +4,8 @@ import Testing
 
 @testable import OfflineQueue
 
-/// `QueueEntryLifecycle` and `FirstAttemptRace.StateMachine`, one transition at a time.
+/// `QueueEntryLifecycle`, its store side `FileWrites`, and `FirstAttemptRace.StateMachine`, one
+/// transition at a time.
 @Suite struct QueueEntryLifecycleTests {
     private let now = Date(timeIntervalSince1970: 1_000_000)
 
@@ -221,5 +222,71 @@ import Testing
         race.answer(.attempt(.offline))
         race.answer(.timedOut)
         guard case .attempt(.offline) = await waiter.value else { Issue.record(); return }
+    }
+
+    // MARK: The store's side: a file's writes against its entry's removal
+
+    @Test func aWriteWithNoRemovalKeepsItsFile() {
+        var writes = QueueEntryLifecycle.FileWrites()
+        let id = UUID()
+        let ticket = writes.writeStarted(id)
+        #expect(writes.writeEnded(id, ticket) == false)
+        #expect(writes.isIdle)
+    }
+
+    @Test func anEntryRemovedWhileItsFileIsWrittenHasThatFileDeletedAgain() {
+        // The race guarded: a delivery (or a cancel) that removes the entry while a kept retry's
+        // write is on the pool; the write lands after the unlink and would bring the entry back
+        // at the next open.
+        var writes = QueueEntryLifecycle.FileWrites()
+        let id = UUID()
+        let ticket = writes.writeStarted(id)
+        writes.removed(id)
+        #expect(writes.writeEnded(id, ticket) == true)
+        #expect(writes.isIdle)
+    }
+
+    @Test func aWriteThatBeganAfterTheRemovalStands() {
+        // The same id stored anew (a coalescing edit in place) while an older write of it is still
+        // in flight: only the older write is undone by the removal between them.
+        var writes = QueueEntryLifecycle.FileWrites()
+        let id = UUID()
+        let older = writes.writeStarted(id)
+        writes.removed(id)
+        let newer = writes.writeStarted(id)
+        #expect(writes.writeEnded(id, older) == true)
+        #expect(writes.writeEnded(id, newer) == false)
+        #expect(writes.isIdle)
+    }
+
+    @Test func aRemovalUndoneLeavesTheWritesInFlightStanding() {
+        // `remove(id:)` could not delete the file (a read-only folder): the entry is queued again,
+        // so a write in flight must keep its file.
+        var writes = QueueEntryLifecycle.FileWrites()
+        let id = UUID()
+        let ticket = writes.writeStarted(id)
+        writes.removed(id)
+        writes.removalUndone(id)
+        #expect(writes.writeEnded(id, ticket) == false)
+    }
+
+    @Test func aRemovalWithNoWriteInFlightLeavesNothingBehind() {
+        var writes = QueueEntryLifecycle.FileWrites()
+        let id = UUID()
+        writes.removed(id)
+        #expect(writes.isIdle)
+        let ticket = writes.writeStarted(id)  // stored again later: not undone by the old removal
+        #expect(writes.writeEnded(id, ticket) == false)
+    }
+
+    @Test func anotherEntrysRemovalDoesNotUndoAWrite() {
+        var writes = QueueEntryLifecycle.FileWrites()
+        let written = UUID()
+        let other = UUID()
+        let ticket = writes.writeStarted(written)
+        let otherTicket = writes.writeStarted(other)
+        writes.removed(other)
+        #expect(writes.writeEnded(written, ticket) == false)
+        #expect(writes.writeEnded(other, otherTicket) == true)
     }
 }

@@ -41,6 +41,8 @@ enum QueueAttemptOutcome: Sendable {
 /// that attempt ends); `sending` and `being replaced` are held here; `queued` is the store's
 /// index, which other code changes too (`DiskQueueStore.save`, `delete`, `cancel(id:)`), so an
 /// attempt that ends asks the store what became of its entry meanwhile and passes the answer in.
+/// The store follows the same lifecycle for its files: `FileWrites` (below) decides what a write
+/// that ends after its entry has gone does.
 struct QueueEntryLifecycle: Sendable {
     /// A stored entry's state beyond "queued".
     enum Phase: Equatable, Sendable {
@@ -161,6 +163,72 @@ struct QueueEntryLifecycle: Sendable {
             return .keep(updated, error: error, nextAttemptAt: next)
         case .offline, .stop:
             return superseded && stillQueued ? .supersede : .leave
+        }
+    }
+}
+
+extension QueueEntryLifecycle {
+    /// The store's side of an entry's life: its file is being written (an enqueue, a kept retry's
+    /// new attempt count, a coalescing edit in place) while the queue may take the entry out of the
+    /// index (delivered, failed, dead-lettered, expired, superseded, cancelled: "gone" above). The
+    /// removal wins: a write that ends after its entry was removed must delete the file it has just
+    /// written, or a delivered entry would come back at the next open. `DiskQueueStore` holds this
+    /// value under its lock and performs what it answers.
+    ///
+    ///     queued ──write starts──▶ writing (n writes) ──the last ends──▶ queued
+    ///                                │ removed
+    ///                                ▼
+    ///                  removed while writing ──a write that began before the removal ends──▶
+    ///                                            its file is deleted again
+    ///
+    /// A write that begins after the removal (the same id stored anew) is not undone by it: each
+    /// write keeps a ticket that says which removals it has seen.
+    struct FileWrites: Sendable {
+        /// Which removals a write had seen when it began.
+        struct Ticket: Sendable {
+            fileprivate let removalsSeen: UInt64
+        }
+
+        private struct Writing: Sendable {
+            var count: Int
+            /// The number of the last removal while writes were in flight.
+            var lastRemoval: UInt64?
+        }
+
+        private var writing: [UUID: Writing] = [:]
+        /// Counts removals of ids with writes in flight.
+        private var removals: UInt64 = 0
+
+        /// Whether no write is in flight (for tests: nothing is kept once the writes end).
+        var isIdle: Bool { writing.isEmpty }
+
+        /// A write of `id`'s file begins.
+        mutating func writeStarted(_ id: UUID) -> Ticket {
+            writing[id, default: Writing(count: 0)].count += 1
+            return Ticket(removalsSeen: removals)
+        }
+
+        /// `id` left the index. Matters only while a write of it is in flight.
+        mutating func removed(_ id: UUID) {
+            guard writing[id] != nil else { return }
+            removals += 1
+            writing[id]?.lastRemoval = removals
+        }
+
+        /// A removal of `id` did not happen after all (its file could not be deleted, so it is
+        /// queued again): the writes in flight stand.
+        mutating func removalUndone(_ id: UUID) {
+            writing[id]?.lastRemoval = nil
+        }
+
+        /// The write with `ticket` has ended (written or failed). True when `id` was removed after
+        /// it began: the file it wrote must be deleted.
+        mutating func writeEnded(_ id: UUID, _ ticket: Ticket) -> Bool {
+            guard var entry = writing[id] else { return false }
+            let removedMeanwhile = (entry.lastRemoval ?? 0) > ticket.removalsSeen
+            entry.count -= 1
+            writing[id] = entry.count == 0 ? nil : entry
+            return removedMeanwhile
         }
     }
 }

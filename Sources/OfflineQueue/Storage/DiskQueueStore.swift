@@ -87,11 +87,9 @@ public final class DiskQueueStore: Sendable {
         var index: QueueIndex
         var nextSequence: UInt64
         var reservedSlots = 0
-        var writesInFlight: [UUID: Int] = [:]
-        /// Counts removals of ids with writes in flight; `removedAt` holds each such id's last one,
-        /// so a write can tell whether its entry was removed after it began.
-        var removalTick: UInt64 = 0
-        var removedAt: [UUID: UInt64] = [:]
+        /// Writes of entries' files in flight against the entries' removal (the lifecycle's store
+        /// side: a removal wins over a write that began before it).
+        var writes = QueueEntryLifecycle.FileWrites()
         /// Makes every temp file name unique, so two writes of one id never collide.
         var writeCounter: UInt64 = 0
         /// The count last sent to `countSubscribers`.
@@ -522,7 +520,7 @@ public final class DiskQueueStore: Sendable {
             noteDeletion()
         } catch {
             state.withLock { state in
-                state.removedAt[id] = nil  // not removed after all: a write in flight stands
+                state.writes.removalUndone(id)  // not removed after all: a write in flight stands
                 if state.index[id] == nil {
                     state.index.upsert(removed)
                     publish(.stored(removed, replacing: nil), &state)
@@ -596,10 +594,7 @@ public final class DiskQueueStore: Sendable {
 
     private static func forget(_ id: UUID, in state: inout State) -> QueueEntry? {
         guard let removed = state.index.remove(id) else { return nil }
-        if state.writesInFlight[id] != nil {
-            state.removalTick += 1
-            state.removedAt[id] = state.removalTick
-        }
+        state.writes.removed(id)
         return removed
     }
 
@@ -646,11 +641,10 @@ public final class DiskQueueStore: Sendable {
         onlyIfQueued: Bool = false,
         andThen: @escaping @Sendable () throws -> Void = {}
     ) async throws -> Bool {
-        let started = state.withLock { state -> (tick: UInt64, counter: UInt64)? in
+        let started = state.withLock { state -> (ticket: QueueEntryLifecycle.FileWrites.Ticket, counter: UInt64)? in
             if onlyIfQueued, state.index[id] == nil { return nil }
-            state.writesInFlight[id, default: 0] += 1
             state.writeCounter += 1
-            return (state.removalTick, state.writeCounter)
+            return (state.writes.writeStarted(id), state.writeCounter)
         }
         guard let started else { return false }
         let path = filePath(id)
@@ -666,15 +660,7 @@ public final class DiskQueueStore: Sendable {
         } catch {
             failure = error
         }
-        let removedMeanwhile = state.withLock { state -> Bool in
-            let removed = (state.removedAt[id] ?? 0) > started.tick
-            state.writesInFlight[id, default: 1] -= 1
-            if state.writesInFlight[id] == 0 {
-                state.writesInFlight[id] = nil
-                state.removedAt[id] = nil
-            }
-            return removed
-        }
+        let removedMeanwhile = state.withLock { $0.writes.writeEnded(id, started.ticket) }
         if let failure { throw failure }
         if removedMeanwhile {
             try? DurableFiles.removeFile(path)
