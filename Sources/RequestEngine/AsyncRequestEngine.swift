@@ -51,42 +51,19 @@ public final class AsyncRequestEngine: RequestSending {
     /// What the engine does beyond sending, as it runs with it (out-of-range values taken at the
     /// nearest valid one).
     public let configuration: Configuration
-    /// Read by every send, so kept out of `configuration` (reading an optional existential
-    /// through a struct copies it).
-    private let sink: (any RequestEventSink)?
-    /// What every request's attempts are decided with (`RequestStateMachine`), the retry budget
-    /// included (every request records itself with it). Its retry policy, an existential, is read
-    /// through it only when an attempt fails.
-    private let rules: RequestStateMachine.Rules
+    /// What every call's attempts go through (the session, the watchdog, the host limiters, the
+    /// rules, the sinks), handed to each call: a call performs its attempts itself and never calls
+    /// back into the engine.
+    let parts: EngineParts
     private let sharedBreaker: CircuitBreaker?
     private let breakerRegistry: CircuitBreakerRegistry?
-    private let time: TimeSource
-    private let watchdog: DeadlineWatchdog
-
-    /// Shared calls in flight, by identity (deduplicated methods only). Locks, not actor state:
-    /// every deduplicated send joins or starts a call here, and an actor hop each way measurably
-    /// slowed the request path (Benchmarks/README.md).
-    private let inFlight = SingleFlightTable()
-    /// Where tests observe paths that have no other visible effect (see AsyncRequestEngine+Testing).
-    let testHooks = EngineTestHooks()
     /// `configuration.deduplicatedMethods` as a bit set, read by every send.
     private let deduplicated: HTTPMethodSet
-    /// Whether an event sink is set and whether a retry policy is, read by every send (testing an
-    /// optional existential copies it).
-    private let observed: Bool
+    /// Whether a retry policy is set, read by every send (testing an optional existential copies
+    /// it).
     private let retries: Bool
-    /// The per-host limiters, when `limits.concurrencyPerHost` is set.
-    private let hostLimiters: HostLimiters<ConcurrencyLimiter>?
-    /// The per-host token buckets, when `limits.ratePerHost` is set.
-    private let hostRates: HostLimiters<RateLimiter>?
-    /// The per-host adaptive limiters, when `configuration.limits.adaptiveConcurrencyPerHost` is set.
-    private let hostAdaptiveLimiters: HostLimiters<AdaptiveConcurrencyLimiter>?
     /// The per-host retry throttles, when `retry.throttling` is set.
     private let hostThrottles: HostLimiters<RetryThrottle>?
-    /// The event sink, when it also hears of hedges.
-    private let hedgeSink: (any HedgingEventSink)?
-    /// The event sink, when it also hears of throttled retries.
-    private let throttleSink: (any RetryThrottlingEventSink)?
     /// Whether a strategy works per host (breakers from a registry, host limits): the request's
     /// authority is then read off its URL once, as it is validated.
     private let perHost: Bool
@@ -111,44 +88,41 @@ public final class AsyncRequestEngine: RequestSending {
         let configuration = configuration.sanitized
         self.session = session
         self.configuration = configuration
-        self.sink = configuration.eventSink
+        let sink = configuration.eventSink
         switch configuration.circuitBreaker {
         case .none: (sharedBreaker, breakerRegistry) = (nil, nil)
         case .shared(let breaker): (sharedBreaker, breakerRegistry) = (breaker, nil)
         case .perHost(let registry): (sharedBreaker, breakerRegistry) = (nil, registry)
         }
         let limits = configuration.limits
-        self.hostLimiters = limits.concurrencyPerHost.map {
-            HostLimiters(maxConcurrent: $0, maxWaiting: limits.waitingPerHost)
-        }
         self.hostThrottles = configuration.retry.throttling.map { HostLimiters(throttling: $0) }
-        self.hedgeSink = sink as? any HedgingEventSink
-        self.throttleSink = sink as? any RetryThrottlingEventSink
         self.perHost =
             breakerRegistry != nil || limits.concurrencyPerHost != nil || limits.ratePerHost != nil
             || configuration.retry.throttling != nil || limits.adaptiveConcurrencyPerHost != nil
         let time = TimeSource(clock)
-        self.hostAdaptiveLimiters = limits.adaptiveConcurrencyPerHost.map { HostLimiters($0, clock: clock) }
-        self.hostRates = limits.ratePerHost.map { HostLimiters($0, time: time) }
         self.deduplicated = HTTPMethodSet(configuration.deduplicatedMethods)
-        self.observed = sink != nil
         self.retries = configuration.retry.policy != nil
         let retryAfterCap: Duration? =
             switch configuration.retry.retryAfter {
             case .ignored: nil
             case .honored(let atMost): atMost
             }
-        self.rules = RequestStateMachine.Rules(
+        let rules = RequestStateMachine.Rules(
             policy: configuration.retry.policy,
             budget: configuration.retry.budget,
             retryAfterCap: retryAfterCap,
             maximumDelay: configuration.retry.maximumDelay
         )
         self.sessionBoundsCalls = session.honorsTimeoutAndCancellation
-        self.time = time
-        self.watchdog = DeadlineWatchdog(time: time)
-        // Weak: the watchdog's sleeper may outlive the engine by a moment (deinit shuts it down).
-        watchdog.onExpiry { [weak self] call, attempt in self?.attemptTimedOut(call, attempt: attempt) }
+        self.parts = EngineParts(
+            session: session,
+            sink: sink,
+            rules: rules,
+            time: time,
+            hostLimiters: limits.concurrencyPerHost.map { HostLimiters(maxConcurrent: $0, maxWaiting: limits.waitingPerHost) },
+            hostRates: limits.ratePerHost.map { HostLimiters($0, time: time) },
+            hostAdaptiveLimiters: limits.adaptiveConcurrencyPerHost.map { HostLimiters($0, clock: clock) }
+        )
     }
 
     /// The engine SwiftResilience published: a session, a retry policy and an event sink, the
@@ -166,10 +140,6 @@ public final class AsyncRequestEngine: RequestSending {
         )
     }
 
-    deinit {
-        watchdog.shutdown()
-    }
-
     /// Sends `request` — with retries, deduplication, timeouts and events — and returns the final
     /// HTTP response whatever its status, so a caller can read headers such as `Retry-After` on a
     /// 503. `send(_:)` (from `RequestSending`) is this, with a final status outside 2xx thrown as
@@ -182,7 +152,7 @@ public final class AsyncRequestEngine: RequestSending {
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         let entry = enter(request)
         if entry.runsHere {
-            await run(entry.call)
+            await entry.call.run()
             return try entry.call.outcome.get()  // `.cancelled` when this caller left a shared call
         }
         if let joinedAs = entry.joinedAs {
@@ -195,7 +165,9 @@ public final class AsyncRequestEngine: RequestSending {
     /// `inFlight` and `waiting`: `nil` when `Limits.adaptiveConcurrencyPerHost` is off or no
     /// request has gone to that host yet.
     public func adaptiveConcurrencyLimiter(for url: URL) -> AdaptiveConcurrencyLimiter? {
-        guard let hostAdaptiveLimiters, let authority = CircuitBreakerRegistry.authority(of: url) else { return nil }
+        guard let hostAdaptiveLimiters = parts.hostAdaptiveLimiters, let authority = CircuitBreakerRegistry.authority(of: url) else {
+            return nil
+        }
         return hostAdaptiveLimiters.existing(forAuthority: authority)
     }
 
@@ -203,12 +175,12 @@ public final class AsyncRequestEngine: RequestSending {
     /// `CircuitBreakerRegistry.authority(of:)` writes it): empty when
     /// `Limits.adaptiveConcurrencyPerHost` is off. What a metrics exporter reads.
     public var adaptiveConcurrencyLimiters: [String: AdaptiveConcurrencyLimiter] {
-        hostAdaptiveLimiters?.all ?? [:]
+        parts.hostAdaptiveLimiters?.all ?? [:]
     }
 
     /// The number of distinct shared calls in flight now (deduplicated methods only); approximate
     /// while sends run concurrently.
-    public var inFlightCount: Int { inFlight.count }
+    public var inFlightCount: Int { parts.inFlight.count }
 
     // MARK: - Entering a request
 
@@ -227,20 +199,21 @@ public final class AsyncRequestEngine: RequestSending {
         let timeout = request.timeout
         let bodyLimit = request.maximumResponseBodySize
         let ownDeadline = request.deadline
-        let limiterPriority = hostAdaptiveLimiters == nil ? RequestPriority.interactive : request.requestPriority
+        let parts = self.parts
+        let limiterPriority = parts.hostAdaptiveLimiters == nil ? RequestPriority.interactive : request.requestPriority
         let deadline = ownDeadline ?? configuration.deadline
         // Read before any lock: the clock is the caller's (a test clock takes a lock of its own).
         let traceID = makeTraceID()
         // Read only for `succeeded`'s duration and the deadline.
-        let started = observed || deadline != nil ? time.now() : .zero
+        let started = parts.observed || deadline != nil ? parts.time.now() : .zero
         let priority = Task.currentPriority
         // Capped like timeouts, so no clock is asked to sleep past its range.
         let endsAt = deadline.map { started + min($0, .seconds(Int64.max / 2)) }
         guard deduplicated.contains(method) else {
             let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, key: nil)
-            let call = SharedCall(execution: execution)
+            let call = SharedCall(execution: execution, parts: parts)
             // Run by the caller (`response(for:)`) when nothing needs a task of its own.
-            if !execution.inCallersTask { call.start { Task { await self.run(call) } } }
+            if !execution.inCallersTask { call.start { Task { await call.run() } } }
             return (call, call.firstTicket, nil, execution.inCallersTask)
         }
         // Requests with different body limits never share a call: one could fail where the other must not.
@@ -250,22 +223,25 @@ public final class AsyncRequestEngine: RequestSending {
             maximumBodySize: bodyLimit ?? configuration.maximumResponseBodySize,
             deadline: ownDeadline
         )
-        let (call, waiter, joined) = inFlight.joinOrStart(key) {
-            SharedCall(execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, key: key))
+        let (call, waiter, joined) = parts.inFlight.joinOrStart(key) {
+            SharedCall(
+                execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, key: key),
+                parts: parts
+            )
         }
         guard joined else {
             // The caller that starts a call runs it when nothing needs a task of its own: should it
             // be cancelled while others wait, the rest moves to a task then (`callerCancelled`).
-            if !call.execution.inCallersTask { call.start { Task { await self.run(call) } } }
+            if !call.execution.inCallersTask { call.start { Task { await call.run() } } }
             return (call, waiter, nil, call.execution.inCallersTask)
         }
-        return (call, waiter, observed ? (traceID, url) : nil, false)
+        return (call, waiter, parts.observed ? (traceID, url) : nil, false)
     }
 
     /// A fresh trace id when events are observed; without a sink none is needed (`UUID()` reads
     /// /dev/urandom on Linux: three system calls per request for nothing).
     private func makeTraceID() -> UUID {
-        observed ? UUID() : Self.unobservedTraceID
+        parts.observed ? UUID() : Self.unobservedTraceID
     }
 
     /// Methods hedged without an `Idempotency-Key`: those that only read.
@@ -292,7 +268,7 @@ public final class AsyncRequestEngine: RequestSending {
         let urlRequest: URLRequest
         var invalid: NetworkError?
         var authority: String? = perHost ? "" : nil  // non-nil asks the builder for it
-        let limitsHosts = hostLimiters != nil || hostRates != nil || hostAdaptiveLimiters != nil
+        let limitsHosts = parts.hostLimiters != nil || parts.hostRates != nil || parts.hostAdaptiveLimiters != nil
         let hedging = configuration.hedging.flatMap { policy in
             policy.maxAttempts > 1 && (Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
                 ? policy : nil
@@ -336,404 +312,81 @@ public final class AsyncRequestEngine: RequestSending {
         )
     }
 
-    // MARK: - One logical request: attempts, retries, events
-
-    /// The whole logical request, in the call's task (or its caller's): attempts and retries.
-    func run(_ call: SharedCall) async {
-        if observed { await emitStarted(call) }
-        if let invalid = call.execution.invalid {
-            return await end(call, invalid, attempt: 0)
-        }
-        rules.budget?.recordRequest()
-        await attempts(call, from: 0, afterTimeout: nil)
-    }
-
-    /// The task running `call` was cancelled at attempt `attempt` (before it, during it, or in the
-    /// backoff after it). For a call run in its caller's task, that is the caller leaving: when
-    /// others still wait on the call (a shared read they joined), the request carries on in a task
-    /// of its own — from `resumingAt` (by default `attempt` again: the cancelled attempt is sent
-    /// anew), not before `notBefore` on the engine's clock (what was left of a backoff) — and this
-    /// caller leaves with `.cancelled` (`response(for:)` reads it). Otherwise, and always for a
-    /// call in a task of its own (cancelled only when its last waiter left), the request ends as
-    /// cancelled.
-    private func callerCancelled(_ call: SharedCall, attempt: Int, resumingAt: Int? = nil, notBefore: Duration? = nil) async {
-        if call.execution.inCallersTask, call.execution.key != nil {
-            let next = resumingAt ?? attempt
-            let handed = call.handOver(priority: call.execution.priority) {
-                if let notBefore {
-                    let left = notBefore - self.time.now()
-                    if left > .zero, (try? await self.time.sleep(left)) == nil {
-                        return await self.end(call, .cancelled, attempt: attempt)  // every waiter left meanwhile
-                    }
-                }
-                await self.attempts(call, from: next, afterTimeout: nil)
-            }
-            if handed { return }
-        }
-        await end(call, .cancelled, attempt: attempt)
-    }
-
-    /// Attempt `attempt` of `call` timed out (the watchdog's deadline passed): unless its response
-    /// came first, the rest of the request moves to a new task at the caller's priority.
-    func attemptTimedOut(_ call: SharedCall, attempt: Int) {
-        call.timeOut(attempt: attempt, priority: call.execution.priority) { expired in
-            await self.attempts(call, from: attempt, afterTimeout: expired)
-        }
-    }
-
-    /// Runs attempts from `first` until the request succeeds, fails for good, or a timeout hands the
-    /// rest to a new task. With `afterTimeout`, attempt `first` has already timed out and this is
-    /// the task the watchdog started to carry on. The decisions are `RequestStateMachine`'s; this
-    /// loop performs its actions.
-    ///
-    /// Every event is built in an out-of-line helper: an async frame holds every value kept across
-    /// an `await`, so keeping those few keeps this frame small (figures in Benchmarks/README.md)
-    /// and the task needs fewer allocator slabs.
-    private func attempts(
-        _ call: SharedCall,
-        from first: Int,
-        afterTimeout: TimedOutAttempt?
-    ) async {
-        let time = self.time
-        var machine: RequestStateMachine
-        var action: RequestStateMachine.Action
-        if let expired = afterTimeout {
-            machine = RequestStateMachine(cutAttempt: first)
-            action = machine.attemptCut(expired, cancelled: Task.isCancelled, request: call.execution, rules: rules, now: time.now)
-        } else {
-            machine = RequestStateMachine(attempt: first)
-            action = machine.startAttempt(
-                cancelled: Task.isCancelled, deadline: call.execution.deadline, now: time.now, breaker: call.execution.breaker)
-        }
-        while true {
-            switch consume action {
-            case .send(let attempt, let permit):
-                guard let result = await perform(call, attempt: attempt, permit: permit) else {
-                    return  // timed out: the watchdog's task carries on
-                }
-                action = machine.attemptEnded(
-                    result, permit: permit, cancelled: Task.isCancelled, request: call.execution, rules: rules, now: time.now)
-            case .backOff(let delay, let attempt, let until):
-                if observed { await emitRetryScheduled(call, attempt: attempt, delay: delay) }
-                do {
-                    // From the decision, not from the event: a slow sink does not lengthen it.
-                    let left = delay > .zero ? until - time.now() : .zero
-                    if left > .zero { try await time.sleep(left) }
-                    machine.backoffEnded()
-                    action = machine.startAttempt(
-                        cancelled: Task.isCancelled, deadline: call.execution.deadline, now: time.now, breaker: call.execution.breaker)
-                } catch {
-                    action = machine.backoffInterrupted()
-                }
-            case .succeed(let response, let attempt):
-                if observed { await emitSucceeded(call, status: response.1.statusCode, attempt: attempt) }
-                return finish(call, .success(response))
-            case .fail(let error, let response, let attempt, let throttled):
-                if throttled, let throttleSink { await emitRetryThrottled(call, attempt: attempt, sink: throttleSink) }
-                return await end(call, error, attempt: attempt, response: response)
-            case .leave(let attempt, let resumingAt, let notBefore):
-                return await callerCancelled(call, attempt: attempt, resumingAt: resumingAt, notBefore: notBefore)
-            }
-        }
-    }
-
-    /// One attempt, in the call's task, bounded by the request's timeout — or by what is left of
-    /// its total deadline, when that is sooner — on the engine's clock. Returns `nil` when that
-    /// limit came first: the watchdog has then moved the rest of the request (the timed-out
-    /// result, retries) to a new task and cancelled this one (at once, or as soon as `start` has
-    /// recorded it), so neither a retry nor the waiters wait for the transport to wind down
-    /// (libcurl-based URLSession can take seconds to acknowledge a cancel under load). Non-HTTP
-    /// responses become `invalidResponse`.
-    ///
-    /// What is decided before and after the transport call is in synchronous helpers (`arm`,
-    /// `disarm`): an async function's frame holds every value it keeps across an `await`, and the
-    /// attempt's frames must fit the task's first allocator slab, or every request pays a `malloc`
-    /// and a `free` for another (Benchmarks/README.md, "Cost of the strategies"). Inlined into
-    /// `attempts`, as is `call(_:on:)` into it: each async function called on its own costs a
-    /// frame, a hop check on the executor and a return per request (about 500 instructions).
-    @inline(__always)
-    private func perform(
-        _ call: SharedCall,
-        attempt: Int,
-        permit: CircuitBreaker.Permit?
-    ) async -> Result<(Data, HTTPURLResponse), NetworkError>? {
-        if call.execution.inCallersTask { return await sessionTimedAttempt(call) }
-        let registration = arm(call, attempt: attempt, permit: permit)
-        // Without hedging or host limits — or with a free place in the adaptive limit, when that
-        // is the only one — the session is called straight from here: each async layer between
-        // costs a frame on every request.
-        let result: Result<(Data, HTTPURLResponse), NetworkError>
-        if call.execution.isDirect {
-            result = await Self.call(call, on: session)
-        } else if let (adaptive, permit) = freeAdaptivePlace(call) {
-            call.markSent(attempt: attempt)
-            result = await Self.call(call, on: session)
-            Self.release(permit, of: adaptive, after: result, call, attempt: attempt)
-        } else {
-            result = await send(call, attempt: attempt)
-        }
-        guard let registration else { return result }
-        return disarm(call, attempt: attempt, registration) ? result : nil
-    }
-
-    /// An attempt of a request run in its caller's task: the session bounds it by the request's
-    /// timeout — or by what is left of its total deadline, when that is sooner, and then its
-    /// timeout is `deadlineExceeded` — and ends it when the caller is cancelled. No watchdog.
-    private func sessionTimedAttempt(_ call: SharedCall) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        guard let deadline = call.execution.deadline else { return await Self.call(call, on: session) }
-        let left = deadline - time.now()
-        if let timeout = call.execution.timeout, timeout < left { return await Self.call(call, on: session) }
-        var urlRequest = call.execution.urlRequest
-        // At least a millisecond: a session may read a zero or negative interval as no limit.
-        urlRequest.timeoutInterval = max(left.seconds, 0.001)
-        let result = await Self.call(urlRequest, maximumBodySize: call.execution.maximumBodySize, on: session)
-        if case .failure(.timedOut) = result { return .failure(.deadlineExceeded) }
-        return result
-    }
-
-    /// A free place in the host's adaptive limit, when that limit is the only thing between the
-    /// attempt and the session (no hedging, no rate or fixed limit); `nil` otherwise, and when
-    /// the limit is full (then `sendOnce` waits in its line).
-    @inline(__always)
-    private func freeAdaptivePlace(_ call: SharedCall) -> (AdaptiveConcurrencyLimiter, AdaptiveConcurrencyLimiter.Permit)? {
-        guard call.execution.hedging == nil, hostRates == nil, hostLimiters == nil,
-            let hostAdaptiveLimiters, let authority = call.execution.authority
-        else { return nil }
-        let adaptive = hostAdaptiveLimiters.limiter(forAuthority: authority)
-        guard let permit = adaptive.tryAcquire(priority: call.execution.limiterPriority) else { return nil }
-        return (adaptive, permit)
-    }
-
-    /// Opens `attempt` and schedules its limit with the watchdog: the request's timeout, or what
-    /// is left of its total deadline when that is sooner. `nil` when the attempt has no limit.
-    @inline(never)
-    private func arm(_ call: SharedCall, attempt: Int, permit: CircuitBreaker.Permit?) -> DeadlineWatchdog.Registration? {
-        var limit = call.execution.timeout
-        var endsAtDeadline = false
-        if let deadline = call.execution.deadline {
-            let left = deadline - time.now()
-            if limit.map({ left <= $0 }) ?? true {
-                limit = left
-                endsAtDeadline = true
-            }
-        }
-        guard let limit else { return nil }
-        // An attempt that must wait for a host's limits is not on the wire until it has its
-        // permits: if its limit passes before, the breaker does not count it.
-        call.open(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline, sent: call.execution.authority == nil)
-        return watchdog.schedule(call, attempt: attempt, after: limit)
-    }
-
-    /// Cancels the attempt's limit and claims its response: false when the limit came first (the
-    /// watchdog's task carries on and this one stops).
-    @inline(never)
-    private func disarm(_ call: SharedCall, attempt: Int, _ registration: DeadlineWatchdog.Registration) -> Bool {
-        watchdog.cancel(registration)
-        guard call.claim(attempt: attempt) else {
-            testHooks.lateAnswerDropped()
-            return false
-        }
-        return true
-    }
-
-    /// Sends the attempt: hedged when the request may be, else once.
-    private func send(_ call: SharedCall, attempt: Int) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        let execution = call.execution
-        guard let hedging = execution.hedging else {
-            return await sendOnce(call, attempt: attempt)
-        }
-        return await hedge(call, attempt: attempt, policy: hedging)
-    }
-
-    @inline(never)
-    private func hedge(
-        _ call: SharedCall,
-        attempt: Int,
-        policy: HedgingPolicy
-    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        let execution = call.execution
-        let budget = rules.budget
-        var onHedge: (@Sendable (Int, TimeInterval) async -> Void)?
-        if let sink = hedgeSink {
-            let traceID = execution.traceID
-            onHedge = { @Sendable copy, after in
-                await sink.recordHedge(HedgeEvent(traceID: traceID, attempt: attempt, copy: copy, after: after))
-            }
-        }
-        let throttle = execution.throttle
-        let race = HedgeRace(
-            policy: policy,
-            time: time,
-            send: { copy in await self.sendOnce(call, attempt: attempt, hedge: copy > 0) },
-            mayHedge: { (throttle?.allowsRetry ?? true) && (budget?.tryWithdraw() ?? true) },
-            onHedge: onHedge
-        )
-        return await race.run()
-    }
-
-    /// One copy of an attempt: through the host's rate limit and concurrency limit when there
-    /// are any (a token first: tokens measure starts), then the session. The host's limiters are
-    /// looked up for each copy, so a limiter dropped from the table while idle is never used again.
-    private func sendOnce(_ call: SharedCall, attempt: Int, hedge: Bool = false) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        guard let authority = call.execution.authority else {
-            return await Self.call(call, on: session)
-        }
-        let rate = hostRates?.limiter(forAuthority: authority)
-        let limiter = hostLimiters?.limiter(forAuthority: authority)
-        let adaptive = hostAdaptiveLimiters?.limiter(forAuthority: authority)
-        let session = session
-        // Each copy takes a rate token, then its adaptive place, then its fixed place: a copy
-        // waiting in the adaptive line (a background one, say) holds no fixed place an
-        // interactive copy could use.
-        do {
-            if rate == nil, limiter == nil, let adaptive {
-                // The adaptive limit alone (its usual use): no closures on the path.
-                let permit = try await adaptivePlace(adaptive, call, hedge: hedge)
-                call.markSent(attempt: attempt)
-                let result = await Self.call(call, on: session)
-                Self.release(permit, of: adaptive, after: result, call, attempt: attempt)
-                return result
-            }
-            let onTheWire = { @Sendable () async -> Result<(Data, HTTPURLResponse), NetworkError> in
-                call.markSent(attempt: attempt)
-                return await Self.call(call, on: session)
-            }
-            if adaptive == nil {  // the fixed limits only: as few closures as they need
-                switch (rate, limiter) {
-                case (nil, nil): return await onTheWire()
-                case (nil, let limiter?): return try await limiter.withPermit { await onTheWire() }
-                case (let rate?, nil): return try await rate.withPermit { await onTheWire() }
-                case (let rate?, let limiter?): return try await rate.withPermit { try await limiter.withPermit { await onTheWire() } }
-                }
-            }
-            let placed = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
-                guard let limiter else { return await onTheWire() }
-                return try await limiter.withPermit { await onTheWire() }
-            }
-            let limited = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
-                guard let adaptive else { return try await placed() }
-                let permit = try await self.adaptivePlace(adaptive, call, hedge: hedge)
-                let result: Result<(Data, HTTPURLResponse), NetworkError>
-                do {
-                    result = try await placed()
-                } catch {
-                    adaptive.release(permit, outcome: .ignored)  // refused or cancelled by the fixed limit
-                    throw error
-                }
-                Self.release(permit, of: adaptive, after: result, call, attempt: attempt)
-                return result
-            }
-            guard let rate else { return try await limited() }
-            return try await rate.withPermit { try await limited() }
-        } catch let rejection as LimiterRejection {
-            return .failure(.limited(rejection))
-        } catch {
-            return .failure(.cancelled)  // cancelled while waiting for a place
-        }
-    }
-
-    /// A place in the host's adaptive limit for a copy: a hedge takes the background share (it is
-    /// extra load, sent only in case), any other copy its request's. A free place is taken
-    /// without a suspension point; only a full limiter is waited on. Inlined: as a call of its
-    /// own, an async function costs a frame allocation per request even when nothing waits.
-    @inline(__always)
-    private func adaptivePlace(_ adaptive: AdaptiveConcurrencyLimiter, _ call: SharedCall, hedge: Bool) async throws -> AdaptiveConcurrencyLimiter.Permit {
-        let priority = hedge ? RequestPriority.background : call.execution.limiterPriority
-        if let free = adaptive.tryAcquire(priority: priority) { return free }
-        return try await adaptive.acquire(priority: priority)
-    }
-
-    /// Gives a copy's adaptive place back with what its result says of the host. Whether the
-    /// attempt timed out is asked (a lock) only of a cancelled copy.
-    private static func release(
-        _ permit: AdaptiveConcurrencyLimiter.Permit,
-        of adaptive: AdaptiveConcurrencyLimiter,
-        after result: Result<(Data, HTTPURLResponse), NetworkError>,
-        _ call: SharedCall,
-        attempt: Int
-    ) {
-        let timedOut = if case .failure(.cancelled) = result { call.timedOut(attempt: attempt) } else { false }
-        adaptive.release(permit, outcome: RequestStateMachine.limiterOutcome(of: result, timedOut: timedOut))
-    }
-
-    /// The transport call. Takes the call, not its `Execution`: a struct of that size passed by
-    /// value is copied into the caller's frame.
-    @inline(__always)
-    private static func call(
-        _ call: SharedCall,
-        on session: any NetworkSession
-    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        await Self.call(call.execution.urlRequest, maximumBodySize: call.execution.maximumBodySize, on: session)
-    }
-
-    @inline(__always)
-    private static func call(
-        _ urlRequest: URLRequest,
-        maximumBodySize: Int?,
-        on session: any NetworkSession
-    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        do {
-            let (data, response) = try await session.data(for: urlRequest, maximumBodySize: maximumBodySize)
-            guard let http = response as? HTTPURLResponse else { return .failure(.invalidResponse) }
-            return .success((data, http))
-        } catch {
-            // A session may report our cancellation as some other error; the caller asked to stop.
-            if Task.isCancelled { return .failure(.cancelled) }
-            return .failure(NetworkError(mapping: error))
-        }
-    }
-
-    // MARK: - Ending a request
-
-    /// Unregisters a finished call from the single-flight table and answers its waiters.
-    private func finish(
-        _ call: SharedCall,
-        _ outcome: Result<(Data, HTTPURLResponse), NetworkError>
-    ) {
-        // Unregister before answering, so a send after completion starts a fresh call.
-        inFlight.remove(call)
-        call.complete(outcome)
-    }
-
-    /// Ends a request without success: emits `failed`, then answers the waiters with the final
-    /// non-2xx response when there is one (`send` turns it into `httpError`), else with `error`.
-    @inline(never)
-    private func end(
-        _ call: SharedCall,
-        _ error: NetworkError,
-        attempt: Int,
-        response: (Data, HTTPURLResponse)? = nil
-    ) async {
-        if let sink {
-            await sink.record(.failed(traceID: call.execution.traceID, error: error, attempt: attempt))
-        }
-        finish(call, response.map { .success($0) } ?? .failure(error))
-    }
-
-    // MARK: - Events (out of line: only an observed engine pays for building them)
-
-    @inline(never)
-    private func emitStarted(_ call: SharedCall) async {
-        await sink?.record(.started(traceID: call.execution.traceID, url: call.execution.url, method: call.execution.method))
-    }
+    // MARK: - Events
 
     @inline(never)
     private func emitDeduplicated(_ traceID: UUID, url: URL, method: HTTPMethod) async {
-        await sink?.record(.deduplicated(traceID: traceID, url: url, method: method))
+        await parts.sink?.record(.deduplicated(traceID: traceID, url: url, method: method))
     }
 
-    @inline(never)
-    private func emitSucceeded(_ call: SharedCall, status: Int, attempt: Int) async {
-        let duration = (time.now() - call.execution.started).seconds
-        await sink?.record(.succeeded(traceID: call.execution.traceID, statusCode: status, duration: duration, attempt: attempt))
+    /// Where tests observe paths that have no other visible effect (see AsyncRequestEngine+Testing).
+    var testHooks: EngineTestHooks { parts.testHooks }
+}
+
+/// What every call's attempts go through, made once by the engine and held by each of its calls
+/// (`SharedCall`, which performs its attempts with them): the session, the watchdog, the host
+/// limiters, the rules and the event sinks. Nothing here refers back to the engine.
+final class EngineParts: Sendable {
+    /// The transport every attempt goes through.
+    let session: any NetworkSession
+    /// Read by every send, so kept out of `configuration` (reading an optional existential
+    /// through a struct copies it).
+    let sink: (any RequestEventSink)?
+    /// Whether an event sink is set, read by every send (testing an optional existential copies
+    /// it).
+    let observed: Bool
+    /// The event sink, when it also hears of hedges.
+    let hedgeSink: (any HedgingEventSink)?
+    /// The event sink, when it also hears of throttled retries.
+    let throttleSink: (any RetryThrottlingEventSink)?
+    /// What every request's attempts are decided with (`RequestStateMachine`), the retry budget
+    /// included (every request records itself with it). Its retry policy, an existential, is read
+    /// through it only when an attempt fails.
+    let rules: RequestStateMachine.Rules
+    let time: TimeSource
+    /// Times attempts out: tells the call (`SharedCall.attemptExpired`) when an attempt's limit
+    /// passes.
+    let watchdog: DeadlineWatchdog
+    /// Shared calls in flight, by identity (deduplicated methods only). Locks, not actor state:
+    /// every deduplicated send joins or starts a call here, and an actor hop each way measurably
+    /// slowed the request path (Benchmarks/README.md).
+    let inFlight = SingleFlightTable()
+    /// The per-host limiters, when `limits.concurrencyPerHost` is set.
+    let hostLimiters: HostLimiters<ConcurrencyLimiter>?
+    /// The per-host token buckets, when `limits.ratePerHost` is set.
+    let hostRates: HostLimiters<RateLimiter>?
+    /// The per-host adaptive limiters, when `limits.adaptiveConcurrencyPerHost` is set.
+    let hostAdaptiveLimiters: HostLimiters<AdaptiveConcurrencyLimiter>?
+    /// Where tests observe paths that have no other visible effect (see AsyncRequestEngine+Testing).
+    let testHooks = EngineTestHooks()
+
+    init(
+        session: any NetworkSession,
+        sink: (any RequestEventSink)?,
+        rules: RequestStateMachine.Rules,
+        time: TimeSource,
+        hostLimiters: HostLimiters<ConcurrencyLimiter>?,
+        hostRates: HostLimiters<RateLimiter>?,
+        hostAdaptiveLimiters: HostLimiters<AdaptiveConcurrencyLimiter>?
+    ) {
+        self.session = session
+        self.sink = sink
+        self.observed = sink != nil
+        self.hedgeSink = sink as? any HedgingEventSink
+        self.throttleSink = sink as? any RetryThrottlingEventSink
+        self.rules = rules
+        self.time = time
+        self.watchdog = DeadlineWatchdog(time: time)
+        self.hostLimiters = hostLimiters
+        self.hostRates = hostRates
+        self.hostAdaptiveLimiters = hostAdaptiveLimiters
+        // The watchdog's event goes to the call whose attempt it timed; the call carries on.
+        watchdog.onExpiry { call, attempt in call.attemptExpired(attempt) }
     }
 
-    @inline(never)
-    private func emitRetryThrottled(_ call: SharedCall, attempt: Int, sink: any RetryThrottlingEventSink) async {
-        await sink.recordRetryThrottled(RetryThrottledEvent(traceID: call.execution.traceID, url: call.execution.url, attempt: attempt))
-    }
-
-    private func emitRetryScheduled(_ call: SharedCall, attempt: Int, delay: Duration) async {
-        await sink?.record(.retryScheduled(traceID: call.execution.traceID, attempt: attempt, delay: delay.seconds))
+    deinit {
+        // Held by the engine and by each call in flight: the last of them gone, no attempt is
+        // left to time out.
+        watchdog.shutdown()
     }
 }

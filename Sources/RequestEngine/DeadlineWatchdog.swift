@@ -39,7 +39,8 @@ final class DeadlineWatchdog: Sendable {
         var sleeper: Task<Void, Never>?
         var sleeperDeadline: Duration?
         var isShutDown = false
-        /// Told of each passed deadline (the engine's `attemptTimedOut`); set once after init.
+        /// Told of each passed deadline (`SharedCall.attemptExpired`, the event to the call whose
+        /// attempt it was); set once after init.
         var onExpiry: (@Sendable (SharedCall, Int) -> Void)?
     }
 

@@ -28,8 +28,10 @@ import Synchronization
 /// rest to a task of its own, as a timeout does.
 ///
 /// The rules live in `SharedCallStateMachine` (SharedCall+StateMachine.swift); this class holds it
-/// behind its lock and performs what it returns — and the call never calls back into the engine:
-/// the engine hands it the task to run and the successor to start. Races this guards against:
+/// behind its lock and performs what it returns. The call also runs its own attempts (the
+/// extension below performs `RequestStateMachine`'s actions) with its engine's parts
+/// (`EngineParts`): the watchdog and the hedges send it events, and it never calls back into the
+/// engine. Races this guards against:
 /// - a waiter cancelled before its continuation is installed (cancellation handler runs first):
 ///   its ticket in the `WaiterList` is handed `.cancelled`, which it takes as it installs;
 /// - the caller running the call in its own task cancelled as another joins or leaves: under the
@@ -56,6 +58,8 @@ final class SharedCall: Sendable {
 
     /// What every attempt needs, fixed before the task starts.
     let execution: Execution
+    /// What the attempts go through: the engine's session, watchdog, limiters, rules and sinks.
+    let parts: EngineParts
 
     #if canImport(os)
     private let state: Locked<SharedCallStateMachine>
@@ -66,8 +70,9 @@ final class SharedCall: Sendable {
     /// The ticket of the waiter registered with the call (the caller that starts it).
     let firstTicket: Ticket
 
-    init(execution: Execution) {
+    init(execution: Execution, parts: EngineParts) {
         self.execution = execution
+        self.parts = parts
         let machine = SharedCallStateMachine()
         firstTicket = machine.firstTicket
         #if canImport(os)
@@ -181,6 +186,410 @@ final class SharedCall: Sendable {
     func complete(_ outcome: Outcome) {
         guard let waiting = state.withLock({ $0.complete(outcome) }) else { return }
         for waiter in waiting { waiter.resume(returning: outcome) }
+    }
+}
+
+// MARK: - The attempts: the call performs `RequestStateMachine`'s actions
+
+/// The call runs its own attempts, with its engine's parts (`EngineParts`): the watchdog's expiry
+/// (`attemptExpired`) and the hedges' copies (`HedgeRace` calling `sendOnce`) are events to the
+/// call, and nothing here calls back into the engine.
+extension SharedCall {
+    @inline(__always) private var session: any NetworkSession { parts.session }
+    @inline(__always) private var sink: (any RequestEventSink)? { parts.sink }
+    @inline(__always) private var observed: Bool { parts.observed }
+    @inline(__always) private var rules: RequestStateMachine.Rules { parts.rules }
+    @inline(__always) private var time: TimeSource { parts.time }
+    @inline(__always) private var watchdog: DeadlineWatchdog { parts.watchdog }
+    @inline(__always) private var hostLimiters: HostLimiters<ConcurrencyLimiter>? { parts.hostLimiters }
+    @inline(__always) private var hostRates: HostLimiters<RateLimiter>? { parts.hostRates }
+    @inline(__always) private var hostAdaptiveLimiters: HostLimiters<AdaptiveConcurrencyLimiter>? { parts.hostAdaptiveLimiters }
+    @inline(__always) private var hedgeSink: (any HedgingEventSink)? { parts.hedgeSink }
+    @inline(__always) private var throttleSink: (any RetryThrottlingEventSink)? { parts.throttleSink }
+
+    /// The whole logical request, in the call's task (or its caller's): attempts and retries.
+    func run() async {
+        if observed { await emitStarted() }
+        if let invalid = execution.invalid {
+            return await end(invalid, attempt: 0)
+        }
+        rules.budget?.recordRequest()
+        await attempts(from: 0, afterTimeout: nil)
+    }
+
+    /// The task running the call was cancelled at attempt `attempt` (before it, during it, or in the
+    /// backoff after it). For a call run in its caller's task, that is the caller leaving: when
+    /// others still wait on the call (a shared read they joined), the request carries on in a task
+    /// of its own — from `resumingAt` (by default `attempt` again: the cancelled attempt is sent
+    /// anew), not before `notBefore` on the engine's clock (what was left of a backoff) — and this
+    /// caller leaves with `.cancelled` (`response(for:)` reads it). Otherwise, and always for a
+    /// call in a task of its own (cancelled only when its last waiter left), the request ends as
+    /// cancelled.
+    private func callerCancelled(attempt: Int, resumingAt: Int? = nil, notBefore: Duration? = nil) async {
+        if execution.inCallersTask, execution.key != nil {
+            let next = resumingAt ?? attempt
+            let handed = handOver(priority: execution.priority) {
+                if let notBefore {
+                    let left = notBefore - self.time.now()
+                    if left > .zero, (try? await self.time.sleep(left)) == nil {
+                        return await self.end(.cancelled, attempt: attempt)  // every waiter left meanwhile
+                    }
+                }
+                await self.attempts(from: next, afterTimeout: nil)
+            }
+            if handed { return }
+        }
+        await end(.cancelled, attempt: attempt)
+    }
+
+    /// The watchdog's event: attempt `attempt`'s limit passed. Unless its response came first, the
+    /// rest of the request moves to a new task at the caller's priority (`timeOut`).
+    func attemptExpired(_ attempt: Int) {
+        timeOut(attempt: attempt, priority: execution.priority) { expired in
+            await self.attempts(from: attempt, afterTimeout: expired)
+        }
+    }
+
+    /// Runs attempts from `first` until the request succeeds, fails for good, or a timeout hands the
+    /// rest to a new task. With `afterTimeout`, attempt `first` has already timed out and this is
+    /// the task the watchdog started to carry on. The decisions are `RequestStateMachine`'s; this
+    /// loop performs its actions.
+    ///
+    /// Every event is built in an out-of-line helper: an async frame holds every value kept across
+    /// an `await`, so keeping those few keeps this frame small (figures in Benchmarks/README.md)
+    /// and the task needs fewer allocator slabs.
+    private func attempts(
+        from first: Int,
+        afterTimeout: TimedOutAttempt?
+    ) async {
+        let time = self.time
+        var machine: RequestStateMachine
+        var action: RequestStateMachine.Action
+        if let expired = afterTimeout {
+            machine = RequestStateMachine(cutAttempt: first)
+            action = machine.attemptCut(expired, cancelled: Task.isCancelled, request: execution, rules: rules, now: time.now)
+        } else {
+            machine = RequestStateMachine(attempt: first)
+            action = machine.startAttempt(
+                cancelled: Task.isCancelled, deadline: execution.deadline, now: time.now, breaker: execution.breaker)
+        }
+        while true {
+            switch consume action {
+            case .send(let attempt, let permit):
+                guard let result = await perform(attempt: attempt, permit: permit) else {
+                    return  // timed out: the watchdog's task carries on
+                }
+                action = machine.attemptEnded(
+                    result, permit: permit, cancelled: Task.isCancelled, request: execution, rules: rules, now: time.now)
+            case .backOff(let delay, let attempt, let until):
+                if observed { await emitRetryScheduled(attempt: attempt, delay: delay) }
+                do {
+                    // From the decision, not from the event: a slow sink does not lengthen it.
+                    let left = delay > .zero ? until - time.now() : .zero
+                    if left > .zero { try await time.sleep(left) }
+                    machine.backoffEnded()
+                    action = machine.startAttempt(
+                        cancelled: Task.isCancelled, deadline: execution.deadline, now: time.now, breaker: execution.breaker)
+                } catch {
+                    action = machine.backoffInterrupted()
+                }
+            case .succeed(let response, let attempt):
+                if observed { await emitSucceeded(status: response.1.statusCode, attempt: attempt) }
+                return finish(.success(response))
+            case .fail(let error, let response, let attempt, let throttled):
+                if throttled, let throttleSink { await emitRetryThrottled(attempt: attempt, sink: throttleSink) }
+                return await end(error, attempt: attempt, response: response)
+            case .leave(let attempt, let resumingAt, let notBefore):
+                return await callerCancelled(attempt: attempt, resumingAt: resumingAt, notBefore: notBefore)
+            }
+        }
+    }
+
+    /// One attempt, in the call's task, bounded by the request's timeout — or by what is left of
+    /// its total deadline, when that is sooner — on the engine's clock. Returns `nil` when that
+    /// limit came first: the watchdog has then moved the rest of the request (the timed-out
+    /// result, retries) to a new task and cancelled this one (at once, or as soon as `start` has
+    /// recorded it), so neither a retry nor the waiters wait for the transport to wind down
+    /// (libcurl-based URLSession can take seconds to acknowledge a cancel under load). Non-HTTP
+    /// responses become `invalidResponse`.
+    ///
+    /// What is decided before and after the transport call is in synchronous helpers (`arm`,
+    /// `disarm`): an async function's frame holds every value it keeps across an `await`, and the
+    /// attempt's frames must fit the task's first allocator slab, or every request pays a `malloc`
+    /// and a `free` for another (Benchmarks/README.md, "Cost of the strategies"). Inlined into
+    /// `attempts`, as is `transfer(on:)` into it: each async function called on its own costs a
+    /// frame, a hop check on the executor and a return per request (about 500 instructions).
+    @inline(__always)
+    private func perform(
+        attempt: Int,
+        permit: CircuitBreaker.Permit?
+    ) async -> Result<(Data, HTTPURLResponse), NetworkError>? {
+        if execution.inCallersTask { return await sessionTimedAttempt() }
+        let registration = arm(attempt: attempt, permit: permit)
+        // Without hedging or host limits — or with a free place in the adaptive limit, when that
+        // is the only one — the session is called straight from here: each async layer between
+        // costs a frame on every request.
+        let result: Result<(Data, HTTPURLResponse), NetworkError>
+        if execution.isDirect {
+            result = await transfer(on: session)
+        } else if let (adaptive, permit) = freeAdaptivePlace() {
+            markSent(attempt: attempt)
+            result = await transfer(on: session)
+            release(permit, of: adaptive, after: result, attempt: attempt)
+        } else {
+            result = await send(attempt: attempt)
+        }
+        guard let registration else { return result }
+        return disarm(attempt: attempt, registration) ? result : nil
+    }
+
+    /// An attempt of a request run in its caller's task: the session bounds it by the request's
+    /// timeout — or by what is left of its total deadline, when that is sooner, and then its
+    /// timeout is `deadlineExceeded` — and ends it when the caller is cancelled. No watchdog.
+    private func sessionTimedAttempt() async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        guard let deadline = execution.deadline else { return await transfer(on: session) }
+        let left = deadline - time.now()
+        if let timeout = execution.timeout, timeout < left { return await transfer(on: session) }
+        var urlRequest = execution.urlRequest
+        // At least a millisecond: a session may read a zero or negative interval as no limit.
+        urlRequest.timeoutInterval = max(left.seconds, 0.001)
+        let result = await Self.transfer(urlRequest, maximumBodySize: execution.maximumBodySize, on: session)
+        if case .failure(.timedOut) = result { return .failure(.deadlineExceeded) }
+        return result
+    }
+
+    /// A free place in the host's adaptive limit, when that limit is the only thing between the
+    /// attempt and the session (no hedging, no rate or fixed limit); `nil` otherwise, and when
+    /// the limit is full (then `sendOnce` waits in its line).
+    @inline(__always)
+    private func freeAdaptivePlace() -> (AdaptiveConcurrencyLimiter, AdaptiveConcurrencyLimiter.Permit)? {
+        guard execution.hedging == nil, hostRates == nil, hostLimiters == nil,
+            let hostAdaptiveLimiters, let authority = execution.authority
+        else { return nil }
+        let adaptive = hostAdaptiveLimiters.limiter(forAuthority: authority)
+        guard let permit = adaptive.tryAcquire(priority: execution.limiterPriority) else { return nil }
+        return (adaptive, permit)
+    }
+
+    /// Opens `attempt` and schedules its limit with the watchdog: the request's timeout, or what
+    /// is left of its total deadline when that is sooner. `nil` when the attempt has no limit.
+    @inline(never)
+    private func arm(attempt: Int, permit: CircuitBreaker.Permit?) -> DeadlineWatchdog.Registration? {
+        var limit = execution.timeout
+        var endsAtDeadline = false
+        if let deadline = execution.deadline {
+            let left = deadline - time.now()
+            if limit.map({ left <= $0 }) ?? true {
+                limit = left
+                endsAtDeadline = true
+            }
+        }
+        guard let limit else { return nil }
+        // An attempt that must wait for a host's limits is not on the wire until it has its
+        // permits: if its limit passes before, the breaker does not count it.
+        open(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline, sent: execution.authority == nil)
+        return watchdog.schedule(self, attempt: attempt, after: limit)
+    }
+
+    /// Cancels the attempt's limit and claims its response: false when the limit came first (the
+    /// watchdog's task carries on and this one stops).
+    @inline(never)
+    private func disarm(attempt: Int, _ registration: DeadlineWatchdog.Registration) -> Bool {
+        watchdog.cancel(registration)
+        guard claim(attempt: attempt) else {
+            parts.testHooks.lateAnswerDropped()
+            return false
+        }
+        return true
+    }
+
+    /// Sends the attempt: hedged when the request may be, else once.
+    private func send(attempt: Int) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        let execution = execution
+        guard let hedging = execution.hedging else {
+            return await sendOnce(attempt: attempt)
+        }
+        return await hedge(attempt: attempt, policy: hedging)
+    }
+
+    @inline(never)
+    private func hedge(
+        attempt: Int,
+        policy: HedgingPolicy
+    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        let execution = execution
+        let budget = rules.budget
+        var onHedge: (@Sendable (Int, TimeInterval) async -> Void)?
+        if let sink = hedgeSink {
+            let traceID = execution.traceID
+            onHedge = { @Sendable copy, after in
+                await sink.recordHedge(HedgeEvent(traceID: traceID, attempt: attempt, copy: copy, after: after))
+            }
+        }
+        let throttle = execution.throttle
+        let race = HedgeRace(
+            policy: policy,
+            time: time,
+            send: { copy in await self.sendOnce(attempt: attempt, hedge: copy > 0) },
+            mayHedge: { (throttle?.allowsRetry ?? true) && (budget?.tryWithdraw() ?? true) },
+            onHedge: onHedge
+        )
+        return await race.run()
+    }
+
+    /// One copy of an attempt: through the host's rate limit and concurrency limit when there
+    /// are any (a token first: tokens measure starts), then the session. The host's limiters are
+    /// looked up for each copy, so a limiter dropped from the table while idle is never used again.
+    private func sendOnce(attempt: Int, hedge: Bool = false) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        guard let authority = execution.authority else {
+            return await transfer(on: session)
+        }
+        let rate = hostRates?.limiter(forAuthority: authority)
+        let limiter = hostLimiters?.limiter(forAuthority: authority)
+        let adaptive = hostAdaptiveLimiters?.limiter(forAuthority: authority)
+        let session = session
+        // Each copy takes a rate token, then its adaptive place, then its fixed place: a copy
+        // waiting in the adaptive line (a background one, say) holds no fixed place an
+        // interactive copy could use.
+        do {
+            if rate == nil, limiter == nil, let adaptive {
+                // The adaptive limit alone (its usual use): no closures on the path.
+                let permit = try await adaptivePlace(adaptive, hedge: hedge)
+                markSent(attempt: attempt)
+                let result = await transfer(on: session)
+                release(permit, of: adaptive, after: result, attempt: attempt)
+                return result
+            }
+            let onTheWire = { @Sendable () async -> Result<(Data, HTTPURLResponse), NetworkError> in
+                self.markSent(attempt: attempt)
+                return await self.transfer(on: session)
+            }
+            if adaptive == nil {  // the fixed limits only: as few closures as they need
+                switch (rate, limiter) {
+                case (nil, nil): return await onTheWire()
+                case (nil, let limiter?): return try await limiter.withPermit { await onTheWire() }
+                case (let rate?, nil): return try await rate.withPermit { await onTheWire() }
+                case (let rate?, let limiter?): return try await rate.withPermit { try await limiter.withPermit { await onTheWire() } }
+                }
+            }
+            let placed = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
+                guard let limiter else { return await onTheWire() }
+                return try await limiter.withPermit { await onTheWire() }
+            }
+            let limited = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
+                guard let adaptive else { return try await placed() }
+                let permit = try await self.adaptivePlace(adaptive, hedge: hedge)
+                let result: Result<(Data, HTTPURLResponse), NetworkError>
+                do {
+                    result = try await placed()
+                } catch {
+                    adaptive.release(permit, outcome: .ignored)  // refused or cancelled by the fixed limit
+                    throw error
+                }
+                self.release(permit, of: adaptive, after: result, attempt: attempt)
+                return result
+            }
+            guard let rate else { return try await limited() }
+            return try await rate.withPermit { try await limited() }
+        } catch let rejection as LimiterRejection {
+            return .failure(.limited(rejection))
+        } catch {
+            return .failure(.cancelled)  // cancelled while waiting for a place
+        }
+    }
+
+    /// A place in the host's adaptive limit for a copy: a hedge takes the background share (it is
+    /// extra load, sent only in case), any other copy its request's. A free place is taken
+    /// without a suspension point; only a full limiter is waited on. Inlined: as a call of its
+    /// own, an async function costs a frame allocation per request even when nothing waits.
+    @inline(__always)
+    private func adaptivePlace(_ adaptive: AdaptiveConcurrencyLimiter, hedge: Bool) async throws -> AdaptiveConcurrencyLimiter.Permit {
+        let priority = hedge ? RequestPriority.background : execution.limiterPriority
+        if let free = adaptive.tryAcquire(priority: priority) { return free }
+        return try await adaptive.acquire(priority: priority)
+    }
+
+    /// Gives a copy's adaptive place back with what its result says of the host. Whether the
+    /// attempt timed out is asked (a lock) only of a cancelled copy.
+    private func release(
+        _ permit: AdaptiveConcurrencyLimiter.Permit,
+        of adaptive: AdaptiveConcurrencyLimiter,
+        after result: Result<(Data, HTTPURLResponse), NetworkError>,
+        attempt: Int
+    ) {
+        let timedOut = if case .failure(.cancelled) = result { timedOut(attempt: attempt) } else { false }
+        adaptive.release(permit, outcome: RequestStateMachine.limiterOutcome(of: result, timedOut: timedOut))
+    }
+
+    /// The transport call, reading the request from the call's `Execution` in place (a struct of
+    /// that size passed by value is copied into the caller's frame).
+    @inline(__always)
+    private func transfer(on session: any NetworkSession) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        await Self.transfer(execution.urlRequest, maximumBodySize: execution.maximumBodySize, on: session)
+    }
+
+    @inline(__always)
+    private static func transfer(
+        _ urlRequest: URLRequest,
+        maximumBodySize: Int?,
+        on session: any NetworkSession
+    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+        do {
+            let (data, response) = try await session.data(for: urlRequest, maximumBodySize: maximumBodySize)
+            guard let http = response as? HTTPURLResponse else { return .failure(.invalidResponse) }
+            return .success((data, http))
+        } catch {
+            // A session may report our cancellation as some other error; the caller asked to stop.
+            if Task.isCancelled { return .failure(.cancelled) }
+            return .failure(NetworkError(mapping: error))
+        }
+    }
+
+    // MARK: - Ending a request
+
+    /// Unregisters a finished call from the single-flight table and answers its waiters.
+    private func finish(
+        _ outcome: Result<(Data, HTTPURLResponse), NetworkError>
+    ) {
+        // Unregister before answering, so a send after completion starts a fresh call.
+        parts.inFlight.remove(self)
+        complete(outcome)
+    }
+
+    /// Ends a request without success: emits `failed`, then answers the waiters with the final
+    /// non-2xx response when there is one (`send` turns it into `httpError`), else with `error`.
+    @inline(never)
+    private func end(
+        _ error: NetworkError,
+        attempt: Int,
+        response: (Data, HTTPURLResponse)? = nil
+    ) async {
+        if let sink {
+            await sink.record(.failed(traceID: execution.traceID, error: error, attempt: attempt))
+        }
+        finish(response.map { .success($0) } ?? .failure(error))
+    }
+
+    // MARK: - Events (out of line: only an observed engine pays for building them)
+
+    @inline(never)
+    private func emitStarted() async {
+        await sink?.record(.started(traceID: execution.traceID, url: execution.url, method: execution.method))
+    }
+
+    @inline(never)
+    private func emitSucceeded(status: Int, attempt: Int) async {
+        let duration = (time.now() - execution.started).seconds
+        await sink?.record(.succeeded(traceID: execution.traceID, statusCode: status, duration: duration, attempt: attempt))
+    }
+
+    @inline(never)
+    private func emitRetryThrottled(attempt: Int, sink: any RetryThrottlingEventSink) async {
+        await sink.recordRetryThrottled(RetryThrottledEvent(traceID: execution.traceID, url: execution.url, attempt: attempt))
+    }
+
+    private func emitRetryScheduled(attempt: Int, delay: Duration) async {
+        await sink?.record(.retryScheduled(traceID: execution.traceID, attempt: attempt, delay: delay.seconds))
     }
 }
 

@@ -238,7 +238,7 @@ extension SharedCall {
             url: url, method: .get, urlRequest: URLRequest(url: url), invalid: nil, timeout: .seconds(5), maximumBodySize: nil,
             mayRetry: false, traceID: UUID(), started: .zero, priority: .medium, key: key
         )
-        return SharedCall(execution: execution)
+        return SharedCall(execution: execution, parts: AsyncRequestEngine(session: ScriptedNetworkSession([])).parts)
     }
 }
 
