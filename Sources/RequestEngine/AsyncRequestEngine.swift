@@ -343,6 +343,8 @@ final class EngineParts: Sendable {
     /// included (every request records itself with it). Its retry policy, an existential, is read
     /// through it only when an attempt fails.
     let rules: RequestStateMachine.Rules
+    /// `rules.budget`, read by every request (reading it through `rules` copies the rules).
+    let budget: RetryBudget?
     let time: TimeSource
     /// Times attempts out: tells the call (`SharedCall.attemptExpired`) when an attempt's limit
     /// passes.
@@ -375,6 +377,7 @@ final class EngineParts: Sendable {
         self.hedgeSink = sink as? any HedgingEventSink
         self.throttleSink = sink as? any RetryThrottlingEventSink
         self.rules = rules
+        self.budget = rules.budget
         self.time = time
         self.watchdog = DeadlineWatchdog(time: time)
         self.hostLimiters = hostLimiters

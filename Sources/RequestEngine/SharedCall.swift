@@ -70,6 +70,7 @@ final class SharedCall: Sendable {
     /// The ticket of the waiter registered with the call (the caller that starts it).
     let firstTicket: Ticket
 
+    @inline(__always)
     init(execution: Execution, parts: EngineParts) {
         self.execution = execution
         self.parts = parts
@@ -195,25 +196,13 @@ final class SharedCall: Sendable {
 /// (`attemptExpired`) and the hedges' copies (`HedgeRace` calling `sendOnce`) are events to the
 /// call, and nothing here calls back into the engine.
 extension SharedCall {
-    @inline(__always) private var session: any NetworkSession { parts.session }
-    @inline(__always) private var sink: (any RequestEventSink)? { parts.sink }
-    @inline(__always) private var observed: Bool { parts.observed }
-    @inline(__always) private var rules: RequestStateMachine.Rules { parts.rules }
-    @inline(__always) private var time: TimeSource { parts.time }
-    @inline(__always) private var watchdog: DeadlineWatchdog { parts.watchdog }
-    @inline(__always) private var hostLimiters: HostLimiters<ConcurrencyLimiter>? { parts.hostLimiters }
-    @inline(__always) private var hostRates: HostLimiters<RateLimiter>? { parts.hostRates }
-    @inline(__always) private var hostAdaptiveLimiters: HostLimiters<AdaptiveConcurrencyLimiter>? { parts.hostAdaptiveLimiters }
-    @inline(__always) private var hedgeSink: (any HedgingEventSink)? { parts.hedgeSink }
-    @inline(__always) private var throttleSink: (any RetryThrottlingEventSink)? { parts.throttleSink }
-
     /// The whole logical request, in the call's task (or its caller's): attempts and retries.
     func run() async {
-        if observed { await emitStarted() }
+        if parts.observed { await emitStarted() }
         if let invalid = execution.invalid {
             return await end(invalid, attempt: 0)
         }
-        rules.budget?.recordRequest()
+        parts.budget?.recordRequest()
         await attempts(from: 0, afterTimeout: nil)
     }
 
@@ -230,8 +219,8 @@ extension SharedCall {
             let next = resumingAt ?? attempt
             let handed = handOver(priority: execution.priority) {
                 if let notBefore {
-                    let left = notBefore - self.time.now()
-                    if left > .zero, (try? await self.time.sleep(left)) == nil {
+                    let left = notBefore - self.parts.time.now()
+                    if left > .zero, (try? await self.parts.time.sleep(left)) == nil {
                         return await self.end(.cancelled, attempt: attempt)  // every waiter left meanwhile
                     }
                 }
@@ -262,12 +251,12 @@ extension SharedCall {
         from first: Int,
         afterTimeout: TimedOutAttempt?
     ) async {
-        let time = self.time
+        let time = parts.time
         var machine: RequestStateMachine
         var action: RequestStateMachine.Action
         if let expired = afterTimeout {
             machine = RequestStateMachine(cutAttempt: first)
-            action = machine.attemptCut(expired, cancelled: Task.isCancelled, request: execution, rules: rules, now: time.now)
+            action = machine.attemptCut(expired, cancelled: Task.isCancelled, request: execution, rules: parts.rules, now: time.now)
         } else {
             machine = RequestStateMachine(attempt: first)
             action = machine.startAttempt(
@@ -280,9 +269,9 @@ extension SharedCall {
                     return  // timed out: the watchdog's task carries on
                 }
                 action = machine.attemptEnded(
-                    result, permit: permit, cancelled: Task.isCancelled, request: execution, rules: rules, now: time.now)
+                    result, permit: permit, cancelled: Task.isCancelled, request: execution, rules: parts.rules, now: time.now)
             case .backOff(let delay, let attempt, let until):
-                if observed { await emitRetryScheduled(attempt: attempt, delay: delay) }
+                if parts.observed { await emitRetryScheduled(attempt: attempt, delay: delay) }
                 do {
                     // From the decision, not from the event: a slow sink does not lengthen it.
                     let left = delay > .zero ? until - time.now() : .zero
@@ -294,10 +283,10 @@ extension SharedCall {
                     action = machine.backoffInterrupted()
                 }
             case .succeed(let response, let attempt):
-                if observed { await emitSucceeded(status: response.1.statusCode, attempt: attempt) }
+                if parts.observed { await emitSucceeded(status: response.1.statusCode, attempt: attempt) }
                 return finish(.success(response))
             case .fail(let error, let response, let attempt, let throttled):
-                if throttled, let throttleSink { await emitRetryThrottled(attempt: attempt, sink: throttleSink) }
+                if throttled, let throttleSink = parts.throttleSink { await emitRetryThrottled(attempt: attempt, sink: throttleSink) }
                 return await end(error, attempt: attempt, response: response)
             case .leave(let attempt, let resumingAt, let notBefore):
                 return await callerCancelled(attempt: attempt, resumingAt: resumingAt, notBefore: notBefore)
@@ -331,10 +320,10 @@ extension SharedCall {
         // costs a frame on every request.
         let result: Result<(Data, HTTPURLResponse), NetworkError>
         if execution.isDirect {
-            result = await transfer(on: session)
+            result = await transfer(on: parts.session)
         } else if let (adaptive, permit) = freeAdaptivePlace() {
             markSent(attempt: attempt)
-            result = await transfer(on: session)
+            result = await transfer(on: parts.session)
             release(permit, of: adaptive, after: result, attempt: attempt)
         } else {
             result = await send(attempt: attempt)
@@ -347,13 +336,13 @@ extension SharedCall {
     /// timeout — or by what is left of its total deadline, when that is sooner, and then its
     /// timeout is `deadlineExceeded` — and ends it when the caller is cancelled. No watchdog.
     private func sessionTimedAttempt() async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        guard let deadline = execution.deadline else { return await transfer(on: session) }
-        let left = deadline - time.now()
-        if let timeout = execution.timeout, timeout < left { return await transfer(on: session) }
+        guard let deadline = execution.deadline else { return await transfer(on: parts.session) }
+        let left = deadline - parts.time.now()
+        if let timeout = execution.timeout, timeout < left { return await transfer(on: parts.session) }
         var urlRequest = execution.urlRequest
         // At least a millisecond: a session may read a zero or negative interval as no limit.
         urlRequest.timeoutInterval = max(left.seconds, 0.001)
-        let result = await Self.transfer(urlRequest, maximumBodySize: execution.maximumBodySize, on: session)
+        let result = await Self.transfer(urlRequest, maximumBodySize: execution.maximumBodySize, on: parts.session)
         if case .failure(.timedOut) = result { return .failure(.deadlineExceeded) }
         return result
     }
@@ -363,8 +352,8 @@ extension SharedCall {
     /// the limit is full (then `sendOnce` waits in its line).
     @inline(__always)
     private func freeAdaptivePlace() -> (AdaptiveConcurrencyLimiter, AdaptiveConcurrencyLimiter.Permit)? {
-        guard execution.hedging == nil, hostRates == nil, hostLimiters == nil,
-            let hostAdaptiveLimiters, let authority = execution.authority
+        guard execution.hedging == nil, parts.hostRates == nil, parts.hostLimiters == nil,
+            let hostAdaptiveLimiters = parts.hostAdaptiveLimiters, let authority = execution.authority
         else { return nil }
         let adaptive = hostAdaptiveLimiters.limiter(forAuthority: authority)
         guard let permit = adaptive.tryAcquire(priority: execution.limiterPriority) else { return nil }
@@ -378,7 +367,7 @@ extension SharedCall {
         var limit = execution.timeout
         var endsAtDeadline = false
         if let deadline = execution.deadline {
-            let left = deadline - time.now()
+            let left = deadline - parts.time.now()
             if limit.map({ left <= $0 }) ?? true {
                 limit = left
                 endsAtDeadline = true
@@ -388,14 +377,14 @@ extension SharedCall {
         // An attempt that must wait for a host's limits is not on the wire until it has its
         // permits: if its limit passes before, the breaker does not count it.
         open(attempt: attempt, permit: permit, endsAtDeadline: endsAtDeadline, sent: execution.authority == nil)
-        return watchdog.schedule(self, attempt: attempt, after: limit)
+        return parts.watchdog.schedule(self, attempt: attempt, after: limit)
     }
 
     /// Cancels the attempt's limit and claims its response: false when the limit came first (the
     /// watchdog's task carries on and this one stops).
     @inline(never)
     private func disarm(attempt: Int, _ registration: DeadlineWatchdog.Registration) -> Bool {
-        watchdog.cancel(registration)
+        parts.watchdog.cancel(registration)
         guard claim(attempt: attempt) else {
             parts.testHooks.lateAnswerDropped()
             return false
@@ -418,9 +407,9 @@ extension SharedCall {
         policy: HedgingPolicy
     ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
         let execution = execution
-        let budget = rules.budget
+        let budget = parts.budget
         var onHedge: (@Sendable (Int, TimeInterval) async -> Void)?
-        if let sink = hedgeSink {
+        if let sink = parts.hedgeSink {
             let traceID = execution.traceID
             onHedge = { @Sendable copy, after in
                 await sink.recordHedge(HedgeEvent(traceID: traceID, attempt: attempt, copy: copy, after: after))
@@ -429,7 +418,7 @@ extension SharedCall {
         let throttle = execution.throttle
         let race = HedgeRace(
             policy: policy,
-            time: time,
+            time: parts.time,
             send: { copy in await self.sendOnce(attempt: attempt, hedge: copy > 0) },
             mayHedge: { (throttle?.allowsRetry ?? true) && (budget?.tryWithdraw() ?? true) },
             onHedge: onHedge
@@ -442,12 +431,12 @@ extension SharedCall {
     /// looked up for each copy, so a limiter dropped from the table while idle is never used again.
     private func sendOnce(attempt: Int, hedge: Bool = false) async -> Result<(Data, HTTPURLResponse), NetworkError> {
         guard let authority = execution.authority else {
-            return await transfer(on: session)
+            return await transfer(on: parts.session)
         }
-        let rate = hostRates?.limiter(forAuthority: authority)
-        let limiter = hostLimiters?.limiter(forAuthority: authority)
-        let adaptive = hostAdaptiveLimiters?.limiter(forAuthority: authority)
-        let session = session
+        let rate = parts.hostRates?.limiter(forAuthority: authority)
+        let limiter = parts.hostLimiters?.limiter(forAuthority: authority)
+        let adaptive = parts.hostAdaptiveLimiters?.limiter(forAuthority: authority)
+        let session = parts.session
         // Each copy takes a rate token, then its adaptive place, then its fixed place: a copy
         // waiting in the adaptive line (a background one, say) holds no fixed place an
         // interactive copy could use.
@@ -525,7 +514,7 @@ extension SharedCall {
     /// that size passed by value is copied into the caller's frame).
     @inline(__always)
     private func transfer(on session: any NetworkSession) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        await Self.transfer(execution.urlRequest, maximumBodySize: execution.maximumBodySize, on: session)
+        await Self.transfer(execution.urlRequest, maximumBodySize: execution.maximumBodySize, on: parts.session)
     }
 
     @inline(__always)
@@ -564,7 +553,7 @@ extension SharedCall {
         attempt: Int,
         response: (Data, HTTPURLResponse)? = nil
     ) async {
-        if let sink {
+        if let sink = parts.sink {
             await sink.record(.failed(traceID: execution.traceID, error: error, attempt: attempt))
         }
         finish(response.map { .success($0) } ?? .failure(error))
@@ -574,13 +563,13 @@ extension SharedCall {
 
     @inline(never)
     private func emitStarted() async {
-        await sink?.record(.started(traceID: execution.traceID, url: execution.url, method: execution.method))
+        await parts.sink?.record(.started(traceID: execution.traceID, url: execution.url, method: execution.method))
     }
 
     @inline(never)
     private func emitSucceeded(status: Int, attempt: Int) async {
-        let duration = (time.now() - execution.started).seconds
-        await sink?.record(.succeeded(traceID: execution.traceID, statusCode: status, duration: duration, attempt: attempt))
+        let duration = (parts.time.now() - execution.started).seconds
+        await parts.sink?.record(.succeeded(traceID: execution.traceID, statusCode: status, duration: duration, attempt: attempt))
     }
 
     @inline(never)
@@ -589,7 +578,7 @@ extension SharedCall {
     }
 
     private func emitRetryScheduled(attempt: Int, delay: Duration) async {
-        await sink?.record(.retryScheduled(traceID: execution.traceID, attempt: attempt, delay: delay.seconds))
+        await parts.sink?.record(.retryScheduled(traceID: execution.traceID, attempt: attempt, delay: delay.seconds))
     }
 }
 
