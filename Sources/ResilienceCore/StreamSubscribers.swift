@@ -38,9 +38,23 @@ package final class StreamSubscribers<Element: Sendable>: Sendable {
 
     /// Sends `element` to every live stream, oldest subscription first (a dictionary's own order
     /// changes from one instance to the next: who wakes first must not).
+    ///
+    /// Called on every queue change and result, usually with nobody listening: that case takes the
+    /// lock and returns. No key path here (`map(\.value)`): in a generic type Swift builds one at
+    /// run time on every call, demangling its type, which cost the queue's replay more than its
+    /// own bookkeeping (Benchmarks/README.md, "OfflineQueue").
     package func yield(_ element: Element) {
-        for continuation in state.withLock({ $0.continuations.sorted { $0.key < $1.key }.map(\.value) }) {
+        for continuation in state.withLock({ Self.inOrder($0.continuations) }) {
             continuation.yield(element)
+        }
+    }
+
+    /// The continuations, oldest subscription first.
+    private static func inOrder(_ continuations: [ID: AsyncStream<Element>.Continuation]) -> [AsyncStream<Element>.Continuation] {
+        switch continuations.count {
+        case 0: return []
+        case 1: return [continuations.first!.value]
+        default: return continuations.sorted { $0.key < $1.key }.map { $0.value }
         }
     }
 
@@ -59,7 +73,7 @@ package final class StreamSubscribers<Element: Sendable>: Sendable {
     package func finishAll() {
         let ending = state.withLock { state -> [AsyncStream<Element>.Continuation] in
             defer { state.continuations.removeAll() }
-            return state.continuations.sorted { $0.key < $1.key }.map(\.value)
+            return Self.inOrder(state.continuations)
         }
         for continuation in ending { continuation.finish() }
     }
