@@ -514,7 +514,7 @@ extension SharedCall {
     /// that size passed by value is copied into the caller's frame).
     @inline(__always)
     private func transfer(on session: any NetworkSession) async -> Result<(Data, HTTPURLResponse), NetworkError> {
-        await Self.transfer(execution.urlRequest, maximumBodySize: execution.maximumBodySize, on: parts.session)
+        await Self.transfer(execution.urlRequest, maximumBodySize: execution.maximumBodySize, on: session)
     }
 
     @inline(__always)

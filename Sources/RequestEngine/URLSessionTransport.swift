@@ -42,7 +42,7 @@ import CURLHandleRepair
 /// - On Linux, making one mends corelibs-foundation's leak of about 180 bytes per request, once
 ///   for the process: every transfer there releases the URL parts libcurl parsed with `curl_free`
 ///   instead of `curl_url_cleanup`, for as long as the process runs. The transport points
-///   FoundationNetworking's own two libcurl entries (`curl_url`, `curl_free`) at wrappers that
+///   FoundationNetworking's own libcurl entries (`curl_url`, `curl_free`) at wrappers that
 ///   release those parts, and changes nothing else (module CURLHandleRepair; Benchmarks/Repro/).
 ///   This covers every `URLSession` in the process, the transport's and others, from then on.
 ///
