@@ -28,7 +28,8 @@ let package = Package(
         .target(name: "ResilienceCore"),
         .target(name: "Retry", dependencies: ["ResilienceCore"]),
         // Linux only: mends corelibs-foundation's per-transfer leak for URLSessionTransport.
-        .target(name: "CURLHandleRepair"),
+        // (dlopen and dlsym are in libc from glibc 2.34 on; libdl for older ones.)
+        .target(name: "CURLHandleRepair", linkerSettings: [.linkedLibrary("dl", .when(platforms: [.linux]))]),
         .target(
             name: "RequestEngine",
             dependencies: ["Retry", "ResilienceCore", .target(name: "CURLHandleRepair", condition: .when(platforms: [.linux]))]
