@@ -6,7 +6,8 @@
 # so that start-up and tear-down cancel out. Total Ir only: no debug info or symbols are needed.
 # Compare the lowest of several repeats: now and then a run's jobs take libdispatch's slower
 # lane path (about +1 400 instructions per request, all in libdispatch), whichever the variant.
-# `binary=PATH` runs another build (a `-g` one under /tmp for callgrind_annotate, say).
+# `binary=PATH` runs another build (the previous commit's, say); its debug info is stripped from a
+# copy first.
 #
 # Usage (from Benchmarks/): Scripts/callgrind-strategies.sh [N1] [N2] [repeats]
 # (variants="plain strategies" Scripts/callgrind-strategies.sh for only those two)
@@ -20,6 +21,12 @@ repeats=${3:-2}
 binary=${binary:-.build/release/strategies-benchmark}
 [ -x "$binary" ] || { echo "build first: swift build -c release --product strategies-benchmark"; exit 1; }
 command -v valgrind >/dev/null || { echo "valgrind is not installed"; exit 1; }
+# valgrind 3.19 cannot read the DWARF 5 debug info Swift 6 writes ("Possibly corrupted debuginfo
+# file ... Giving up"): count a copy without it (symbols kept, for callgrind_annotate).
+stripped=$(mktemp)
+trap 'rm -f "$stripped"' EXIT
+objcopy --strip-debug "$binary" "$stripped"
+binary=$stripped
 
 # Total instructions of one run ("Collected : N" on valgrind's stderr).
 instructions() {
