@@ -8,4 +8,4 @@ products=(Retry RequestEngine Reachability OfflineQueue ResponseCache Auth Obser
 swift build >/dev/null
 modules="$(swift build --show-bin-path)/Modules"
 swift build --package-path Scripts/APIBaseline -c release >/dev/null
-"$(swift build --package-path Scripts/APIBaseline -c release --show-bin-path)/api-baseline" "$mode" "$modules" API -I "$(swift build --show-bin-path)/CNetlink.build" "${products[@]}"
+"$(swift build --package-path Scripts/APIBaseline -c release --show-bin-path)/api-baseline" "$mode" "$modules" API -I "$(swift build --show-bin-path)/CNetlink.build" -I "$(swift build --show-bin-path)/CURLHandleRepair.build" "${products[@]}"

@@ -15,7 +15,7 @@ mkdir -p "$out"
 for target in "${products[@]}"; do
     graphs="$out/symbol-graphs/$target"
     mkdir -p "$graphs"
-    swift-symbolgraph-extract -module-name "$target" -I "$bin/Modules" -I "$bin/CNetlink.build" \
+    swift-symbolgraph-extract -module-name "$target" -I "$bin/Modules" -I "$bin/CNetlink.build" -I "$bin/CURLHandleRepair.build" \
         -minimum-access-level public -skip-inherited-docs -emit-extension-block-symbols -output-dir "$graphs"
     docc convert "Sources/$target/$target.docc" --additional-symbol-graph-dir "$graphs" \
         --fallback-display-name "$target" --fallback-bundle-identifier "dev.resilience.$target" \
