@@ -126,6 +126,10 @@ let package = Package(
             ]
         ),
 
+        // The shared PostgreSQL's settings, read from the environment by the replicas and the tests
+        // (not a product).
+        .target(name: "PostgresEnvironment", dependencies: [.product(name: "PostgresNIO", package: "postgres-nio")]),
+
         // Replicas draining one PostgreSQL queue table, for the replica test (PostgresReplicaKillTests)
         // and the replica benchmark (Benchmark/postgres-replicas.sh).
         .executableTarget(
@@ -133,6 +137,7 @@ let package = Package(
             dependencies: [
                 "ResilienceAsyncHTTPClient",
                 "ResiliencePostgres",
+                "PostgresEnvironment",
                 .product(name: "OfflineQueue", package: "Resilience"),
                 .product(name: "RequestEngine", package: "Resilience"),
                 .product(name: "ResilienceTesting", package: "Resilience"),
@@ -215,6 +220,7 @@ let package = Package(
             name: "ResiliencePostgresTests",
             dependencies: [
                 "ResiliencePostgres",
+                "PostgresEnvironment",
                 .product(name: "ResilienceTesting", package: "Resilience"),
                 .product(name: "OfflineQueue", package: "Resilience"),
                 .product(name: "RequestEngine", package: "Resilience"),

@@ -7,13 +7,15 @@
 #   bash Scripts/postgres.sh url     # prints the URL the tests read from RESILIENCE_POSTGRES_URL
 #
 # Settings (environment): RESILIENCE_PG_DIR (default /tmp/resilience-pg), RESILIENCE_PG_PORT
-# (default 55432). The binaries are looked up on PATH, then under /usr/lib/postgresql/*/bin;
-# when neither has them, Debian's `postgresql` package is installed (as root). PostgreSQL refuses
-# to run as root: as root, the server runs as the `postgres` user (or `nobody` when there is none).
+# (default 25432: below the kernel's ephemeral range, 32768-60999 on Linux, so no client
+# connection of the tests can be holding it, as one held 55432 once). The binaries are looked up
+# on PATH, then under /usr/lib/postgresql/*/bin; when neither has them, Debian's `postgresql`
+# package is installed (as root). PostgreSQL refuses to run as root: as root, the server runs as
+# the `postgres` user (or `nobody` when there is none).
 set -euo pipefail
 
 dir=${RESILIENCE_PG_DIR:-/tmp/resilience-pg}
-port=${RESILIENCE_PG_PORT:-55432}
+port=${RESILIENCE_PG_PORT:-25432}
 database=resilience_test
 data="$dir/data"
 logfile="$dir/server.log"

@@ -1,35 +1,16 @@
 import Foundation
 import Logging
 import OfflineQueue
+import PostgresEnvironment
 import PostgresNIO
 import RequestEngine
 import ResiliencePostgres
 import Testing
 
-/// The PostgreSQL these tests run against: `RESILIENCE_POSTGRES_URL`
-/// (`postgres://user[:password]@host:port/database`), else `RESILIENCE_POSTGRES_HOST`,
-/// `_PORT`, `_USER`, `_PASSWORD`, `_DATABASE`, each defaulting to what `Scripts/postgres.sh start`
-/// runs (127.0.0.1:55432, database `resilience_test`, user `postgres` as root, else the caller).
+/// The PostgreSQL these tests run against (`PostgresEnvironment`: `RESILIENCE_POSTGRES_URL`, else
+/// `RESILIENCE_POSTGRES_HOST` and the like, defaulting to what `Scripts/postgres.sh start` runs).
 enum PostgresTestDatabase {
-    static let configuration: PostgresClient.Configuration = {
-        let environment = ProcessInfo.processInfo.environment
-        var host = environment["RESILIENCE_POSTGRES_HOST"] ?? "127.0.0.1"
-        var port = environment["RESILIENCE_POSTGRES_PORT"].flatMap(Int.init) ?? 55432
-        var user = environment["RESILIENCE_POSTGRES_USER"] ?? (getuid() == 0 ? "postgres" : ProcessInfo.processInfo.userName)
-        var password = environment["RESILIENCE_POSTGRES_PASSWORD"]
-        var database = environment["RESILIENCE_POSTGRES_DATABASE"] ?? "resilience_test"
-        if let url = environment["RESILIENCE_POSTGRES_URL"].flatMap(URLComponents.init(string:)) {
-            host = url.host ?? host
-            port = url.port ?? port
-            user = url.user ?? user
-            password = url.password ?? password
-            let path = url.path.drop { $0 == "/" }
-            if !path.isEmpty { database = String(path) }
-        }
-        var configuration = PostgresClient.Configuration(host: host, port: port, username: user, password: password, database: database, tls: .disable)
-        configuration.options.connectTimeout = .seconds(5)
-        return configuration
-    }()
+    static var configuration: PostgresClient.Configuration { PostgresEnvironment.configuration }
 
     /// The environment variable that says a server must answer (`CI` or `RESILIENCE_POSTGRES_URL`),
     /// if one is set: the suites then fail, rather than skip, when none does.
