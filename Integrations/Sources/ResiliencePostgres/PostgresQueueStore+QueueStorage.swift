@@ -322,22 +322,13 @@ extension PostgresQueueStore {
     /// (keeping its `seq` would move the edit ahead of its own key's earlier entries). An entry
     /// whose id is queued already is never a replacement (`insert` updates its row).
     ///
-    /// The holder is read without a row lock and replaced only by an `UPDATE` whose condition
-    /// repeats the checks: a lock taken on a leased row would be held until the transaction
-    /// commits — an outbox's, for as long as its caller keeps it open — and the replica sending
-    /// that row would wait for it to renew, complete or release its claim. The `UPDATE` locks only
-    /// a row it changes (an unleased one); should a claim take the row meanwhile, it waits for that
-    /// claim's statement, then sees the lease and changes nothing.
+    /// One statement: the holder is found by a sub-select, which takes no row lock, and replaced by
+    /// an `UPDATE` whose condition holds the checks. A lock taken on a leased row would be held
+    /// until the transaction commits — an outbox's, for as long as its caller keeps it open — and
+    /// the replica sending that row would wait for it to renew, complete or release its claim. The
+    /// `UPDATE` locks only a row it changes (an unleased one); should a claim take the row
+    /// meanwhile, it waits for that claim's statement, then sees the lease and changes nothing.
     private func replaceHolder(of key: String, with entry: QueueEntry, json: String, on connection: PostgresConnection) async throws -> Int64? {
-        var holder: UUID?
-        let holders = try await connection.query(
-            """
-            SELECT id FROM \(unescaped: names.queue)
-            WHERE coalescing_key = \(key) AND id <> \(entry.id)
-            ORDER BY seq DESC LIMIT 1
-            """, logger: logger)
-        for try await id in holders.decode(UUID.self) { holder = id }
-        guard let holder, try await !isQueued(entry.id, on: connection) else { return nil }
         var placed: Int64?
         let replaced = try await connection.query(
             """
@@ -345,21 +336,16 @@ extension PostgresQueueStore {
             SET id = \(entry.id), priority = \(Int32(clamping: entry.priority)), ordering_key = \(entry.orderingKey),
                 coalescing_key = \(entry.coalescingKey), next_attempt_at = \(entry.nextAttemptAt), expires_at = \(entry.expiresAt),
                 lease_token = NULL, lease_until = NULL, entry = \(json)::jsonb
-            WHERE id = \(holder) AND lease_token IS NULL AND ordering_key IS NOT DISTINCT FROM \(entry.orderingKey)
+            WHERE id = (
+                    SELECT id FROM \(unescaped: names.queue)
+                    WHERE coalescing_key = \(key) AND id <> \(entry.id)
+                    ORDER BY seq DESC LIMIT 1)
+                AND lease_token IS NULL AND ordering_key IS NOT DISTINCT FROM \(entry.orderingKey)
+                AND NOT EXISTS (SELECT 1 FROM \(unescaped: names.queue) WHERE id = \(entry.id))
             RETURNING seq
             """, logger: logger)
         for try await seq in replaced.decode(Int64.self) { placed = seq }
         return placed
-    }
-
-    private func isQueued(_ id: UUID, on connection: PostgresConnection) async throws -> Bool {
-        var found = false
-        for try await exists in try await connection.query("SELECT EXISTS (SELECT 1 FROM \(unescaped: names.queue) WHERE id = \(id))", logger: logger)
-            .decode(Bool.self)
-        {
-            found = exists
-        }
-        return found
     }
 
     /// `NOTIFY` on the table's channel, delivered when the transaction commits.

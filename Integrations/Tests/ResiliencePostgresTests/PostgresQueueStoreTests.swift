@@ -152,6 +152,23 @@ struct PostgresQueueStoreTests {
         }
     }
 
+    @Test func anEntryQueuedAlreadyIsUpdatedInItsRowNeverMovedIntoAnotherHolders() async throws {
+        // The newest row of the key (another entry, replaceable by the rules) must not take the id
+        // of an entry that has a row of its own: `add` updates that row instead.
+        try await PostgresTestDatabase.withStore { store, _ in
+            let queued = try await store.add(entry(request("/profile", orderingKey: "a", coalescingKey: "profile", body: "v1")), limit: nil)
+            let newest = try await store.add(entry(request("/profile", orderingKey: "b", coalescingKey: "profile", body: "v2")), limit: nil)
+            #expect(newest.sequence > queued.sequence)  // another ordering key: behind, not in place
+
+            let again = QueueEntry(request("/profile", orderingKey: "b", coalescingKey: "profile", body: "v3"), id: queued.id, enqueuedAt: t0)
+            let stored = try await store.add(again, limit: nil)
+            #expect(stored.sequence == queued.sequence)
+            #expect(try await store.queuedEntries().map(\.id) == [queued.id, newest.id])
+            #expect(try await store.queuedEntry(id: queued.id)?.body == Data("v3".utf8))
+            #expect(try await store.queuedEntry(id: newest.id)?.body == Data("v2".utf8))
+        }
+    }
+
     @Test func anEditBesideAClaimedHolderWaitsUntilTheHolderIsGone() async throws {
         try await PostgresTestDatabase.withStore { store, _ in
             let holder = try await store.add(entry(request("/profile", coalescingKey: "profile", body: "v1")), limit: nil)
