@@ -37,7 +37,7 @@ enum PostgresTestDatabase {
                 configuration: PostgresConnection.Configuration(
                     host: configuration.host ?? "127.0.0.1", port: configuration.port ?? 5432, username: configuration.username,
                     password: configuration.password, database: configuration.database, tls: .disable),
-                id: 0, logger: Logger(label: "ResiliencePostgresTests"))
+                id: 0, logger: testLogger)
             try await connection.close()
             return true
         } catch {
