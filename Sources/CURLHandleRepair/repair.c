@@ -94,10 +94,15 @@ struct foundation_networking {
     size_t rela_count;
 };
 
+// Whether a loaded object is libFoundationNetworking.so (by its path).
+static int is_foundation_networking(const struct dl_phdr_info *info) {
+    return info->dlpi_name != NULL && strstr(info->dlpi_name, "libFoundationNetworking.so") != NULL;
+}
+
 static int find_foundation_networking(struct dl_phdr_info *info, size_t size, void *context) {
     (void)size;
     struct foundation_networking *found = context;
-    if (info->dlpi_name == NULL || strstr(info->dlpi_name, "libFoundationNetworking.so") == NULL) return 0;
+    if (!is_foundation_networking(info)) return 0;
     const ElfW(Dyn) *dynamic = NULL;
     for (int index = 0; index < info->dlpi_phnum; index++) {
         if (info->dlpi_phdr[index].p_type == PT_DYNAMIC) {
@@ -225,7 +230,7 @@ int curl_handle_repair_install(void) {
 
 static int note_presence(struct dl_phdr_info *info, size_t size, void *context) {
     (void)size;
-    if (info->dlpi_name != NULL && strstr(info->dlpi_name, "libFoundationNetworking.so") != NULL) {
+    if (is_foundation_networking(info)) {
         *(int *)context = 1;
         return 1;
     }
