@@ -80,6 +80,62 @@ import FoundationNetworking
         held.release()
     }
 
+    /// Files to delete, made in `directory`.
+    private func files(_ count: Int, in directory: TemporaryDirectory) throws -> [String] {
+        try FileManager.default.createDirectory(at: directory.url, withIntermediateDirectories: true)
+        return try (0..<count).map { index in
+            let path = directory.url.appendingPathComponent("\(index).json").path
+            try Data("x".utf8).write(to: URL(fileURLWithPath: path))
+            return path
+        }
+    }
+
+    /// Waking the pool thread for every delivered entry cost a replay pass more than the unlinks
+    /// (Benchmarks/README.md): while a pass batches, the thread is woken once a batch is full.
+    @Test func whileAPassBatchesTheThreadIsWokenOncePerFullBatch() async throws {
+        let directory = TemporaryDirectory()
+        let held = HeldPool()
+        await held.hold()
+        let removals = DeferredRemovals(pool: held.pool)
+        let paths = try files(DeferredRemovals.batchSize + 1, in: directory)
+        removals.startBatching()
+        for path in paths.prefix(DeferredRemovals.batchSize - 1) { removals.remove(path) }
+        #expect(held.pool.queuedJobCount == 0)  // gathering
+        removals.remove(paths[DeferredRemovals.batchSize - 1])
+        #expect(held.pool.queuedJobCount == 1)  // the batch is full: the worker is on its way
+        removals.remove(paths[DeferredRemovals.batchSize])
+        #expect(held.pool.queuedJobCount == 1)  // the running worker takes it too
+        removals.stopBatching()
+        held.release()
+        removals.finish()
+        for path in paths { #expect(!FileManager.default.fileExists(atPath: path)) }
+    }
+
+    /// Outside a pass a lone delivery's file does not wait for others; a pass that ends with a
+    /// batch not full hands it over at once.
+    @Test func outsideAPassEachDeletionStartsAtOnceAndAPassHandsOverWhatItGathered() async throws {
+        let directory = TemporaryDirectory()
+        let paths = try files(2, in: directory)
+        let lone = HeldPool()
+        await lone.hold()
+        let outside = DeferredRemovals(pool: lone.pool)
+        outside.remove(paths[0])
+        #expect(lone.pool.queuedJobCount == 1)  // no batch to wait for
+        lone.release()
+        outside.finish()
+        let held = HeldPool()
+        await held.hold()
+        let removals = DeferredRemovals(pool: held.pool)
+        removals.startBatching()
+        removals.remove(paths[1])
+        #expect(held.pool.queuedJobCount == 0)
+        removals.stopBatching()
+        #expect(held.pool.queuedJobCount == 1)  // the pass ended: what it gathered goes now
+        held.release()
+        removals.finish()
+        for path in paths { #expect(!FileManager.default.fileExists(atPath: path)) }
+    }
+
     @Test func aFlushReturnsWithItsDeliveredFilesGone() async throws {
         let directory = TemporaryDirectory()
         let held = HeldPool()

@@ -19,6 +19,29 @@ struct DiskQueueStoreTests {
         ((try? FileManager.default.attributesOfItem(atPath: path))?[.posixPermissions] as? NSNumber)?.intValue ?? -1
     }
 
+    /// The queue's timer waits for the earliest backoff that holds a send back. An entry behind
+    /// the first of its ordering key waits for that one, so its own earlier date must not count:
+    /// counted, it fired the timer into passes that sent nothing, over and over while the clock
+    /// stood still (the simulation's queue seed 934 ran out of steps on it).
+    @Test func theEarliestBackoffEndLeavesOutEntriesWaitingBehindTheFirstOfTheirKey() async throws {
+        let directory = TemporaryDirectory()
+        let store = try DiskQueueStore(directory: directory.url)
+        let start = Date(timeIntervalSince1970: 1_000_000)
+        func entry(_ path: String, key: String?, sequence: UInt64, next: Date?) -> QueueEntry {
+            var request = Mutation(path)
+            request.orderingKey = key
+            return QueueEntry(request: request, idempotencyKey: path, enqueuedAt: start, sequence: sequence, attempts: 1, nextAttemptAt: next)
+        }
+        try await store.save(entry("/first", key: "k", sequence: 10, next: start.addingTimeInterval(60)))
+        try await store.save(entry("/behind", key: "k", sequence: 11, next: start.addingTimeInterval(5)))
+        #expect(store.earliestBackoffEnd() == start.addingTimeInterval(60))
+        #expect(try await store.earliestNextAttempt() == start.addingTimeInterval(60))
+        try await store.save(entry("/alone", key: nil, sequence: 12, next: start.addingTimeInterval(30)))
+        #expect(store.earliestBackoffEnd() == start.addingTimeInterval(30))
+        try await store.save(entry("/other-key", key: "j", sequence: 13, next: start.addingTimeInterval(20)))
+        #expect(store.earliestBackoffEnd() == start.addingTimeInterval(20))
+    }
+
     @Test func oneOwnerOnlyJSONFilePerEntryDirectlyInTheFolder() async throws {
         let h = try QueueHarness([.ok()], connected: false)
         var ids: [UUID] = []

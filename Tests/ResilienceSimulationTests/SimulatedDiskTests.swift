@@ -170,6 +170,61 @@ struct SimulatedDiskTests {
             }
         }
     }
+
+    /// The simulation's queue seed 725: an edit refused because the folder's fsync failed, whose
+    /// file could not be deleted either, stayed on disk unnoticed; the newer edit went out, and
+    /// the next open sent the refused one after it. Its deletion is now retried like any other,
+    /// and the newer edit waits for it.
+    @Test("A refused edit whose file cannot be deleted never lands after the newer edit, across a restart")
+    func aRefusedEditsLeftoverFileNeverLandsAfterTheNewerEdit() async throws {
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) {
+                let run = Simulation.run(seed: 3) { simulation in
+                    simulation.network.setHost("api.sim", .init(latency: .milliseconds(5)...(.milliseconds(5))))
+                    let folder = URL(fileURLWithPath: "/sim/queue", isDirectory: true)
+                    func engine(_ store: DiskQueueStore) -> OfflineQueueEngine {
+                        OfflineQueueEngine(
+                            requestEngine: AsyncRequestEngine(session: simulation.network, clock: simulation.clock),
+                            reachabilityMonitor: simulation.connectivity,
+                            store: store,
+                            clock: simulation.clock
+                        )
+                    }
+                    await simulation.setOnline(false)
+                    var edit = QueuedRequest(method: .put, url: URL(string: "https://api.sim/docs/k")!)
+                    edit.coalescingKey = "k"
+                    do {
+                        let queue = engine(try DiskQueueStore(directory: folder))
+                        edit.body = Data("1".utf8)
+                        edit.headers["X-Sim-Mutation"] = "v1"
+                        edit.idempotencyKey = "v1"
+                        simulation.disk.faults = .init(unlink: 1, directorySync: 1)
+                        if (try? await queue.enqueue(edit)) != nil { simulation.record("FAIL v1 accepted without a folder fsync") }
+                        simulation.disk.faults = .none
+                        edit.body = Data("2".utf8)
+                        edit.headers["X-Sim-Mutation"] = "v2"
+                        edit.idempotencyKey = "v2"
+                        guard (try? await queue.enqueue(edit))?.queuedID != nil else { return simulation.record("FAIL v2 not queued") }
+                        await simulation.setOnline(true)
+                        let report = await queue.flush(.ignoringReachability)
+                        if report.delivered.count != 1 { simulation.record("FAIL delivered \(report.delivered.count) before the restart") }
+                        await queue.stop()
+                    } catch {
+                        return simulation.record("FAIL setup: \(error)")
+                    }
+                    // The store is gone (its lock with it): the app restarts and drains what it finds.
+                    guard let reopened = try? DiskQueueStore(directory: folder) else { return simulation.record("FAIL reopening") }
+                    let queue = engine(reopened)
+                    _ = await queue.flush(.ignoringReachability)
+                    await queue.stop()
+                    if simulation.origin.version(of: "k") != 2 || simulation.origin.effects(of: "v1") != 0 {
+                        simulation.record("FAIL the origin ends at \(simulation.origin.version(of: "k")), v1 landed \(simulation.origin.effects(of: "v1")) times")
+                    }
+                }
+                exitReportingFailures(of: run)
+            }
+        }
+    }
 }
 
 /// The content of `name` in `folder` on the simulation's disk, or nil when it is not there.

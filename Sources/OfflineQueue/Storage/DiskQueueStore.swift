@@ -455,7 +455,7 @@ public final class DiskQueueStore: Sendable {
 
         let path = filePath(entry.id)
         let syncer = self.syncer
-        let stands = try await write(data, for: entry.id) {
+        let stands = try await write(data, for: entry.id) { [self] in
             do {
                 try syncer.sync()
             } catch {
@@ -463,7 +463,7 @@ public final class DiskQueueStore: Sendable {
                 // again. An entry already queued under this id keeps its file: the rename replaced
                 // its older state, either state is the entry, and deleting the file would lose a
                 // queued entry at the next open (found by the simulation's disk faults).
-                if !wasQueued { try? DurableFiles.removeFile(path) }
+                if !wasQueued { deleteLeftover(path) }
                 throw error
             }
         }
@@ -572,6 +572,40 @@ public final class DiskQueueStore: Sendable {
         deletions.withLock { $0.made &+= 1 }
     }
 
+    /// When the earliest backoff that holds a send back ends, for the queue's timer: each entry's
+    /// own `nextAttemptAt`, except that an entry behind the first of its ordering key does not
+    /// count, since it waits for that one whatever its own date says. Counted, it fired the timer
+    /// into a pass that could send nothing, again and again while the clock stood still, until
+    /// the first entry's backoff ended (the simulation found it: a later entry of a key, attempted
+    /// before an earlier one was stored, with a backoff ending before the earlier one's).
+    func earliestBackoffEnd() -> Date? {
+        state.withLock { state in
+            var heads: [String: QueueEntry] = [:]
+            var earliest: Date?
+            for entry in state.index.ordered() {
+                if let key = entry.orderingKey {
+                    if let head = heads[key], head.sequence < entry.sequence { continue }
+                    heads[key] = entry
+                } else if let next = entry.nextAttemptAt {
+                    earliest = min(earliest ?? next, next)
+                }
+            }
+            for next in heads.values.compactMap(\.nextAttemptAt) { earliest = min(earliest ?? next, next) }
+            return earliest
+        }
+    }
+
+    /// From now until `stopBatchingRemovals()` (a replay pass), `discard`'s deletions go to the
+    /// pool thread a batch at a time (`DeferredRemovals.batchSize`) instead of one by one.
+    func startBatchingRemovals() {
+        removals.startBatching()
+    }
+
+    /// Ends a `startBatchingRemovals()`: deletions still queued start at once.
+    func stopBatchingRemovals() {
+        removals.stopBatching()
+    }
+
     /// Runs the file deletions `discard` queued and waits for any in progress: afterwards no
     /// discarded entry's file is left in the folder (but one that could not be deleted).
     func finishRemovals() {
@@ -624,9 +658,19 @@ public final class DiskQueueStore: Sendable {
             try? DurableFiles.removeFile(target)  // cancelled meanwhile: it was not given up on
             return false
         }
-        try? DurableFiles.removeFile(filePath(entry.id))
-        noteDeletion()
+        deleteLeftover(filePath(entry.id))
         return true
+    }
+
+    /// Deletes the file of an entry the index does not hold (a write that did not stand, an
+    /// entry moved to the dead letters). A deletion that fails is kept and tried again, and
+    /// counted like any other: until it succeeds no edit of a coalescing key is sent
+    /// (`makeDeletionsDurable` throws), since the file left behind may be an older edit the next
+    /// open would send after it. (Dropped, such a failure let a refused edit's file come back and
+    /// overwrite the newer one delivered meanwhile: simulation, queue seed 725.)
+    private func deleteLeftover(_ path: String) {
+        removals.removeNow(path)
+        noteDeletion()
     }
 
     // MARK: - Internals
@@ -663,7 +707,7 @@ public final class DiskQueueStore: Sendable {
         let removedMeanwhile = state.withLock { $0.writes.writeEnded(id, started.ticket) }
         if let failure { throw failure }
         if removedMeanwhile {
-            try? DurableFiles.removeFile(path)
+            deleteLeftover(path)
             return false
         }
         return true
