@@ -42,6 +42,23 @@ struct DiskQueueStoreTests {
         #expect(store.earliestBackoffEnd() == start.addingTimeInterval(20))
     }
 
+    /// The first of a key is the lowest sequence, whatever the replay order says (a later entry of
+    /// higher priority comes first in it), and its expiry ends the wait as its backoff does.
+    @Test func theFirstOfAKeyIsItsLowestSequenceAndItsExpiryCounts() async throws {
+        let directory = TemporaryDirectory()
+        let store = try DiskQueueStore(directory: directory.url)
+        let start = Date(timeIntervalSince1970: 1_000_000)
+        var first = Mutation("/first")
+        first.orderingKey = "k"
+        first.ttl = 600
+        var behind = Mutation("/behind", priority: .critical)
+        behind.orderingKey = "k"
+        try await store.save(QueueEntry(request: first, idempotencyKey: "1", enqueuedAt: start, sequence: 10, attempts: 1, nextAttemptAt: start.addingTimeInterval(3_600)))
+        try await store.save(QueueEntry(request: behind, idempotencyKey: "2", enqueuedAt: start, sequence: 11, attempts: 1, nextAttemptAt: start.addingTimeInterval(5)))
+        #expect(store.orderedEntries().first?.sequence == 11)  // the critical one leads the replay order
+        #expect(store.earliestBackoffEnd() == start.addingTimeInterval(600))  // the first one's expiry
+    }
+
     @Test func oneOwnerOnlyJSONFilePerEntryDirectlyInTheFolder() async throws {
         let h = try QueueHarness([.ok()], connected: false)
         var ids: [UUID] = []

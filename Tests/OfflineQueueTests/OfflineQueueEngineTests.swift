@@ -197,6 +197,23 @@ struct OfflineQueueEngineTests {
         #expect(dead.first?.lastError == "HTTP 500 (0 body bytes)")
     }
 
+    /// The first entry of an ordering key uses its last attempt and goes to the dead letters: the
+    /// next of its key goes in the same pass. (Counted as kept, it waited for another trigger, with
+    /// no backoff of its own to set the timer.)
+    @Test func whenTheFirstOfAKeyIsDeadLetteredTheNextGoesInTheSamePass() async throws {
+        let h = try QueueHarness([.status(500), .status(201)], connected: false, configuration: .init(maxAttempts: 1))
+        var first = Mutation("/first")
+        first.orderingKey = "k"
+        var next = Mutation("/next")
+        next.orderingKey = "k"
+        _ = try await h.engine.enqueue(first)
+        _ = try await h.engine.enqueue(next)
+        await h.monitor.setConnected(true)
+        let report = await h.engine.flush()
+        #expect(report.results.map(\.name) == ["dead(1)", "delivered(201)"])
+        #expect(await h.engine.pendingCount() == 0)
+    }
+
     // MARK: Concurrency and limits
 
     @Test func overlappingFlushesNeverSendTheSameEntryTwiceAtOnce() async throws {

@@ -108,9 +108,10 @@ struct QueueHardeningTests {
         #expect(await afterCrash.load().map(\.id) == [new])
 
         h.session.releaseHeld()  // v1 gets a 503: superseded, so dropped rather than retried later
-        _ = await pass.value
-        #expect(await engine.items.map(\.id) == [new])
-        #expect(await engine.flush().delivered == [new])
+        // v1 left the queue, so the pass scans again and sends the newer edit at once (until
+        // 2026-11-28 it was left for the next trigger, with no backoff to set the timer).
+        #expect(await pass.value.delivered == [new])
+        #expect(await engine.items.isEmpty)
         h.clock.advance(by: .seconds(3600))
         #expect(await engine.flush().results.isEmpty)
         #expect(bodies(h.session) == ["v1", "v2"])

@@ -665,7 +665,9 @@ public actor OfflineQueueEngine {
                     case .delivered, .permanent:
                         result = .removed
                     case .retry:
-                        result = .kept
+                        // A retry that used the last attempt dead-lettered the entry (or a newer
+                        // edit superseded it): gone, so the rest of its key may go in this pass.
+                        result = store.entry(id: entry.id) == nil ? .removed : .kept
                     case .offline:
                         report.endedOffline = true
                         result = .stopped

@@ -12,9 +12,11 @@ import ResilienceCore
 ///
 /// While a replay pass runs (`startBatching()` … `stopBatching()`), deletions go to the pool
 /// thread `batchSize` at a time: waking that thread for each entry cost more than the `unlink`
-/// itself (about four more context switches an entry; a replay of 10 000 entries took 1.28–1.39×
-/// the direct sends that way, 1.06–1.13× batched). The pass finishes what is left when it ends.
+/// itself (about four more context switches an entry; a replay of 10 000 entries took 1.24–1.39×
+/// the direct sends that way, 1.06–1.12× batched). The pass finishes what is left when it ends.
 /// Outside a pass every deletion starts at once, so a lone delivery's file does not linger.
+/// Batching bounds how many deletions wait for the thread, not for how long: in a pass of slow
+/// sends a delivered file may stay until 15 more are delivered or the pass ends.
 ///
 /// Two rules keep a deferred deletion from touching anything else:
 /// - a write of the same path first runs (or waits for) the deletion queued for it
@@ -49,8 +51,8 @@ final class DeferredRemovals: Sendable {
     private let pool: BlockingIOPool
 
     /// Deletions a replay pass gathers before it wakes the pool thread. A process killed during a
-    /// pass leaves at most this many delivered entries' files behind (and maybe one batch being
-    /// deleted), which the next open replays with their `Idempotency-Key`.
+    /// pass leaves up to this many delivered entries' files behind, plus those the thread has not
+    /// got to yet, which the next open replays with their `Idempotency-Key`.
     static let batchSize = 16
 
     init(pool: BlockingIOPool = .shared) {
@@ -65,6 +67,7 @@ final class DeferredRemovals: Sendable {
     /// Ends a `startBatching()`; deletions still queued start at once when no other pass batches.
     func stopBatching() {
         let startWorker = state.withLock { state -> Bool in
+            precondition(state.batching > 0, "stopBatching() without its startBatching()")
             state.batching -= 1
             return state.shouldStartWorker()
         }

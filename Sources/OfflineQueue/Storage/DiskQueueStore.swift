@@ -584,13 +584,17 @@ public final class DiskQueueStore: Sendable {
             var earliest: Date?
             for entry in state.index.ordered() {
                 if let key = entry.orderingKey {
-                    if let head = heads[key], head.sequence < entry.sequence { continue }
+                    if let head = heads[key], head.sequence <= entry.sequence { continue }
                     heads[key] = entry
                 } else if let next = entry.nextAttemptAt {
                     earliest = min(earliest ?? next, next)
                 }
             }
-            for next in heads.values.compactMap(\.nextAttemptAt) { earliest = min(earliest ?? next, next) }
+            // A head's expiry ends its wait too: the pass then sweeps it and its key moves on.
+            for head in heads.values {
+                guard let next = head.nextAttemptAt.map({ min($0, head.expiresAt) }) else { continue }
+                earliest = min(earliest ?? next, next)
+            }
             return earliest
         }
     }
