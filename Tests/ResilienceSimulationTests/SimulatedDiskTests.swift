@@ -136,12 +136,7 @@ struct SimulatedDiskTests {
                     simulation.network.setHost("api.sim", .init(latency: .milliseconds(5)...(.milliseconds(5))))
                     let folder = URL(fileURLWithPath: "/sim/queue", isDirectory: true)
                     guard let store = try? DiskQueueStore(directory: folder) else { return simulation.record("FAIL opening") }
-                    let engine = OfflineQueueEngine(
-                        requestEngine: AsyncRequestEngine(session: simulation.network, clock: simulation.clock),
-                        reachabilityMonitor: simulation.connectivity,
-                        store: store,
-                        clock: simulation.clock
-                    )
+                    let engine = queue(on: store, in: simulation)
                     await simulation.setOnline(false)
                     var edit = QueuedRequest(method: .put, url: URL(string: "https://api.sim/docs/k")!)
                     edit.coalescingKey = "k"
@@ -182,41 +177,33 @@ struct SimulatedDiskTests {
                 let run = Simulation.run(seed: 3) { simulation in
                     simulation.network.setHost("api.sim", .init(latency: .milliseconds(5)...(.milliseconds(5))))
                     let folder = URL(fileURLWithPath: "/sim/queue", isDirectory: true)
-                    func engine(_ store: DiskQueueStore) -> OfflineQueueEngine {
-                        OfflineQueueEngine(
-                            requestEngine: AsyncRequestEngine(session: simulation.network, clock: simulation.clock),
-                            reachabilityMonitor: simulation.connectivity,
-                            store: store,
-                            clock: simulation.clock
-                        )
-                    }
                     await simulation.setOnline(false)
                     var edit = QueuedRequest(method: .put, url: URL(string: "https://api.sim/docs/k")!)
                     edit.coalescingKey = "k"
                     do {
-                        let queue = engine(try DiskQueueStore(directory: folder))
+                        let engine = queue(on: try DiskQueueStore(directory: folder), in: simulation)
                         edit.body = Data("1".utf8)
                         edit.headers["X-Sim-Mutation"] = "v1"
                         edit.idempotencyKey = "v1"
                         simulation.disk.faults = .init(unlink: 1, directorySync: 1)
-                        if (try? await queue.enqueue(edit)) != nil { simulation.record("FAIL v1 accepted without a folder fsync") }
+                        if (try? await engine.enqueue(edit)) != nil { simulation.record("FAIL v1 accepted without a folder fsync") }
                         simulation.disk.faults = .none
                         edit.body = Data("2".utf8)
                         edit.headers["X-Sim-Mutation"] = "v2"
                         edit.idempotencyKey = "v2"
-                        guard (try? await queue.enqueue(edit))?.queuedID != nil else { return simulation.record("FAIL v2 not queued") }
+                        guard (try? await engine.enqueue(edit))?.queuedID != nil else { return simulation.record("FAIL v2 not queued") }
                         await simulation.setOnline(true)
-                        let report = await queue.flush(.ignoringReachability)
+                        let report = await engine.flush(.ignoringReachability)
                         if report.delivered.count != 1 { simulation.record("FAIL delivered \(report.delivered.count) before the restart") }
-                        await queue.stop()
+                        await engine.stop()
                     } catch {
                         return simulation.record("FAIL setup: \(error)")
                     }
                     // The store is gone (its lock with it): the app restarts and drains what it finds.
                     guard let reopened = try? DiskQueueStore(directory: folder) else { return simulation.record("FAIL reopening") }
-                    let queue = engine(reopened)
-                    _ = await queue.flush(.ignoringReachability)
-                    await queue.stop()
+                    let engine = queue(on: reopened, in: simulation)
+                    _ = await engine.flush(.ignoringReachability)
+                    await engine.stop()
                     if simulation.origin.version(of: "k") != 2 || simulation.origin.effects(of: "v1") != 0 {
                         simulation.record("FAIL the origin ends at \(simulation.origin.version(of: "k")), v1 landed \(simulation.origin.effects(of: "v1")) times")
                     }
@@ -225,6 +212,16 @@ struct SimulatedDiskTests {
             }
         }
     }
+}
+
+/// A queue over `store` on the simulation's network, connectivity and clock.
+private func queue(on store: DiskQueueStore, in simulation: Simulation) -> OfflineQueueEngine {
+    OfflineQueueEngine(
+        requestEngine: AsyncRequestEngine(session: simulation.network, clock: simulation.clock),
+        reachabilityMonitor: simulation.connectivity,
+        store: store,
+        clock: simulation.clock
+    )
 }
 
 /// The content of `name` in `folder` on the simulation's disk, or nil when it is not there.
