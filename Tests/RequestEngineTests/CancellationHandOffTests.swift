@@ -28,6 +28,9 @@ final class BlockingCancelProbe: Sendable {
     }
 
     private let gate = DispatchSemaphore(value: 0)
+    /// A gate of its own for a blocking `resume()`: with one gate for both, a `cancel()` made while
+    /// the resume is blocked could take the signal meant for the resume.
+    private let resumeGate = DispatchSemaphore(value: 0)
     private let state = Locked(State())
     /// Whether `resume()` blocks too (as on Linux while the session's work queue is busy).
     private let resumeBlocks: Bool
@@ -41,7 +44,7 @@ final class BlockingCancelProbe: Sendable {
     func resume() {
         update { $0.resumeStarted = true }
         var timedOut = false
-        if resumeBlocks { timedOut = gate.wait(timeout: .now() + .seconds(50)) == .timedOut }
+        if resumeBlocks { timedOut = resumeGate.wait(timeout: .now() + .seconds(50)) == .timedOut }
         update {
             $0.resumed = true
             $0.gateTimedOut = $0.gateTimedOut || timedOut
@@ -59,6 +62,9 @@ final class BlockingCancelProbe: Sendable {
 
     /// Lets the blocked (or next) `cancel()` return.
     func openGate() { gate.signal() }
+
+    /// Lets the blocked (or next) `resume()` return.
+    func openResumeGate() { resumeGate.signal() }
 
     /// Suspends until `condition` holds (the suite's time limit is the safety net).
     func wait(until condition: @escaping @Sendable (State) -> Bool) async {
@@ -206,7 +212,7 @@ struct CancellationHandOffTests {
         caller.cancel()
         #expect(await caller.value?.caseName == "cancelled")  // answered with the resume still blocked
         #expect(!task.probe.snapshot.resumed)
-        task.probe.openGate()  // lets the resume return
+        task.probe.openResumeGate()  // lets the resume return
         await task.probe.wait { $0.resumed }
         task.probe.openGate()  // and the cancel that followed it
         await task.probe.wait { $0.cancelFinished }
