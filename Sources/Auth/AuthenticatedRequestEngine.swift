@@ -118,6 +118,14 @@ public final class AuthenticatedRequestEngine: RequestSending {
         }
     }
 
+    /// Its token header, beside what the engine it sends through adds: a cache above it treats
+    /// every request as credentialed (stored only under a partition). The value stands for
+    /// whichever token is sent (never the token itself): within one partition, one user, a
+    /// response that varies on the header is matched whatever the token is.
+    public func credentialHeaders(for url: URL) -> [String: String] {
+        requestEngine.credentialHeaders(for: url).merging([tokenHeaderName: "(token)"]) { _, token in token }
+    }
+
     deinit {
         admission?.deadlines.shutdown()
     }

@@ -149,6 +149,11 @@ public final class AsyncRequestEngine: RequestSending {
     ///   retrying stops (offline, transport failure, timeout, invalid reply, open circuit),
     ///   `.cancelled` when the calling task is cancelled, `.invalidRequest` before anything is sent
     ///   for a malformed request.
+    /// What its session adds to a request for `url` (`NetworkSession.credentialHeaders(for:)`).
+    public func credentialHeaders(for url: URL) -> [String: String] {
+        session.credentialHeaders(for: url)
+    }
+
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
         let entry = enter(request)
         if entry.runsHere {

@@ -35,10 +35,22 @@ public protocol NetworkSession: Sendable {
     /// transport that can see the body as it arrives should stop the transfer as soon as the limit
     /// is crossed, as `URLSessionTransport` does.
     func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse)
+
+    /// The credential header fields this session adds on its own to a request for `url` that
+    /// carries none of them (a `Cookie` from its cookie store), so that a cache above it sees the
+    /// request as it is sent: `CachedRequestEngine` stores a response to such a request only
+    /// under a partition, and matches `Vary: Cookie` on these values. Values are read, never
+    /// kept or logged.
+    ///
+    /// The default is none. `URLSession` answers from its configuration's cookie store (when
+    /// `httpShouldSetCookies`); `URLSessionTransport` adds none unless made with `usesCookies: true`.
+    func credentialHeaders(for url: URL) -> [String: String]
 }
 
 extension NetworkSession {
     public var honorsTimeoutAndCancellation: Bool { false }
+
+    public func credentialHeaders(for url: URL) -> [String: String] { [:] }
 
     public func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse) {
         let (data, response) = try await data(for: request)
@@ -50,6 +62,13 @@ extension NetworkSession {
 }
 
 extension URLSession: NetworkSession {
+    /// The `Cookie` its configuration's cookie store holds for `url`, when the session sends
+    /// cookies (`httpShouldSetCookies`; `URLSessionConfiguration.default` does, from the shared
+    /// store).
+    public func credentialHeaders(for url: URL) -> [String: String] {
+        CookieHeaders.adding(from: configuration, for: url)
+    }
+
     /// Loads `request` with a completion-handler data task, like Foundation's `data(for:delegate:)`,
     /// except that neither the calling nor the cancelling thread ever waits for the session: the
     /// caller gets `URLError(.cancelled)` at once, and on Linux the task is made, resumed and
@@ -66,5 +85,15 @@ extension URLSession: NetworkSession {
                 transfer.complete(data: data ?? Data(), response: response, error: error)
             }
         }
+    }
+}
+
+/// The `Cookie` a session made from a configuration adds to a request.
+enum CookieHeaders {
+    static func adding(from configuration: URLSessionConfiguration, for url: URL) -> [String: String] {
+        guard configuration.httpShouldSetCookies, let storage = configuration.httpCookieStorage,
+            let cookies = storage.cookies(for: url), !cookies.isEmpty
+        else { return [:] }
+        return HTTPCookie.requestHeaderFields(with: cookies)
     }
 }

@@ -17,9 +17,17 @@ public protocol RequestSending: Sendable {
     /// act on status and headers itself (e.g. `Retry-After` on 503). Throws `NetworkError` only
     /// when no HTTP response was obtained.
     func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse)
+
+    /// The credential header fields this sender (or its transport) adds on its own to a request
+    /// for `url`: a session's `Cookie`, an `AuthenticatedRequestEngine`'s token header. A cache
+    /// above it treats a request it adds one to as credentialed (stored only under a partition)
+    /// and matches `Vary` on the request as sent. The default is none.
+    func credentialHeaders(for url: URL) -> [String: String]
 }
 
 extension RequestSending {
+    public func credentialHeaders(for url: URL) -> [String: String] { [:] }
+
     /// `response(for:)`, with a final status outside 2xx thrown as `NetworkError.httpError` (its
     /// body kept): every sender's `send(_:)`, written once.
     @discardableResult

@@ -39,12 +39,13 @@ import CURLHandleRepair
 ///   corelibs-foundation can crash the process when a task is cancelled just after it starts.
 ///   For cached reads use `ResponseCache`. (A plain `URLSession` used as a `NetworkSession` keeps
 ///   its configuration's cache, and that risk.)
-/// - On Linux, making one mends corelibs-foundation's leak of about 180 bytes per request, once
-///   for the process: every transfer there releases the URL parts libcurl parsed with `curl_free`
-///   instead of `curl_url_cleanup`, for as long as the process runs. The transport points
-///   FoundationNetworking's own libcurl entries (`curl_url`, `curl_free`) at wrappers that
-///   release those parts, and changes nothing else (module CURLHandleRepair; Benchmarks/Repro/).
-///   This covers every `URLSession` in the process, the transport's and others, from then on.
+/// - Cookies are neither sent nor stored unless `usesCookies` says so (see `init(configuration:usesCookies:)`):
+///   a cookie a shared jar added below the response cache would personalize a response the
+///   cache stores as anonymous.
+/// - It changes nothing outside itself. On Linux, corelibs-foundation's `URLSession` leaks about
+///   180 bytes per request (the URL parts libcurl parsed, released with `curl_free`); a
+///   long-running Linux process that sends through URLSession calls
+///   `installFoundationLeakRepair()` once, or uses `AsyncHTTPClientSession` (Integrations).
 ///
 /// Unlike a plain `URLSession` (which also conforms to `NetworkSession`), this transport sees the
 /// body while it arrives; a plain session's body can only be checked once it has arrived whole.
@@ -61,27 +62,38 @@ public final class URLSessionTransport: NetworkSession {
     private let makeTask: @Sendable (URLSession, URLRequest) -> any TransferTask
 
     /// A transport with a session of its own made from `configuration` (copied by `URLSession`).
-    public convenience init(configuration: URLSessionConfiguration = .default) {
-        self.init(configuration: configuration) { session, request in session.dataTask(with: request) }
+    ///
+    /// - Parameter usesCookies: whether the session sends the cookies of the configuration's
+    ///   `httpCookieStorage` and stores the ones responses set (`URLSessionConfiguration.default`
+    ///   has the process's shared jar). `false` by default: the transport then sends exactly the
+    ///   headers the request has, so the layers above it (`CachedRequestEngine`, events, logs)
+    ///   see the request as it is sent. With `true`, `credentialHeaders(addedTo:)` tells a cache
+    ///   above which `Cookie` the session will add, and the cache treats such a request as
+    ///   credentialed (stored only under a partition, matched on the cookie as sent).
+    public convenience init(configuration: URLSessionConfiguration = .default, usesCookies: Bool = false) {
+        self.init(configuration: configuration, usesCookies: usesCookies) { session, request in session.dataTask(with: request) }
     }
 
     /// For tests: `makeTask` stands in for `URLSession.dataTask(with:)`.
     init(
         configuration: URLSessionConfiguration,
+        usesCookies: Bool = false,
         makeTask: @escaping @Sendable (URLSession, URLRequest) -> any TransferTask
     ) {
         let delegate = URLSessionTransportDelegate()
-        #if canImport(CURLHandleRepair)
-        _ = curl_handle_repair_install()
-        #endif
+        // A copy: the caller's configuration is left alone.
+        let configuration = (configuration.copy() as? URLSessionConfiguration) ?? configuration
+        if !usesCookies {
+            configuration.httpCookieStorage = nil
+            configuration.httpShouldSetCookies = false
+            configuration.httpCookieAcceptPolicy = .never
+        }
         #if canImport(FoundationNetworking)
         // corelibs-foundation traps ("Trying to access a behaviour for a task that in not in the
         // registry") when a task is cancelled just after it starts while its session has a
         // `URLCache`: the cache lookup runs on a background queue, unordered against the cancel.
         // Seen here 1 in 6 runs of 3 000 start-then-cancel rounds; never without the cache. So the
-        // transport's own session (a copy: the caller's configuration is left alone) has none;
-        // caching is the ResponseCache layer's job.
-        let configuration = (configuration.copy() as? URLSessionConfiguration) ?? configuration
+        // transport's own session has none; caching is the ResponseCache layer's job.
         configuration.urlCache = nil
         #endif
         let queue = OperationQueue()
@@ -90,6 +102,32 @@ public final class URLSessionTransport: NetworkSession {
         self.delegate = delegate
         self.session = URLSession(configuration: configuration, delegate: delegate, delegateQueue: queue)
         self.makeTask = makeTask
+    }
+
+    /// Mends corelibs-foundation's leak of about 180 bytes per `URLSession` request on Linux, for
+    /// the whole process, from now on: FoundationNetworking releases the URL parts libcurl parsed
+    /// for every transfer with `curl_free` instead of `curl_url_cleanup`. The repair points
+    /// libFoundationNetworking.so's own libcurl entries (`curl_url`, `curl_free`, and
+    /// `curl_url_cleanup` where it imports it) at wrappers that release those parts; it makes those
+    /// entries' pages of that library writable for the moment it changes them, and changes no other
+    /// library's. It then covers every `URLSession` in the process, this transport's and others.
+    ///
+    /// Call it once, early, in a long-running Linux process that sends many requests through
+    /// URLSession (a service, a soak test); an app on Apple platforms never needs it, and a
+    /// Linux service is better served by `AsyncHTTPClientSession` (Integrations), which does not
+    /// leak. Nothing in the package calls it for you. Later calls return the first one's answer.
+    /// Benchmarks/Repro/README.md has the reproduction and the figures.
+    ///
+    /// - Returns: whether the repair is in place: `false` on Apple platforms (nothing to mend),
+    ///   where FoundationNetworking is linked statically, or where its entries are not where
+    ///   expected (then nothing was changed).
+    @discardableResult
+    public static func installFoundationLeakRepair() -> Bool {
+        #if canImport(CURLHandleRepair)
+        curl_handle_repair_install() == 1
+        #else
+        false
+        #endif
     }
 
     deinit {
@@ -121,6 +159,12 @@ public final class URLSessionTransport: NetworkSession {
             delegate.register(transfer, for: task.taskIdentifier)
             return task
         }
+    }
+
+    /// The `Cookie` the session adds to a request for `url`: none unless the transport was made
+    /// with `usesCookies: true` and its cookie store holds one for `url`.
+    public func credentialHeaders(for url: URL) -> [String: String] {
+        CookieHeaders.adding(from: session.configuration, for: url)
     }
 
     /// Transfers whose task has not ended yet (for tests): a cancelled one stays until the session

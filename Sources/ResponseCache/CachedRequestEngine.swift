@@ -137,7 +137,7 @@ public final class CachedRequestEngine: RequestSending {
     /// - Throws: `NetworkError` when no response can be had (`.cancelled` when the caller is
     ///   cancelled, also while paused offline); what the underlying engine throws otherwise.
     public func response(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) async throws -> CachedResponse {
-        let plan = Plan(request, partition: partitionDigest)
+        let plan = Plan(request, partition: partitionDigest, added: requestEngine.credentialHeaders(for: request.url))
         guard plan.isCacheable else { return try await uncached(plan, mode: mode) }
         let cached = lookup(plan)
         let reuse = cached.map { HTTPCachePolicy.reuse($0, request: plan.directives, staleTime: staleTime, now: now) }
@@ -161,7 +161,7 @@ public final class CachedRequestEngine: RequestSending {
     /// was yielded ends the stream with the error; the screen keeps what it has. With
     /// `only-if-cached` the network is never asked: the stored response, or a `504`.
     public func responses(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) -> AsyncThrowingStream<CachedResponse, any Error> {
-        let plan = Plan(request, partition: partitionDigest)
+        let plan = Plan(request, partition: partitionDigest, added: requestEngine.credentialHeaders(for: request.url))
         return AsyncThrowingStream { continuation in
             let task = Task {
                 do {
@@ -207,7 +207,7 @@ public final class CachedRequestEngine: RequestSending {
     /// nothing usable is stored or the request cannot use the cache. Never sends anything and
     /// starts no revalidation.
     public func storedResponse(for request: some NetworkRequest, staleTime: StaleTime) -> CachedResponse? {
-        let plan = Plan(request, partition: partitionDigest)
+        let plan = Plan(request, partition: partitionDigest, added: requestEngine.credentialHeaders(for: request.url))
         guard plan.isCacheable, let cached = lookup(plan) else { return nil }
         let reuse = HTTPCachePolicy.reuse(cached, request: plan.directives, staleTime: staleTime, now: now)
         guard reuse.isUsable || reuse.mayServeStale else { return nil }
@@ -289,6 +289,11 @@ public final class CachedRequestEngine: RequestSending {
         }
     }
 
+    /// What the engine it sends through adds (`RequestSending.credentialHeaders(for:)`).
+    public func credentialHeaders(for url: URL) -> [String: String] {
+        requestEngine.credentialHeaders(for: url)
+    }
+
     // MARK: - Internals
 
     /// A request's properties read once, and what the cache makes of them.
@@ -307,16 +312,25 @@ public final class CachedRequestEngine: RequestSending {
         /// request's own method's first (where a response to it is stored); a HEAD also reads
         /// what a GET stored.
         let keys: [CacheDigest]
-        /// The identity of a network fetch: the key and every request header (requests that
-        /// differ in a header the response may vary on never share a fetch).
+        /// The identity of a network fetch: the key and every request header as sent (requests
+        /// that differ in a header the response may vary on never share a fetch).
         let fetchKey: CacheDigest
+        /// The request's headers as they are sent: its own, and the credentials the sender adds
+        /// on its own (a transport's `Cookie`); what `Vary` is matched on and credentials are
+        /// looked for in. Never sent from here (the sender adds them itself), never stored.
+        let sentHeaders: [String: String]
 
         var primaryKey: CacheDigest { keys[0] }
 
-        init(_ request: some NetworkRequest, partition: CacheDigest?) {
+        /// - Parameter added: the credential headers the sender adds (`RequestSending.credentialHeaders(for:)`);
+        ///   a field the request sets itself is sent as the request says.
+        init(_ request: some NetworkRequest, partition: CacheDigest?, added: [String: String] = [:]) {
             let request = PreparedRequest(request)
             self.request = request
-            let (url, method, headers, body) = (request.url, request.method, request.headers, request.body)
+            let (url, method, body) = (request.url, request.method, request.body)
+            var headers = request.headers
+            for (name, value) in added where HTTPCachePolicy.value(name, in: headers) == nil { headers[name] = value }
+            sentHeaders = headers
             directives = HTTPCachePolicy.requestDirectives(headers)
             let readable = (method == .get || method == .head) && body == nil
             let allowed = !HTTPCachePolicy.carriesCredential(headers) || partition != nil
@@ -373,7 +387,7 @@ public final class CachedRequestEngine: RequestSending {
 
     /// The stored response that answers `plan`: the most recent variant whose `Vary` fields match.
     private func lookup(_ plan: Plan, counting: Bool = true) -> StoredResponse? {
-        HTTPCachePolicy.select(from: cache.variants(for: plan.keys, counting: counting), requestHeaders: plan.request.headers)
+        HTTPCachePolicy.select(from: cache.variants(for: plan.keys, counting: counting), requestHeaders: plan.sentHeaders)
     }
 
     /// A stored response as the caller sees it: its head rebuilt for the request's own URL, with
@@ -514,7 +528,7 @@ public final class CachedRequestEngine: RequestSending {
         guard !plan.directives.noStore, HTTPCachePolicy.mayStore(status: response.statusCode, headers: headers, control: control),
             let varyNames = HTTPCachePolicy.varyNames(headers)
         else { return .passed(data, response) }
-        let varyDigest = HTTPCachePolicy.varyDigest(names: varyNames, requestHeaders: plan.request.headers)
+        let varyDigest = HTTPCachePolicy.varyDigest(names: varyNames, requestHeaders: plan.sentHeaders)
         var stored = StoredResponse(
             key: StoredResponse.variantKey(primary: plan.primaryKey, varyNames: varyNames, varyDigest: varyDigest),
             primaryKey: plan.primaryKey,
@@ -533,7 +547,7 @@ public final class CachedRequestEngine: RequestSending {
         stored.isInvalidated = cache.staleEpoch(of: plan.primaryKey) != epoch
         // The new response replaces every stored variant this request would have selected.
         let superseded = cache.variants(for: [plan.primaryKey], counting: false)
-            .filter { $0.key != stored.key && HTTPCachePolicy.matches($0, requestHeaders: plan.request.headers) }
+            .filter { $0.key != stored.key && HTTPCachePolicy.matches($0, requestHeaders: plan.sentHeaders) }
             .map(\.key)
         cache.remove(superseded)
         cache.store(stored)
@@ -544,7 +558,7 @@ public final class CachedRequestEngine: RequestSending {
     /// HEAD response's headers when they describe it, and marked stale when they do not.
     private func freshenStoredGET(_ plan: Plan, headHeaders: [String: String], requestTime: Date, responseTime: Date) {
         let getKey = Plan.primaryKey(method: .get, url: plan.request.url, partition: partitionDigest)
-        for stored in cache.variants(for: [getKey], counting: false) where HTTPCachePolicy.matches(stored, requestHeaders: plan.request.headers) {
+        for stored in cache.variants(for: [getKey], counting: false) where HTTPCachePolicy.matches(stored, requestHeaders: plan.sentHeaders) {
             cache.update(stored.key) { current in
                 if HTTPCachePolicy.headResponse(headHeaders, describes: current) {
                     return HTTPCachePolicy.refreshed(current, with: headHeaders, requestTime: requestTime, responseTime: responseTime)

@@ -111,6 +111,9 @@ enum Serve {
             Stop with Ctrl-C (SIGINT) or SIGTERM\(options.duration.map { "; stopping by itself after \(Self.format($0))" } ?? "").
             """)
 
+        // A long-running process on URLSession: it asks for the repair of corelibs-foundation's
+        // per-request leak (Linux; nothing happens elsewhere).
+        URLSessionTransport.installFoundationLeakRepair()
         // The package's transport over an ephemeral configuration: no URLCache (caching is the
         // ResponseCache layer's job), so nothing the workload reads is held in memory.
         let session = URLSessionTransport(configuration: .ephemeral)

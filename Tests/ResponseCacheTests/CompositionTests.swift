@@ -53,6 +53,28 @@ struct CompositionTests {
             #expect(bytes.range(of: Data("t-1".utf8)) == nil, "\(name) holds the token")
         }
     }
+
+    /// The token is added below the cache, so the cache learns of it from the sender
+    /// (`credentialHeaders(for:)`): without a partition an authenticated read is never stored,
+    /// and the next user of the app cannot be answered with it.
+    @Test func aCacheOverTheAuthenticatedEngineWithoutAPartitionStoresNothing() async throws {
+        let directory = TemporaryDirectory()
+        let session = ScriptedNetworkSession([.ok("alice's feed", headers: ["Cache-Control": "max-age=60"]), .ok("bob's feed")])
+        let engine = CachedRequestEngine(
+            requestEngine: AuthenticatedRequestEngine(
+                requestEngine: AsyncRequestEngine(session: session),
+                coordinator: TokenRefreshCoordinator(provider: FixedToken())
+            ),
+            cache: try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true)
+        )
+        #expect(engine.credentialHeaders(for: URL(fileURLWithPath: "/feed")).keys.contains("Authorization"))
+        let first = try await engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(30))
+        let second = try await engine.response(for: Read("/feed"), mode: .online, staleTime: .seconds(30))
+        #expect(first.source == .network && second.source == .network)
+        #expect(String(decoding: second.data, as: UTF8.self) == "bob's feed")
+        #expect(engine.cache.count == 0)
+    }
 }
 
 /// `CachedRequestEngine.Configuration`, and the separate arguments it replaced.

@@ -23,10 +23,12 @@ import Glibc
 //   engine-instant   AsyncRequestEngine over a session that answers at once (no network): the
 //                    engine's own memory per request
 //   engine-ahc       AsyncRequestEngine over AsyncHTTPClientSession
-//   engine-urlsession AsyncRequestEngine over URLSessionTransport (the default transport)
+//   engine-urlsession AsyncRequestEngine over URLSessionTransport (the default transport), in a
+//                    process that asks for URLSessionTransport.installFoundationLeakRepair()
+//   engine-urlsession-unrepaired  the same without asking
 //   urlsession       URLSession.shared's data(for:) alone, without the engine
 
-let usage = "usage: soak-benchmark engine-instant|engine-ahc|engine-urlsession|urlsession [--url URL] [--requests N] [--in-flight K]"
+let usage = "usage: soak-benchmark engine-instant|engine-ahc|engine-urlsession|engine-urlsession-unrepaired|urlsession [--url URL] [--requests N] [--in-flight K]"
 var arguments = Array(CommandLine.arguments.dropFirst())
 guard let transport = arguments.first else { fatalError(usage) }
 arguments.removeFirst()
@@ -106,7 +108,8 @@ case "engine-ahc":
     let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration)
     let engine = AsyncRequestEngine(session: AsyncHTTPClientSession(client: client))
     send = { try await engine.send(Get(url: $0)).0.count }
-case "engine-urlsession":
+case "engine-urlsession", "engine-urlsession-unrepaired":
+    if transport == "engine-urlsession" { URLSessionTransport.installFoundationLeakRepair() }
     let configuration = URLSessionConfiguration.ephemeral
     configuration.httpMaximumConnectionsPerHost = inFlight
     let engine = AsyncRequestEngine(session: URLSessionTransport(configuration: configuration))
