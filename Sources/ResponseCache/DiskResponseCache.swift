@@ -25,6 +25,10 @@ import Darwin
 ///   error, tampering) is never served: it is deleted and counted (`statistics.corruptRemoved`).
 /// - **Bounded.** The files never take more than `maxBytes` together: the least recently used are
 ///   deleted first to make room, and a response larger than `maxBytes` is not stored.
+/// - **Nothing stored that cannot be read back.** The limits the reader enforces (a stored URL up
+///   to 64 KiB, header fields up to 1 MiB together, 10 000 fields, 1 000 `Vary` names) are checked
+///   before a response is stored: one beyond them is not stored (`statistics.beyondFormatLimits`)
+///   and still returned to its caller, so `corruptRemoved` counts only torn or damaged files.
 /// - **Read your writes.** A response is readable the moment it is stored, before its file is
 ///   written.
 /// - **Reads never fail because of the disk.** A response that cannot be written (full disk,
@@ -53,6 +57,11 @@ public final class DiskResponseCache: Sendable {
         public var lastStoreFailure: ResponseCacheError?
         /// Responses not stored because they are larger than `maxBytes`.
         public var tooLargeToStore = 0
+        /// Responses not stored because their file would exceed a limit the cache enforces when
+        /// it reads a file back (a stored URL over 64 KiB, status and header fields over 1 MiB
+        /// together, more than 10 000 header fields or 1 000 `Vary` names): the caller still
+        /// gets the response; it is simply not kept.
+        public var beyondFormatLimits = 0
         /// Files found torn or corrupt (at open or when read), deleted, never served.
         public var corruptRemoved = 0
         /// Files deleted to stay under `maxBytes`.
@@ -462,7 +471,13 @@ public final class DiskResponseCache: Sendable {
     /// response). With `ifUnchangedSince`, only if the key's latest store or removal is still that
     /// version (see `update`).
     func store(_ response: StoredResponse, ifUnchangedSince expected: UInt64? = nil) {
-        let data = CacheFileFormat.encode(response)
+        let data: Data
+        do {
+            data = try CacheFileFormat.encode(response)
+        } catch {
+            state.withLock { $0.statistics.beyondFormatLimits += 1 }
+            return
+        }
         guard data.count <= maxBytes else {
             state.withLock { $0.statistics.tooLargeToStore += 1 }
             return

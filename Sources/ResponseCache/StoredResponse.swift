@@ -88,6 +88,23 @@ enum CacheFileFormat {
     static let maximumSummaryLength = 64 * 1024
     /// Longest detail section accepted.
     static let maximumDetailLength = 1024 * 1024
+    /// Most header fields, and most `Vary` names, a file holds.
+    static let maximumHeaderCount = 10_000
+    static let maximumVaryNames = 1_000
+
+    /// Why a response is not written: its file would break a limit the reader enforces, and a
+    /// file the reader refuses is one the cache would serve now and call corrupt after a relaunch.
+    enum Unstorable: Error, Equatable {
+        /// The summary (method, URL as stored, keys) over `maximumSummaryLength`: a URL of about
+        /// 64 KiB.
+        case summaryTooLong
+        /// Status, header fields and `Vary` names over `maximumDetailLength` (1 MiB) together.
+        case detailTooLong
+        case tooManyHeaders
+        case tooManyVaryNames
+        /// A status outside 0…65535, an age or a date that is not a finite, non-negative number.
+        case fieldOutOfRange
+    }
 
     /// Why bytes are not a usable cache file.
     enum Problem: Error, Equatable {
@@ -100,7 +117,14 @@ enum CacheFileFormat {
         case malformed(String)
     }
 
-    static func encode(_ response: StoredResponse) -> Data {
+    /// The file for `response`, or why the reader would not take it back: every limit `decode`
+    /// enforces is enforced here first.
+    static func encode(_ response: StoredResponse) throws(Unstorable) -> Data {
+        guard response.headers.count <= maximumHeaderCount else { throw .tooManyHeaders }
+        guard response.varyNames.count <= maximumVaryNames else { throw .tooManyVaryNames }
+        guard (0...Int(UInt16.max)).contains(response.statusCode), response.initialAge.isFinite, response.initialAge >= 0,
+            response.storedAt.timeIntervalSinceReferenceDate.isFinite
+        else { throw .fieldOutOfRange }
         var summary = Writer()
         summary.digest(response.key)
         summary.digest(response.primaryKey)
@@ -109,7 +133,7 @@ enum CacheFileFormat {
         summary.string(response.url)
         summary.optionalDigest(response.partition)
         var detail = Writer()
-        detail.u16(UInt16(clamping: response.statusCode))
+        detail.u16(UInt16(response.statusCode))
         detail.u64(response.initialAge.bitPattern)
         detail.bytes.append(response.isInvalidated ? 1 : 0)
         detail.u32(UInt32(clamping: response.headers.count))
@@ -120,6 +144,9 @@ enum CacheFileFormat {
         detail.u32(UInt32(clamping: response.varyNames.count))
         for name in response.varyNames { detail.string(name) }
         detail.optionalDigest(response.varyDigest)
+        // Every string is shorter than its section, so no length below was clamped.
+        guard summary.bytes.count <= maximumSummaryLength else { throw .summaryTooLong }
+        guard detail.bytes.count <= maximumDetailLength else { throw .detailTooLong }
 
         var file = Writer()
         file.bytes.reserveCapacity(prefixLength + summary.bytes.count + detail.bytes.count + response.body.count)
@@ -185,14 +212,14 @@ enum CacheFileFormat {
         let flags = try detail.take(1)[0]
         guard flags <= 1 else { throw Problem.malformed("unknown flags") }
         let headerCount = Int(try detail.u32())
-        guard headerCount <= 10_000 else { throw Problem.malformed("too many headers") }
+        guard headerCount <= maximumHeaderCount else { throw Problem.malformed("too many headers") }
         var headers: [String: String] = [:]
         for _ in 0..<headerCount {
             let name = try detail.string()
             headers[name] = try detail.string()
         }
         let varyCount = Int(try detail.u32())
-        guard varyCount <= 1_000 else { throw Problem.malformed("too many vary names") }
+        guard varyCount <= maximumVaryNames else { throw Problem.malformed("too many vary names") }
         var varyNames: [String] = []
         for _ in 0..<varyCount { varyNames.append(try detail.string()) }
         let varyDigest = try detail.optionalDigest()

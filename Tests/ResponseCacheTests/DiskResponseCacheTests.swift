@@ -141,7 +141,7 @@ struct DiskResponseCacheTests {
             cache.store(current)
             await cache.waitForWrites()
         }
-        var old = CacheFileFormat.encode(storedResponse("/old"))
+        var old = try CacheFileFormat.encode(storedResponse("/old"))
         old.replaceSubrange(0..<4, with: Array("RCv1".utf8))
         try old.write(to: directory.url.appendingPathComponent(CacheDigest("old").hex + ".rc"))
         let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
