@@ -39,15 +39,18 @@ public enum RequestPriority: Int, Sendable, Hashable, Comparable, CaseIterable {
 ///   whether it was a drop: `withPermit` counts a thrown error as a drop (a cancellation as
 ///   nothing); `acquire`/`release(_:outcome:)` let a caller say (the engine counts timeouts,
 ///   429, 503 and connection failures). Lock-based, like `ConcurrencyLimiter`: no actor hop.
+/// - **Permits.** A permit is released once; releasing it again (or a permit of another limiter)
+///   changes nothing and is counted in `unmatchedReleases`, so the limit holds whatever the caller
+///   does.
 public final class AdaptiveConcurrencyLimiter: Sendable {
     /// Everything that sets up a limiter; `Configuration()` is the tuned default.
     public struct Configuration: Sendable, Equatable {
         public var algorithm: AdaptiveLimitAlgorithm
-        /// The limit never goes below this (at least 1).
+        /// The limit never goes below this (at least 1; above 2⁵³, 2⁵³).
         public var minLimit: Int
-        /// The limit never goes above this.
+        /// The limit never goes above this (above 2⁵³, 2⁵³: no limit in practice).
         public var maxLimit: Int
-        /// Calls allowed to wait for a place (at least 0).
+        /// Calls allowed to wait for a place (at least 0; `Int.max` works).
         public var maxWaiting: Int
         /// The line also holds at most this many calls per place of the current limit (rounded
         /// up): at 1, a call waits about one round trip of the upstream at most, and past its
@@ -76,9 +79,17 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         /// "Adaptive limits under overload", has why).
         public static let defaultMaxWaitingPerLimit = 0.5
 
+        /// The largest limit: 2⁵³, the largest whole number the limit's estimate (a `Double`)
+        /// holds exactly. Larger limits are clamped to it.
+        static let largestLimit = 1 << 53
+
         /// Each part set; throws `AdaptiveConcurrencyLimiter.ConfigurationError` for a limit below
         /// 1, `minLimit > maxLimit`, a negative `maxWaiting` or `maxWaitingPerLimit` (or NaN), or a
-        /// share outside 0…1.
+        /// share outside 0…1. Every other value works: limits above 2⁵³ (`Int.max`, say) are
+        /// clamped to 2⁵³ (which no limit reaches in practice), `initialLimit` is put within the
+        /// limits, and a `maxWaiting` of `Int.max` or a `maxWaitingPerLimit` of `.infinity` or any
+        /// finite size means what it says (`limit × maxWaitingPerLimit` past `maxWaiting` is
+        /// `maxWaiting`).
         public init(
             algorithm: AdaptiveLimitAlgorithm,
             minLimit: Int,
@@ -94,11 +105,11 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
             guard maxWaitingPerLimit >= 0 else { throw .negativeWaitingPerLimit(maxWaitingPerLimit) }
             guard (0...1).contains(interactiveShare) else { throw .shareOutOfRange(interactiveShare) }
             self.algorithm = algorithm
-            self.minLimit = minLimit
-            self.maxLimit = maxLimit
+            self.minLimit = min(minLimit, Self.largestLimit)
+            self.maxLimit = min(maxLimit, Self.largestLimit)
             self.maxWaiting = maxWaiting
             self.maxWaitingPerLimit = maxWaitingPerLimit
-            self.initialLimit = min(maxLimit, max(minLimit, initialLimit ?? max(minLimit, min(20, maxLimit))))
+            self.initialLimit = min(self.maxLimit, max(self.minLimit, initialLimit ?? min(20, self.maxLimit)))
             self.interactiveShare = interactiveShare
         }
     }
@@ -132,10 +143,24 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         case ignored
     }
 
-    /// A place held: give it back with `release(_:outcome:)`, exactly once.
+    /// A place held: give it back with `release(_:outcome:)`, once. A permit is its place, copies
+    /// included: giving it back again, or giving back a permit of another limiter, changes
+    /// nothing (no place is freed, no sample taken) and is counted in `unmatchedReleases`.
     public struct Permit: Sendable {
         let priority: RequestPriority
         let admittedAt: Duration
+        let place: Place
+    }
+
+    /// What makes a permit its place: whether it was given back, and whose it is. A class, so
+    /// that every copy of a permit sees the one release.
+    final class Place: @unchecked Sendable {
+        // @unchecked Sendable: `owner` is immutable; `released` is read and written only under the
+        // lock of the limiter `owner` names, and `release` checks `owner` before it touches it.
+        let owner: ObjectIdentifier
+        var released = false
+
+        init(owner: ObjectIdentifier) { self.owner = owner }
     }
 
     public let configuration: Configuration
@@ -145,6 +170,7 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         var running: [Int] = [0, 0]  // by priority
         var interactiveWaiters = WaiterList<Bool, Void>()
         var backgroundWaiters = WaiterList<Bool, Void>()
+        var unmatchedReleases = 0
 
         var inFlight: Int { running[0] + running[1] }
         var waiting: Int { interactiveWaiters.count + backgroundWaiters.count }
@@ -158,13 +184,14 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
     ///   - clock: what latency is measured on (`ManualClock` in tests).
     ///
     /// A configuration whose parts were set one by one is made sound here rather than trusted:
-    /// limits below 1 become 1, a `maxLimit` below `minLimit` becomes `minLimit`, a negative line
-    /// becomes 0, a share outside 0…1 (or NaN) is clamped (NaN: the default quarter), and the
-    /// initial limit is put within the limits. `configuration` holds what is used.
+    /// limits below 1 become 1 and limits above 2⁵³ become 2⁵³, a `maxLimit` below `minLimit`
+    /// becomes `minLimit`, a negative line becomes 0, a share outside 0…1 (or NaN) is clamped
+    /// (NaN: the default quarter), and the initial limit is put within the limits.
+    /// `configuration` holds what is used.
     public init(configuration: Configuration = Configuration(), clock: some Clock<Duration> = ContinuousClock()) {
         var configuration = configuration
-        configuration.minLimit = max(1, configuration.minLimit)
-        configuration.maxLimit = max(configuration.minLimit, configuration.maxLimit)
+        configuration.minLimit = min(max(1, configuration.minLimit), Configuration.largestLimit)
+        configuration.maxLimit = min(max(configuration.minLimit, configuration.maxLimit), Configuration.largestLimit)
         configuration.maxWaiting = max(0, configuration.maxWaiting)
         configuration.maxWaitingPerLimit =
             configuration.maxWaitingPerLimit.isNaN
@@ -206,6 +233,12 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
     /// Calls waiting for a place now.
     public var waiting: Int { state.withLock { $0.waiting } }
 
+    /// Releases that matched no place held, and so changed nothing: a permit (or a copy of one)
+    /// given back a second time, or a permit of another limiter. Each is a bug in the caller —
+    /// counted rather than trapped on, so that the limit still holds in a release build and a
+    /// test or a metric can find it; 0 in a correct program.
+    public var unmatchedReleases: Int { state.withLock { $0.unmatchedReleases } }
+
     /// Runs `operation` once a place is free for `priority`, and gives the place back when it
     /// ends: a thrown error counts as a drop (a `CancellationError`, or a throw while the task is
     /// cancelled, as nothing), a return as a success.
@@ -239,7 +272,7 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
             state.running[priority.rawValue] += 1
             return true
         }
-        return admitted ? Permit(priority: priority, admittedAt: time.now()) : nil
+        return admitted ? permit(priority) : nil
     }
 
     /// Takes a place for `priority`, waiting in line for one if needed.
@@ -258,7 +291,7 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
                 return .admitted
             }
             let limit = state.estimator.limit
-            let line = perLimit >= Double(maxWaiting) ? maxWaiting : min(maxWaiting, Int((Double(limit) * perLimit).rounded(.up)))
+            let line = Self.line(limit: limit, perLimit: perLimit, maxWaiting: maxWaiting)
             guard state.waiting < line else { return .rejected(limit: limit, line: line) }
             return priority == .interactive
                 ? .wait(state.interactiveWaiters.issue(()))
@@ -266,7 +299,7 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         }
         switch admission {
         case .admitted:
-            return Permit(priority: priority, admittedAt: time.now())
+            return permit(priority)
         case .rejected(let limit, let line):
             throw LimiterRejection(reason: .concurrencyLimit(maxConcurrent: limit, maxWaiting: line))
         case .wait(let ticket):
@@ -274,7 +307,7 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
                 priority == .interactive ? \State.interactiveWaiters : \State.backgroundWaiters
             let admitted = await state.wait(for: ticket, on: line, cancelled: false)
             guard admitted else { throw CancellationError() }
-            let permit = Permit(priority: priority, admittedAt: time.now())
+            let permit = permit(priority)
             if Task.isCancelled {
                 // Handed a place in the same instant as the cancellation: pass it on, run nothing.
                 release(permit, outcome: .ignored)
@@ -285,11 +318,18 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
     }
 
     /// Gives a place back and records how its operation went; the limit may change, and freed
-    /// places go to the callers waiting.
+    /// places go to the callers waiting. A permit already given back (or a copy of one), or one of
+    /// another limiter, changes nothing and is counted in `unmatchedReleases`.
     public func release(_ permit: Permit, outcome: Outcome) {
         let ended = outcome == .ignored ? Duration.zero : time.now()
         let share = configuration.interactiveShare
+        let owner = ObjectIdentifier(self)
         let ready = state.withLock { state -> [WaiterList<Bool, Void>.Waiter] in
+            guard permit.place.owner == owner, !permit.place.released else {
+                state.unmatchedReleases += 1
+                return []
+            }
+            permit.place.released = true
             let inFlight = state.inFlight
             state.running[permit.priority.rawValue] -= 1
             if outcome != .ignored {
@@ -306,6 +346,19 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         case wait(WaiterList<Bool, Void>.Ticket)
     }
 
+    /// The permit for a place just taken.
+    private func permit(_ priority: RequestPriority) -> Permit {
+        Permit(priority: priority, admittedAt: time.now(), place: Place(owner: ObjectIdentifier(self)))
+    }
+
+    /// How many may wait at `limit`: `limit × perLimit` rounded up, at most `maxWaiting`. Worked
+    /// out in `Double` and converted only when below `maxWaiting` (so below `Int.max`): a product
+    /// past `Int.max` (a huge `perLimit`, `.infinity` included) is `maxWaiting`, never a trap.
+    private static func line(limit: Int, perLimit: Double, maxWaiting: Int) -> Int {
+        let wanted = (Double(limit) * perLimit).rounded(.up)
+        return wanted < Double(maxWaiting) ? Int(wanted) : maxWaiting
+    }
+
     /// Whether a call of `priority` may take a place now: interactive while under the limit;
     /// background while the interactive share stays free — and always one background call when
     /// none runs and a place is free, so background work never starves (at a limit of 1, or a
@@ -315,7 +368,7 @@ public final class AdaptiveConcurrencyLimiter: Sendable {
         guard state.inFlight < limit else { return false }
         guard priority == .background else { return true }
         if state.running[RequestPriority.background.rawValue] == 0 { return true }
-        let reserved = Int((Double(limit) * share).rounded(.up))
+        let reserved = Int((Double(limit) * share).rounded(.up))  // at most the limit, at most 2⁵³
         let stillReserved = max(0, reserved - state.running[RequestPriority.interactive.rawValue])
         return state.inFlight + stillReserved < limit
     }

@@ -22,11 +22,19 @@ public final class RetryBudget: Sendable {
     /// Balances are kept in whole micro-tokens so that deposits like 0.2 or 0.1 s × 1/s add up
     /// exactly (ten deposits of 0.2 make 2 tokens, not 1.9999999999999996).
     private static let scale: Double = 1_000_000
-    private static let maxScaled: Int64 = 1 << 62
 
+    /// The largest value of each setting: 10¹² tokens (10¹⁸ micro-tokens), so that the balance
+    /// plus any one deposit (each at most this) stays far below `Int64.max`.
+    static let largestSetting: Double = 1e12
+
+    /// `tokens` (within 0…`largestSetting`) in micro-tokens.
     private static func scaled(_ tokens: Double) -> Int64 {
-        let value = (tokens * scale).rounded()
-        return value >= Double(maxScaled) ? maxScaled : Int64(value)
+        Int64((min(tokens, largestSetting) * scale).rounded())
+    }
+
+    /// A setting as used: NaN or infinite → `nonFinite`, below `low` → `low`, above 10¹² → 10¹².
+    private static func setting(_ value: Double, atLeast low: Double, nonFinite: Double) -> Double {
+        value.isFinite ? min(largestSetting, max(low, value)) : nonFinite
     }
 
     private struct State {
@@ -40,10 +48,15 @@ public final class RetryBudget: Sendable {
     private let state: Locked<State>
     private let time: TimeSource
 
+    /// Every value is accepted; each setting is clamped to what the bucket can count, and the
+    /// properties hold what is used.
+    ///
     /// - Parameters:
-    ///   - retryRatio: tokens per request; negative or NaN is treated as 0.
-    ///   - minRetriesPerSecond: tokens per second; negative or NaN is treated as 0.
-    ///   - maxBalance: capacity and initial balance; at least 1.
+    ///   - retryRatio: tokens per request; negative, NaN or infinite is treated as 0, above 10¹²
+    ///     as 10¹².
+    ///   - minRetriesPerSecond: tokens per second; negative, NaN or infinite is treated as 0,
+    ///     above 10¹² as 10¹².
+    ///   - maxBalance: capacity and initial balance; at least 1 (NaN or infinite: 1), at most 10¹².
     ///   - clock: the clock time deposits are measured on.
     public init(
         retryRatio: Double = 0.2,
@@ -51,9 +64,9 @@ public final class RetryBudget: Sendable {
         maxBalance: Double = 100,
         clock: some Clock<Duration> = ContinuousClock()
     ) {
-        self.retryRatio = retryRatio.isFinite ? max(0, retryRatio) : 0
-        self.minRetriesPerSecond = minRetriesPerSecond.isFinite ? max(0, minRetriesPerSecond) : 0
-        self.maxBalance = maxBalance.isFinite ? max(1, maxBalance) : 1
+        self.retryRatio = Self.setting(retryRatio, atLeast: 0, nonFinite: 0)
+        self.minRetriesPerSecond = Self.setting(minRetriesPerSecond, atLeast: 0, nonFinite: 0)
+        self.maxBalance = Self.setting(maxBalance, atLeast: 1, nonFinite: 1)
         self.depositPerRequest = Self.scaled(self.retryRatio)
         self.capacity = Self.scaled(self.maxBalance)
         let time = TimeSource(clock)
@@ -94,6 +107,7 @@ public final class RetryBudget: Sendable {
     private func refill(_ state: inout State, now: Duration) {
         guard now > state.lastRefill else { return }
         let elapsed = (now - state.lastRefill).seconds
+        // Each addend is at most 10¹⁸ micro-tokens (`largestSetting`): the sum cannot overflow.
         state.balance = min(capacity, state.balance + Self.scaled(min(elapsed * minRetriesPerSecond, maxBalance)))
         state.lastRefill = now
     }

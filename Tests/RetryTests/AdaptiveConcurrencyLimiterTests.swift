@@ -331,6 +331,98 @@ struct AdaptiveConcurrencyLimiterTests {
         #expect(try await limiter.withPermit(priority: .background) { 1 } == 1)
     }
 
+    /// The largest settings the throwing initializer accepts work: limits of `Int.max` are
+    /// clamped to 2⁵³, a line of `Int.max`, a share of 1, and the limiter admits, refuses and
+    /// releases without trapping.
+    @Test func limitsAndLinesOfIntMaxAreClampedAndWork() async throws {
+        let configuration = try AdaptiveConcurrencyLimiter.Configuration(
+            algorithm: .aimd(), minLimit: .max, maxLimit: .max, maxWaiting: .max, maxWaitingPerLimit: .infinity,
+            initialLimit: .max, interactiveShare: 1
+        )
+        #expect(configuration.minLimit == 1 << 53 && configuration.maxLimit == 1 << 53 && configuration.initialLimit == 1 << 53)
+        #expect(configuration.maxWaiting == .max)
+        for limiter in [AdaptiveConcurrencyLimiter(configuration: configuration), try Self.limiter(min: .max, max: .max, initial: .max, waiting: .max, share: 1)] {
+            #expect(limiter.currentLimit == 1 << 53)
+            let interactive = try #require(limiter.tryAcquire())
+            let background = try #require(limiter.tryAcquire(priority: .background))
+            #expect(limiter.tryAcquire(priority: .background) == nil)  // a share of 1: one background call at a time
+            limiter.release(background, outcome: .success)
+            limiter.release(interactive, outcome: .dropped)
+            #expect(try await limiter.withPermit { limiter.inFlight } == 1)
+            #expect(limiter.inFlight == 0 && limiter.currentLimit == 1 << 53)
+        }
+        var partByPart = AdaptiveConcurrencyLimiter.Configuration()
+        partByPart.minLimit = .max
+        partByPart.maxLimit = .max
+        partByPart.initialLimit = .max
+        let limiter = AdaptiveConcurrencyLimiter(configuration: partByPart)
+        #expect(limiter.configuration.maxLimit == 1 << 53 && limiter.currentLimit == 1 << 53)
+    }
+
+    /// A line per place so large that `limit × maxWaitingPerLimit` is past `Int.max` is bounded by
+    /// `maxWaiting`, not converted (which trapped on the first call that had to wait).
+    @Test func aHugeLinePerPlaceIsBoundedByMaxWaiting() async throws {
+        for (waiting, perLimit) in [(Int.max, 9e18), (Int.max, 1e300), (3, 1e300)] {
+            let limiter = try Self.limiter(min: 2, max: 2, initial: 2, waiting: waiting, perLimit: perLimit, share: 0)
+            let first = try #require(limiter.tryAcquire())
+            let second = try #require(limiter.tryAcquire())
+            let waiter = Task { try await limiter.withPermit { limiter.inFlight } }
+            await yieldUntil { limiter.waiting == 1 }
+            limiter.release(first, outcome: .success)
+            #expect(try await waiter.value == 2)
+            limiter.release(second, outcome: .success)
+            #expect(limiter.inFlight == 0 && limiter.waiting == 0)
+        }
+    }
+
+    /// A permit given back twice (or a copy of it given back after it) frees one place, not two:
+    /// the in-flight count never goes below what runs, no more than the limit run at once, and
+    /// each extra release is counted.
+    @Test func aSecondReleaseOfAPermitChangesNothingAndIsCounted() async throws {
+        let limiter = try Self.limiter(min: 2, max: 2, initial: 2, share: 0)
+        let first = try #require(limiter.tryAcquire())
+        let second = try #require(limiter.tryAcquire())
+        limiter.release(first, outcome: .success)
+        limiter.release(first, outcome: .success)
+        let copy = first
+        limiter.release(copy, outcome: .dropped)
+        #expect(limiter.inFlight == 1)
+        #expect(limiter.unmatchedReleases == 2)
+        let third = try #require(limiter.tryAcquire())
+        try #require(limiter.tryAcquire() == nil)  // two run: the limit
+        #expect(limiter.inFlight == 2)
+
+        // With a caller in line: the first release hands the place on, the second frees nothing.
+        let waiter = Task { try await limiter.withPermit { limiter.inFlight } }
+        await yieldUntil { limiter.waiting == 1 }
+        limiter.release(second, outcome: .success)
+        limiter.release(second, outcome: .success)
+        #expect(limiter.tryAcquire() == nil)
+        #expect(try await waiter.value == 2)
+        limiter.release(third, outcome: .success)
+        limiter.release(third, outcome: .success)
+        #expect(limiter.inFlight == 0)
+        let again = (0..<3).compactMap { _ in limiter.tryAcquire() }
+        #expect(again.count == 2)
+        for permit in again { limiter.release(permit, outcome: .ignored) }
+        #expect(limiter.inFlight == 0 && limiter.unmatchedReleases == 4)
+    }
+
+    /// A permit of another limiter changes nothing here.
+    @Test func aPermitOfAnotherLimiterChangesNothing() throws {
+        let limiter = try Self.limiter(min: 1, max: 1, initial: 1)
+        let other = try Self.limiter(min: 1, max: 1, initial: 1)
+        let held = try #require(limiter.tryAcquire())
+        let foreign = try #require(other.tryAcquire())
+        limiter.release(foreign, outcome: .success)
+        #expect(limiter.inFlight == 1 && limiter.tryAcquire() == nil)
+        #expect(limiter.unmatchedReleases == 1)
+        limiter.release(held, outcome: .success)
+        other.release(foreign, outcome: .success)
+        #expect(limiter.inFlight == 0 && other.inFlight == 0)
+        #expect(limiter.unmatchedReleases == 1 && other.unmatchedReleases == 0)
+    }
+
     /// By default the line holds half as many calls as the limit (rounded up), whatever
     /// `maxWaiting` allows: past the upstream's capacity the rest are refused at once.
     @Test func theLineFollowsTheLimit() async throws {

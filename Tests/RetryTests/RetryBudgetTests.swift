@@ -130,6 +130,24 @@ struct RetryBudgetTests {
         #expect(drain(fractional) == 1)
     }
 
+    /// The largest finite settings work: each is clamped to 10¹² tokens, and deposits on a full
+    /// bucket of that size neither overflow nor pass it.
+    @Test func hugeSettingsAreClampedAndNeverOverflow() {
+        let clock = ManualClock()
+        for huge in [Double.greatestFiniteMagnitude, 1e13, 5e12] {
+            let budget = RetryBudget(retryRatio: huge, minRetriesPerSecond: huge, maxBalance: huge, clock: clock)
+            #expect(budget.retryRatio == 1e12 && budget.minRetriesPerSecond == 1e12 && budget.maxBalance == 1e12)
+            budget.recordRequest()
+            budget.recordRequest()
+            #expect(budget.balance == 1e12)
+            #expect(budget.tryWithdraw())
+            clock.advance(by: .seconds(Int64.max / 2))
+            #expect(budget.balance == 1e12)
+            budget.recordRequest()
+            #expect(budget.balance == 1e12)
+        }
+    }
+
     @Test func concurrentWithdrawalsNeverOverspend() async {
         let budget = RetryBudget(retryRatio: 0, minRetriesPerSecond: 0, maxBalance: 100, clock: ManualClock())
         let successes = await withTaskGroup(of: Int.self) { group in
