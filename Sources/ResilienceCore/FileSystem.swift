@@ -125,15 +125,39 @@ package enum FileSystem {
         }
     }
 
-    /// Creates `path` and any folder missing above it (mode 0700 for those it creates).
+    /// Creates `path` and any folder missing above it (mode 0700 for those it creates), one
+    /// `mkdir(2)` per missing folder; a folder that exists already (made meanwhile by another
+    /// process, say) is fine, and so is a link to one. Throws the `mkdir` that failed, with the
+    /// folder it named and its exact `errno` (`ENOSPC` when the disk has no block or inode left,
+    /// `EACCES` only when permission was denied); something other than a folder under one of the
+    /// names is `ENOTDIR`.
     package static func makeDirectoryTree(_ path: String) throws(FileSystemError) {
         if let disk = SimulationPoints.fileSystem { return try disk.makeDirectory(path) }
-        do {
-            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        } catch {
-            let code = ((error as NSError).userInfo[NSUnderlyingErrorKey] as? NSError).map { Int32($0.code) } ?? EACCES
-            throw FileSystemError(operation: "create directory", path: path, errno: code)
+        var folder = Substring(path)
+        while folder.count > 1, folder.hasSuffix("/") { folder = folder.dropLast() }
+        try makeDirectoryTree(String(folder), depth: 0)
+    }
+
+    /// `path` has no trailing slash. The depth bounds the recursion on a name that keeps failing
+    /// with `ENOENT` (a folder removed as fast as it is made).
+    private static func makeDirectoryTree(_ path: String, depth: Int) throws(FileSystemError) {
+        if mkdir(path, 0o700) == 0 { return }
+        let code = errno
+        if code == ENOENT, depth < 4_096, let slash = path.lastIndex(of: "/"), slash != path.startIndex {
+            // A folder above is missing: make it, then this one.
+            var parent = path[..<slash]
+            while parent.count > 1, parent.hasSuffix("/") { parent = parent.dropLast() }
+            try makeDirectoryTree(String(parent), depth: depth + 1)
+            return try makeDirectoryTree(path, depth: depth + 1)
         }
+        // A folder there already is success, whatever mkdir said of it (EEXIST; EISDIR for "/"
+        // on Darwin; a read-only volume may say EROFS first).
+        var info = stat()
+        if stat(path, &info) == 0 {
+            if (info.st_mode & S_IFMT) == S_IFDIR { return }
+            if code == EEXIST { throw FileSystemError(operation: "mkdir", path: path, errno: ENOTDIR) }
+        }
+        throw FileSystemError(operation: "mkdir", path: path, errno: code)
     }
 
     /// Whether `path` names something other than a directory (a file, a link), without following links.

@@ -42,9 +42,12 @@ package struct SmallFileSystem {
         return true
     }()
 
-    package init?(at path: String, kilobytes: Int) {
+    /// Mounts a tmpfs of `kilobytes` at `path`, with at most `inodes` files and folders when
+    /// given (its root folder takes one).
+    package init?(at path: String, kilobytes: Int, inodes: Int? = nil) {
         #if os(Linux)
-        guard geteuid() == 0, mount("tmpfs", path, "tmpfs", 0, "size=\(kilobytes)k,mode=0700") == 0 else { return nil }
+        let options = "size=\(kilobytes)k,mode=0700" + (inodes.map { ",nr_inodes=\($0)" } ?? "")
+        guard geteuid() == 0, mount("tmpfs", path, "tmpfs", 0, options) == 0 else { return nil }
         self.path = path
         #else
         return nil
@@ -70,6 +73,20 @@ package struct SmallFileSystem {
         while chunk.withUnsafeBytes({ write(fd, $0.baseAddress, $0.count) }) > 0 {}
         close(fd)
         return filler
+    }
+
+    /// Creates empty files until the file system has no inode left (creating one fails with
+    /// ENOSPC), at most 10 000 (mount with `inodes:`); returns how many it created.
+    @discardableResult
+    package func useUpInodes() -> Int {
+        var created = 0
+        while created < 10_000 {
+            let fd = open(path + "/inode-\(created)", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+            guard fd >= 0 else { return created }
+            close(fd)
+            created += 1
+        }
+        return created
     }
 
     package func unmount() {

@@ -147,6 +147,24 @@ struct QueueHardeningTests {
 
     // MARK: Item 6: a folder that stops accepting writes
 
+    /// A folder that cannot be created because the file system has no inode left says so
+    /// (`ENOSPC`, on the first folder it could not create), not `EACCES`: the app tells the user
+    /// to free space, not to fix permissions.
+    @Test(.enabled(if: SmallFileSystem.isAvailable, "cannot mount a tmpfs here (needs Linux, root and mount(2))"))
+    func aQueueFolderThatCannotBeCreatedForWantOfInodesIsADiskFullError() throws {
+        let mountPoint = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: mountPoint.url, withIntermediateDirectories: true)
+        let mounted = try #require(SmallFileSystem(at: mountPoint.url.path, kilobytes: 1024, inodes: 8))
+        defer { mounted.unmount() }
+        #expect(mounted.useUpInodes() > 0)
+        let support = mountPoint.url.appendingPathComponent("Application Support")
+        let failure = OfflineQueueError.storage(operation: "mkdir", path: support.path, errno: ENOSPC)
+        #expect(throws: failure) {
+            try DiskQueueStore(directory: support.appendingPathComponent("Resilience/OfflineQueue"))
+        }
+        #expect(failure.isDiskFull)
+    }
+
     @Test(.enabled(if: SmallFileSystem.isAvailable, "cannot mount a tmpfs here (needs Linux, root and mount(2))"))
     func cancelOnAReadOnlyFolderReturnsFalseAndTheEntryStaysQueued() async throws {
         let mountPoint = TemporaryDirectory()

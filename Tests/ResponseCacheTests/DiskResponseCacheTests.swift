@@ -265,6 +265,21 @@ struct DiskResponseCacheTests {
         #expect(first.count == 0)
     }
 
+    /// A folder that cannot be created because the file system has no inode left says so
+    /// (`ENOSPC`, on the first folder it could not create), not `EACCES`.
+    @Test(.enabled(if: SmallFileSystem.isAvailable, "cannot mount a tmpfs here (needs Linux, root and mount(2))"))
+    func aCacheFolderThatCannotBeCreatedForWantOfInodesIsADiskFullError() throws {
+        let mountPoint = TemporaryDirectory()
+        try FileManager.default.createDirectory(at: mountPoint.url, withIntermediateDirectories: true)
+        let mounted = try #require(SmallFileSystem(at: mountPoint.url.path, kilobytes: 1024, inodes: 8))
+        defer { mounted.unmount() }
+        #expect(mounted.useUpInodes() > 0)
+        let caches = mountPoint.url.appendingPathComponent("Caches")
+        #expect(throws: ResponseCacheError.storage(operation: "mkdir", path: caches.path, errno: ENOSPC)) {
+            try DiskResponseCache(directory: caches.appendingPathComponent("Resilience/Responses"), maxBytes: 1 << 20)
+        }
+    }
+
     @Test(.enabled(if: SmallFileSystem.isAvailable, "cannot mount a tmpfs here (needs Linux, root and mount(2))"))
     func aFullDiskFailsTheWriteNotTheReadAndIsCounted() async throws {
         let mountPoint = TemporaryDirectory()
