@@ -15,6 +15,14 @@ enum CacheFolder {
     /// `<32 hex digits of the key digest>.rc`.
     static func fileName(_ key: CacheDigest) -> String { key.hex + ".rc" }
 
+    /// The key a cache file's name (`<hex>.rc`, or a write's `.<hex>.rc.tmp`) carries, if any.
+    static func key(ofFileNamed name: String) -> CacheDigest? {
+        var stem = Substring(name)
+        if stem.hasPrefix("."), stem.hasSuffix(".tmp") { stem = stem.dropFirst().dropLast(4) }
+        guard stem.hasSuffix(".rc"), stem.utf8.count == 35 else { return nil }
+        return CacheDigest(hex: stem.dropLast(3))
+    }
+
     static func isCacheFile(_ name: String) -> Bool {
         name.hasSuffix(".rc") || (name.hasPrefix(".") && name.hasSuffix(".tmp"))
     }

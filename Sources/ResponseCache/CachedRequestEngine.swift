@@ -503,7 +503,23 @@ public final class CachedRequestEngine: RequestSending {
             let selected = HTTPCachePolicy.selectedBy304(headers, among: variants, nominated: cached)
             // Marked stale while this exchange ran: the 304 may predate what made it stale.
             let overtaken = cache.staleEpoch(of: plan.primaryKey) != epoch
+            // A 304 whose `Vary` names other fields than a stored response's changes which
+            // requests that response answers, so its key: the request's own response is stored
+            // again under the key the new names give this request; another variant, whose request
+            // values are kept only as a digest, cannot be re-keyed and is dropped.
+            let newVaryNames = HTTPCachePolicy.value("Vary", in: headers).map { _ in HTTPCachePolicy.varyNames(headers) }
             for stored in selected {
+                if let newVaryNames, newVaryNames != stored.varyNames {
+                    cache.remove([stored.key])
+                    guard stored.key == cached.key, let names = newVaryNames else { continue }
+                    var refreshed = HTTPCachePolicy.refreshed(stored, with: headers, requestTime: requestTime, responseTime: responseTime)
+                    refreshed.varyNames = names
+                    refreshed.varyDigest = HTTPCachePolicy.varyDigest(names: names, requestHeaders: plan.sentHeaders)
+                    refreshed.key = StoredResponse.variantKey(primary: stored.primaryKey, varyNames: names, varyDigest: refreshed.varyDigest)
+                    refreshed.isInvalidated = overtaken
+                    cache.store(refreshed)
+                    continue
+                }
                 cache.update(stored.key) { current in
                     var refreshed = HTTPCachePolicy.refreshed(current, with: headers, requestTime: requestTime, responseTime: responseTime)
                     refreshed.isInvalidated = overtaken

@@ -83,13 +83,27 @@ public final class DiskResponseCache: Sendable {
         let version: UInt64
     }
 
+    private enum FileJob: Sendable {
+        case write(WriteJob)
+        case delete
+    }
+
     private struct State: Sendable {
         var index = CacheIndex()
         /// Bytes of writes admitted but not yet in the index.
         var reserved: [CacheDigest: Int] = [:]
-        /// The newest response waiting to be written, by key; a key has at most one writer at a time.
-        var queued: [CacheDigest: WriteJob] = [:]
-        var writing: Set<CacheDigest> = []
+        /// What the owner of each key's file does next with it: write the newest response, or
+        /// delete the file.
+        var queued: [CacheDigest: FileJob] = [:]
+        /// Keys whose file a thread owns now: a file loop writing or deleting it, or a caller
+        /// deleting it. Only a key's owner touches its file, so a deletion can never hit a file
+        /// written after it was decided (`claimFileDeletion(_:in:)`).
+        var fileOwners: Set<CacheDigest> = []
+        /// The version of the write each key's owner is making now.
+        var inFlight: [CacheDigest: UInt64] = [:]
+        /// Keys whose write waits for room that writes in flight have reserved (their owners keep
+        /// them); a write that ends starts their loops again.
+        var waitingForRoom: [CacheDigest] = []
         /// The version of each key's latest store or removal (`clear()` forgets them all), so a
         /// write overtaken by a removal cannot bring its response back.
         var latest: [CacheDigest: UInt64] = [:]
@@ -158,8 +172,10 @@ public final class DiskResponseCache: Sendable {
             FileSystem.closeDescriptor(descriptor)
             throw error
         }
-        let excess = state.withLock { state in Self.evict(&state, toFit: self.maxBytes) }
-        for key in excess { try? FileSystem.removeFile(filePath(key)) }
+        let excess = state.withLock { state in
+            Self.evict(&state, toFit: self.maxBytes).filter { Self.claimFileDeletion($0, in: &state) }
+        }
+        deleteFiles(excess)
         state.withLock { Self.updateTotals(&$0) }
     }
 
@@ -174,6 +190,13 @@ public final class DiskResponseCache: Sendable {
 
     /// The number of stored responses.
     public var count: Int { state.withLock { $0.index.count } }
+
+    /// The file name and size of every response the index holds (for tests).
+    func indexedFiles() -> [String: Int] {
+        state.withLock { state in
+            Dictionary(uniqueKeysWithValues: state.index.items.map { (CacheFolder.fileName($0.key), $0.value.size) })
+        }
+    }
 
     /// The bytes the stored responses' files take.
     public var totalBytes: Int { state.withLock { $0.index.totalBytes } }
@@ -191,7 +214,9 @@ public final class DiskResponseCache: Sendable {
             state.index.removeAll()
             state.memory = [:]
             state.memoryIndex.removeAll()
-            state.queued = [:]
+            // Writes not begun are dropped; a write in flight is no longer current and its owner
+            // deletes what it wrote. Deletions already decided stay.
+            state.queued = state.queued.filter { if case .delete = $0.value { true } else { false } }
             Self.updateTotals(&state)
         }
         var firstFailure: ResponseCacheError?
@@ -202,11 +227,17 @@ public final class DiskResponseCache: Sendable {
             throw ResponseCacheError.storage(operation: error.operation, path: error.path, errno: error.errno)
         }
         for name in names where CacheFolder.isCacheFile(name) {
+            // A file (or a leftover temp file) whose key a write loop owns is that loop's to
+            // delete: it is writing a response stored after this clear, or deletes what it wrote.
+            if let key = CacheFolder.key(ofFileNamed: name) {
+                guard state.withLock({ Self.claimFileDeletion(key, in: &$0) }) else { continue }
+            }
             do {
                 try FileSystem.removeFile(path + "/" + name)
             } catch {
                 if firstFailure == nil { firstFailure = .storage(operation: error.operation, path: error.path, errno: error.errno) }
             }
+            if let key = CacheFolder.key(ofFileNamed: name) { release([key]) }
         }
         if let firstFailure { throw firstFailure }
     }
@@ -300,12 +331,15 @@ public final class DiskResponseCache: Sendable {
     /// Removes the responses stored under these keys, in memory and on disk.
     func remove(_ keys: [CacheDigest]) {
         guard !keys.isEmpty else { return }
-        state.withLock { state in Self.forget(keys, in: &state) }
-        for key in keys { try? FileSystem.removeFile(filePath(key)) }
+        let claimed = state.withLock { state in
+            Self.forget(keys, in: &state)
+            return keys.filter { Self.claimFileDeletion($0, in: &state) }
+        }
+        deleteFiles(claimed)
     }
 
-    /// Forgets `keys` in memory (the caller deletes their files), so that a write of theirs still
-    /// in flight cannot bring them back.
+    /// Forgets `keys` in memory (the caller then has their files deleted), so that a write of
+    /// theirs still in flight cannot bring them back.
     private static func forget(_ keys: [CacheDigest], in state: inout State) {
         for key in keys {
             state.latest[key] = state.nextVersion
@@ -447,18 +481,20 @@ public final class DiskResponseCache: Sendable {
             break  // gone (evicted or cleared meanwhile) or unreadable now: a miss, not a verdict
         }
         let response = decoded
-        state.withLock { state in
+        let deletes = state.withLock { state -> Bool in
             if let response {
                 state.index.touch(key)
                 Self.remember(response, in: &state, budget: memoryBytes)
-            } else {
-                if corrupt, state.index.remove(key) != nil {
-                    state.statistics.corruptRemoved += 1
-                    Self.updateTotals(&state)
-                }
+                return false
             }
+            guard corrupt else { return false }
+            if state.index.remove(key) != nil {
+                state.statistics.corruptRemoved += 1
+                Self.updateTotals(&state)
+            }
+            return Self.claimFileDeletion(key, in: &state)
         }
-        if corrupt { try? FileSystem.removeFile(filePath(key)) }
+        if deletes { deleteFiles([key]) }
         if response != nil { FileSystem.touch(named: name, in: folder) }  // recency survives a restart
         return response
     }
@@ -506,67 +542,134 @@ public final class DiskResponseCache: Sendable {
             state.nextVersion += 1
             state.latest[response.key] = version
             state.pending[response.key] = response
-            state.queued[response.key] = WriteJob(response: response, data: data, version: version)
-            return (state.writing.insert(response.key).inserted, dropped)
+            state.queued[response.key] = .write(WriteJob(response: response, data: data, version: version))
+            return (state.fileOwners.insert(response.key).inserted, dropped.filter { Self.claimFileDeletion($0, in: &state) })
         }
-        for key in dropped { try? FileSystem.removeFile(filePath(key)) }
-        if startWriter { pool.submit { [self] in writeLoop(response.key) } }
+        deleteFiles(dropped)
+        if startWriter { pool.submit { [self] in fileLoop(response.key) } }
     }
 
     /// Returns once every response stored so far is in its file (or its write failed, which
     /// `statistics` counts): before the app is suspended, or a test reopens the folder. A cancelled
     /// caller returns at once.
     public func waitForWrites() async {
-        await state.wait(on: \.idleWaiters, tag: (), cancelled: ()) { $0.writing.isEmpty ? () : nil }
+        await state.wait(on: \.idleWaiters, tag: (), cancelled: ()) { $0.fileOwners.isEmpty ? () : nil }
     }
 
-    /// Runs on an I/O pool thread: writes the newest queued response for `key` until none is left.
-    private func writeLoop(_ key: CacheDigest) {
+    /// Runs on an I/O pool thread as the owner of `key`'s file: writes the newest queued response,
+    /// or deletes the file, until nothing is queued for it.
+    private func fileLoop(_ key: CacheDigest) {
+        enum Step {
+            case write(WriteJob, evicted: [CacheDigest])
+            case delete
+            case waitForRoom(evicted: [CacheDigest])
+        }
         while true {
-            let next = state.withLock { state -> (job: WriteJob, evict: [CacheDigest])? in
+            let next = state.withLock { state -> Step? in
                 guard let job = state.queued.removeValue(forKey: key) else {
-                    state.writing.remove(key)
+                    state.fileOwners.remove(key)
                     return nil
                 }
-                guard state.latest[key] == job.version else { return (job, []) }  // removed since: not written
-                // Make room first, so the folder never holds more than maxBytes.
+                guard case .write(let write) = job else { return .delete }
+                // Make room first, so the folder never holds more than maxBytes; the victims this
+                // thread may delete now (the others' owners delete them).
                 let current = state.index[key]?.size ?? 0
                 let reservedElsewhere = state.reserved.values.reduce(0, +)
-                let evict = Self.evict(&state, toFit: maxBytes - job.data.count - reservedElsewhere + current, sparing: key)
-                state.reserved[key] = job.data.count
-                return (job, evict)
+                let evicted = Self.evict(&state, toFit: maxBytes - write.data.count - reservedElsewhere + current, sparing: key)
+                    .filter { Self.claimFileDeletion($0, in: &state) }
+                guard state.index.totalBytes - current + reservedElsewhere + write.data.count <= maxBytes else {
+                    // Other writes in flight hold the room this one needs (every stored response
+                    // is evicted already): it waits for one of them to end, still the key's owner.
+                    state.queued[key] = job
+                    state.waitingForRoom.append(key)
+                    return .waitForRoom(evicted: evicted)
+                }
+                state.reserved[key] = write.data.count
+                state.inFlight[key] = write.version
+                return .write(write, evicted: evicted)
             }
-            guard let (job, evict) = next else { break }
-            for victim in evict { try? FileSystem.removeFile(filePath(victim)) }
+            guard let next else { break }
+            let job: WriteJob
+            switch next {
+            case .delete:
+                try? FileSystem.removeFile(filePath(key))
+                continue
+            case .waitForRoom(let evicted):
+                deleteFiles(evicted)
+                return
+            case .write(let write, let evicted):
+                deleteFiles(evicted)
+                job = write
+            }
             var failure: FileSystemError?
-            let isCurrent = state.withLock { $0.latest[key] == job.version }
-            if isCurrent {
+            if state.withLock({ Self.version(of: key, in: $0) == job.version }) {
                 do {
                     try FileSystem.writeFile(job.data, to: filePath(key), via: path + "/." + CacheFolder.fileName(key) + ".tmp", sync: false)
                 } catch {
                     failure = error
                 }
             }
-            let stale = state.withLock { state -> Bool in
+            let (unwanted, waiting) = state.withLock { state -> (Bool, [CacheDigest]) in
                 state.reserved[key] = nil
-                // Removed or cleared while it was written (a newer store is queued and rewrites it).
-                guard state.latest[key] == job.version else { return state.queued[key] == nil }
+                state.inFlight[key] = nil
+                let waiting = state.waitingForRoom
+                state.waitingForRoom = []
+                // Removed, replaced or cleared meanwhile: a job queued since takes over (a newer
+                // write replaces the file, a deletion deletes it); with none, the file goes.
+                guard Self.version(of: key, in: state) == job.version else { return (state.queued[key] == nil, waiting) }
                 state.pending[key] = nil  // reads go to the file (or, if it failed, the previous one)
+                defer { Self.updateTotals(&state) }
                 if let failure {
                     state.statistics.storeFailures += 1
                     state.statistics.lastStoreFailure = .storage(operation: failure.operation, path: failure.path, errno: failure.errno)
-                } else {
-                    state.index.insert(job.response.summary, size: job.data.count)
-                    state.statistics.stored += 1
+                    // The file left is the previous one: kept while the index holds it, else it goes.
+                    return (state.index[key] == nil, waiting)
                 }
-                Self.updateTotals(&state)
-                return false
+                state.index.insert(job.response.summary, size: job.data.count)
+                state.statistics.stored += 1
+                return (false, waiting)
             }
-            if stale, failure == nil, isCurrent { try? FileSystem.removeFile(filePath(key)) }
+            if unwanted { try? FileSystem.removeFile(filePath(key)) }
+            for waiter in waiting { pool.submit { [self] in fileLoop(waiter) } }
         }
         let waiters = state.withLock { state in
-            state.writing.isEmpty ? state.idleWaiters.takeAll() : []
+            state.fileOwners.isEmpty ? state.idleWaiters.takeAll() : []
         }
+        for waiter in waiters { waiter.resume(returning: ()) }
+    }
+
+    /// Once `key`'s response has left the cache in memory (removed, replaced by a newer variant,
+    /// evicted, found corrupt, cleared), arranges for its file to go. Only a key's owner touches
+    /// its file: with no owner, the caller becomes it and must delete the file, then `release`
+    /// the key (true); a file loop that owns it deletes the file after what it is doing (false) —
+    /// unless it is writing, or has queued, a current response of the key, whose file replaces the
+    /// old one. So a deletion decided before a store never removes the file that store writes.
+    private static func claimFileDeletion(_ key: CacheDigest, in state: inout State) -> Bool {
+        guard !state.fileOwners.insert(key).inserted else { return true }
+        let current = version(of: key, in: state)
+        let currentWriteQueued = if case .write(let job) = state.queued[key] { job.version == current } else { false }
+        if !currentWriteQueued, state.inFlight[key] != current { state.queued[key] = .delete }
+        return false
+    }
+
+    /// Deletes the files of keys the caller claimed (`claimFileDeletion`), then releases them.
+    private func deleteFiles(_ keys: [CacheDigest]) {
+        guard !keys.isEmpty else { return }
+        for key in keys { try? FileSystem.removeFile(filePath(key)) }
+        release(keys)
+    }
+
+    /// Gives up the ownership of keys whose files the caller has dealt with; a job queued for one
+    /// meanwhile gets a file loop of its own.
+    private func release(_ keys: [CacheDigest]) {
+        let (loops, waiters) = state.withLock { state in
+            var loops: [CacheDigest] = []
+            for key in keys {
+                if state.queued[key] != nil { loops.append(key) } else { state.fileOwners.remove(key) }
+            }
+            return (loops, state.fileOwners.isEmpty ? state.idleWaiters.takeAll() : [])
+        }
+        for key in loops { pool.submit { [self] in fileLoop(key) } }
         for waiter in waiters { waiter.resume(returning: ()) }
     }
 

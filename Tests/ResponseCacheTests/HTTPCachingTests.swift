@@ -61,6 +61,31 @@ struct HTTPCachingTests {
         #expect(!HTTPCachePolicy.reuse(storedFrench, request: CacheControl(), staleTime: .http, now: h.engine.now).isFresh)
     }
 
+    /// A 304 that says the resource now varies on another field moves the stored response to
+    /// the key those fields give: it answers requests that differ only in the old field, and
+    /// never one that differs in the new one.
+    @Test func a304WithADifferentVaryReKeysTheStoredResponse_Section4_3_4() async throws {
+        let h = try CacheHarness([
+            .ok("the doc", headers: ["ETag": "\"v1\"", "Vary": "Accept-Language", "Cache-Control": "max-age=10"]),
+            .status(304, headers: ["ETag": "\"v1\"", "Vary": "Accept-Encoding", "Cache-Control": "max-age=600"]),
+            .ok("the doc, brotli", headers: ["ETag": "\"v1-br\"", "Vary": "Accept-Encoding", "Cache-Control": "max-age=600"]),
+        ])
+        let english = Read("/doc", headers: ["Accept-Language": "en", "Accept-Encoding": "gzip"])
+        _ = try await h.engine.response(for: english, mode: .online, staleTime: .http)
+        h.clock.advance(by: .seconds(20))
+        let revalidated = try await h.engine.response(for: english, mode: .online, staleTime: .http)
+        #expect(revalidated.source == .cache && h.body(revalidated) == "the doc")
+        // Another language, the same encoding: the stored response answers it now.
+        let french = try await h.engine.response(for: Read("/doc", headers: ["Accept-Language": "fr", "Accept-Encoding": "gzip"]), mode: .online, staleTime: .http)
+        #expect(french.source == .cache && h.body(french) == "the doc")
+        // Another encoding: not the stored response's to answer.
+        let brotli = try await h.engine.response(for: Read("/doc", headers: ["Accept-Language": "en", "Accept-Encoding": "br"]), mode: .online, staleTime: .http)
+        #expect(brotli.source == .network && h.body(brotli) == "the doc, brotli")
+        #expect(h.session.callCount == 3)
+        let stored = h.cache.variants(for: [CachedRequestEngine.Plan(english, partition: nil).primaryKey], counting: false)
+        #expect(stored.allSatisfy { $0.varyNames == ["accept-encoding"] } && stored.count == 2)
+    }
+
     @Test func a304WithTheStoredStrongValidatorFreshensItAndKeepsItsBody_Section4_3_4() async throws {
         let h = try CacheHarness([
             .ok("the body", headers: ["ETag": "\"v1\"", "Cache-Control": "max-age=10", "X-Version": "1"]),
