@@ -97,7 +97,9 @@ struct OfflineFirstIntegrationTests {
         await reader.waitFor { $0.source == .network && Notes.decode($0.data) == ["a"] }
         await app.monitor.setConnected(false)
         try await app.client.mutate(Post(url: notes.server.url("/notes"), text: "b"))
-        #expect(Notes.decode(reader.latest?.data) == ["a", "b"] && reader.latest?.hasPendingWrites == true)
+        // Yielded before `mutate` returned; the reader's own task takes it from the stream.
+        let shown = await reader.waitFor { $0.hasPendingWrites }
+        #expect(Notes.decode(shown.data) == ["a", "b"])
         await app.monitor.setConnected(true)
         let report = await app.queue.flush()
         // Once a pass is over the note is delivered (by this pass or the reconnect's before it):

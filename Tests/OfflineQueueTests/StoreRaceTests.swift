@@ -107,3 +107,40 @@ struct StoreRaceTests {
         #expect(store.entry(id: id) == nil)
     }
 }
+
+/// Saves, updates and removals of the same entries from several tasks at once, on the store's real
+/// I/O threads: a deletion decided for one write of an id never removes the file a later write of
+/// that id made, and writes of one id never land out of the order they began in, so after every
+/// round the folder holds exactly the entries the store holds.
+@Suite("DiskQueueStore: concurrent writes and removals of one id", .timeLimit(.minutes(2)))
+struct StoreIDRaceTests {
+    @Test func savesUpdatesAndRemovalsOfOneIdLeaveTheFolderAndTheStoreInAgreement() async throws {
+        let directory = TemporaryDirectory()
+        let store = try DiskQueueStore(directory: directory.url)
+        let entries = (0..<4).map { QueueEntry(Mutation("/item-\($0)", body: "v0")) }
+        for round in 0..<200 {
+            for entry in entries { try await store.save(entry) }
+            await withTaskGroup(of: Void.self) { group in
+                for entry in entries {
+                    group.addTask {
+                        var updated = entry
+                        updated.attempts = round % 5 + 1
+                        try? await store.update(updated)
+                    }
+                    group.addTask { try? store.remove(id: entry.id) }
+                    group.addTask { try? await store.save(entry) }
+                }
+            }
+            store.finishRemovals()
+            let files = Set(directory.fileNames.filter { $0.hasSuffix(".json") && !$0.hasPrefix(".") })
+            let queued = Set(store.orderedEntries().map { "\($0.id.uuidString).json" })
+            if files != queued {
+                Issue.record("round \(round): \(files.count) files, \(queued.count) queued; missing files \(queued.subtracting(files).count), extra files \(files.subtracting(queued).count)")
+                return
+            }
+        }
+        store.releaseLock()
+        // What the folder holds is what a relaunch finds.
+        #expect(try DiskQueueStore(directory: directory.url).openReport.loaded == store.orderedEntries().count)
+    }
+}

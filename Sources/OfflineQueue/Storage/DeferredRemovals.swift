@@ -18,16 +18,21 @@ import ResilienceCore
 /// Batching bounds how many deletions wait for the thread, not for how long: in a pass of slow
 /// sends a delivered file may stay until 15 more are delivered or the pass ends.
 ///
-/// Two rules keep a deferred deletion from touching anything else:
-/// - a write of the same path first runs (or waits for) the deletion queued for it
-///   (`settle(_:)`), so the deletion can never remove the file written after it;
+/// Three rules keep a deletion from touching anything else:
+/// - the store registers an entry's deletion (`remove(_:)`, `register(_:)`) under its own lock,
+///   in the same step that takes the entry out of its index, so no later write of that id can
+///   begin before the deletion is known here;
+/// - a write of the same path first runs (or waits for) the deletion registered for it
+///   (`settle(_:)`), and every deletion — the worker's, or one run by a caller (`runNow(_:)`,
+///   `removeNow(_:)`) — is marked in progress while its `unlink` runs, so the deletion can never
+///   remove the file written after it;
 /// - the store runs every queued deletion before it gives up its folder (`finish()`), and a
 ///   replay pass before it returns, so a pass's delivered files are gone when `flush()` returns.
 final class DeferredRemovals: Sendable {
     private struct State {
-        /// Queued and not yet started.
+        /// Registered and not yet started.
         var pending: Set<String> = []
-        /// Taken by the worker and being deleted now (`removing` is held meanwhile).
+        /// Being deleted now, by the worker or a caller.
         var inProgress: Set<String> = []
         var workerRunning = false
         /// Replay passes batching their deletions now (`startBatching()`).
@@ -46,8 +51,8 @@ final class DeferredRemovals: Sendable {
     }
 
     private let state = Locked(State())
-    /// Held by whoever deletes a batch, so `settle` and `finish` can wait for one in progress.
-    private let removing = NSLock()
+    /// Signalled whenever deletions in progress end, for those waiting on one (`settle`, `finish`).
+    private let ended = NSCondition()
     private let pool: BlockingIOPool
 
     /// Deletions a replay pass gathers before it wakes the pool thread. A process killed during a
@@ -74,8 +79,8 @@ final class DeferredRemovals: Sendable {
         if startWorker { pool.submit { [self] in work() } }
     }
 
-    /// Queues `path` for deletion. A deletion that fails is kept and tried again by `finish()`;
-    /// left for good, the next open would replay the file (with its `Idempotency-Key`).
+    /// Queues `path` for deletion by the worker. A deletion that fails is kept and tried again by
+    /// `finish()`; left for good, the next open would replay the file (with its `Idempotency-Key`).
     func remove(_ path: String) {
         let startWorker = state.withLock { state -> Bool in
             state.pending.insert(path)
@@ -84,48 +89,86 @@ final class DeferredRemovals: Sendable {
         if startWorker { pool.submit { [self] in work() } }
     }
 
-    /// Before `path` is written again: its queued deletion runs now, here, or — if the worker has
-    /// already taken it — this waits for the worker's batch to end. Cheap when `path` has none.
+    /// Registers `path`'s deletion without starting it: the caller runs it (`runNow`,
+    /// `removeNow`), or a write of the path runs it first (`settle`), or `finish()` does.
+    func register(_ path: String) {
+        state.withLock { _ = $0.pending.insert(path) }
+    }
+
+    /// Before `path` is written again: its registered deletion runs now, here, or — if another
+    /// thread is deleting it — this waits for that. Cheap when `path` has none.
     func settle(_ path: String) {
-        let (queued, taken) = state.withLock { state in
-            (state.pending.remove(path) != nil, state.inProgress.contains(path))
-        }
-        if queued { delete(path) }
-        if taken {
-            removing.lock()
-            removing.unlock()
-        }
+        if let failure = take(path, onlyIfRegistered: true) { record(failure, for: path) }
         state.withLock { _ = $0.failed.removeValue(forKey: path) }  // the write replaces that file
     }
 
-    /// Deletes `path` now, here; a failure is kept for `finish()` to try again.
+    /// Runs `path`'s registered deletion now, here (or waits for the thread deleting it); a
+    /// failure is kept for `finish()` to try again. Nothing when a write of the path has run it
+    /// already (`settle`): the file there now is that write's.
     func removeNow(_ path: String) {
-        delete(path)
+        if let failure = take(path, onlyIfRegistered: true) { record(failure, for: path) }
     }
 
-    private func delete(_ path: String) {
+    /// `removeNow(_:)`, throwing the failure (which is then not kept: the caller keeps the entry
+    /// instead).
+    func runNow(_ path: String) throws(OfflineQueueError) {
+        if let failure = take(path, onlyIfRegistered: true) { throw failure }
+    }
+
+    /// Deletes `path` now, registered or not, for a caller that knows no write of it can begin
+    /// meanwhile: the one writing it (holding the id's turn), whose write does not stand, or the
+    /// store's open. A failure is kept for `finish()` to try again.
+    func deleteNow(_ path: String) {
+        if let failure = take(path, onlyIfRegistered: false) { record(failure, for: path) }
+    }
+
+    /// Takes `path`'s registered deletion (`onlyIfRegistered: false`: a deletion of it, registered
+    /// or not) and runs it, marked in progress, after any other thread's deletion of it has
+    /// ended. Returns the failure, if any.
+    private func take(_ path: String, onlyIfRegistered: Bool) -> OfflineQueueError? {
+        ended.lock()
+        defer { ended.unlock() }
+        while state.withLock({ $0.inProgress.contains(path) }) { ended.wait() }
+        let mine = state.withLock { state -> Bool in
+            guard state.pending.remove(path) != nil || !onlyIfRegistered else { return false }
+            state.inProgress.insert(path)
+            return true
+        }
+        guard mine else { return nil }
+        ended.unlock()
+        let failure = delete(path)
+        ended.lock()
+        state.withLock { _ = $0.inProgress.remove(path) }
+        ended.broadcast()
+        return failure
+    }
+
+    private func delete(_ path: String) -> OfflineQueueError? {
         do {
             try DurableFiles.removeFile(path)
+            return nil
         } catch {
-            let failure = error as? OfflineQueueError ?? .storage(operation: "unlink", path: path, errno: EIO)
-            state.withLock { $0.failed[path] = failure }
+            return error as? OfflineQueueError ?? .storage(operation: "unlink", path: path, errno: EIO)
         }
     }
 
-    /// Runs every queued deletion now, tries the failed ones again, and waits for the worker's
-    /// batch in progress. Returns the error of a deletion that still fails, if any.
+    private func record(_ failure: OfflineQueueError, for path: String) {
+        state.withLock { $0.failed[path] = failure }
+    }
+
+    /// Runs every queued deletion now, tries the failed ones again, and waits for every deletion in
+    /// progress. Returns the error of a deletion that still fails, if any.
     @discardableResult
     func finish() -> OfflineQueueError? {
-        removing.lock()
-        defer { removing.unlock() }
         let batch = state.withLock { state -> [String] in
-            defer {
-                state.pending.removeAll()
-                state.failed.removeAll()
-            }
-            return (state.pending.union(state.failed.keys)).sorted()
+            state.pending.formUnion(state.failed.keys)  // registered again, to be tried again
+            state.failed.removeAll()
+            return state.pending.sorted()
         }
-        for path in batch { delete(path) }
+        for path in batch { removeNow(path) }  // each unless a write or the worker took it first
+        ended.lock()
+        while state.withLock({ !$0.inProgress.isEmpty }) { ended.wait() }
+        ended.unlock()
         return state.withLock { state in state.failed.sorted { $0.key < $1.key }.first?.value }
     }
 
@@ -134,17 +177,21 @@ final class DeferredRemovals: Sendable {
 
     private func work() {
         while true {
-            removing.lock()
-            let batch = state.withLock { state -> Set<String> in
-                state.inProgress = state.pending
-                state.pending.removeAll()
-                if state.inProgress.isEmpty { state.workerRunning = false }
-                return state.inProgress
+            let batch = state.withLock { state -> [String] in
+                let batch = state.pending.subtracting(state.inProgress)
+                state.pending.subtract(batch)
+                state.inProgress.formUnion(batch)
+                if batch.isEmpty { state.workerRunning = false }
+                return batch.sorted()
             }
-            for path in batch.sorted() { delete(path) }
-            state.withLock { $0.inProgress.removeAll() }
-            removing.unlock()
             if batch.isEmpty { return }
+            for path in batch {
+                if let failure = delete(path) { record(failure, for: path) }
+            }
+            ended.lock()
+            state.withLock { $0.inProgress.subtract(batch) }
+            ended.broadcast()
+            ended.unlock()
         }
     }
 }

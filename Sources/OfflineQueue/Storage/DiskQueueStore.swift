@@ -86,7 +86,9 @@ public final class DiskQueueStore: Sendable {
     private struct State: Sendable {
         var index: QueueIndex
         var nextSequence: UInt64
-        var reservedSlots = 0
+        /// Inserts in progress that will take a place of their own (by the entry's id): counted
+        /// against the limit until the entry is in the index (or the insert failed).
+        var reservedSlots: Set<UUID> = []
         /// Writes of entries' files in flight against the entries' removal (the lifecycle's store
         /// side: a removal wins over a write that began before it).
         var writes = QueueEntryLifecycle.FileWrites()
@@ -112,6 +114,8 @@ public final class DiskQueueStore: Sendable {
     private let pool: BlockingIOPool
     /// Deletes finished entries' files off the caller's thread (see `DeferredRemovals`).
     private let removals: DeferredRemovals
+    /// One write of an id's file at a time, its clean-up included (see `write`).
+    private let turns = WriteTurns()
     /// Deletions from the folder so far (`made`), and how many of them a directory fsync is known
     /// to have made durable (`durable`): see `makeDeletionsDurable()`.
     private let deletions = Locked(DeletionCount())
@@ -201,7 +205,7 @@ public final class DiskQueueStore: Sendable {
             removedSupersededEntries: loaded.removedSuperseded
         )
         for path in loaded.supersededFiles {
-            removals.removeNow(path)
+            removals.deleteNow(path)
             noteDeletion()
         }
     }
@@ -447,41 +451,47 @@ public final class DiskQueueStore: Sendable {
         let (needsSlot, wasQueued) = try state.withLock { state -> (Bool, Bool) in
             let wasQueued = state.index[entry.id] != nil
             let needsSlot = old.flatMap { state.index[$0] } == nil && !wasQueued
-            if needsSlot, let limit, state.index.count + state.reservedSlots >= limit { throw OfflineQueueError.full }
-            if needsSlot { state.reservedSlots += 1 }
+            if needsSlot, let limit, state.index.count + state.reservedSlots.count >= limit { throw OfflineQueueError.full }
+            if needsSlot { state.reservedSlots.insert(entry.id) }
             return (needsSlot, wasQueued)
         }
-        defer { if needsSlot { state.withLock { $0.reservedSlots -= 1 } } }
+        defer { if needsSlot { state.withLock { _ = $0.reservedSlots.remove(entry.id) } } }
 
         let path = filePath(entry.id)
         let syncer = self.syncer
-        let stands = try await write(data, for: entry.id) { [self] in
-            do {
-                try syncer.sync()
-            } catch {
-                // Not known to be durable: not reported as queued, and a new entry's file goes
-                // again. An entry already queued under this id keeps its file: the rename replaced
-                // its older state, either state is the entry, and deleting the file would lose a
-                // queued entry at the next open (found by the simulation's disk faults).
-                if !wasQueued { deleteLeftover(path) }
-                throw error
-            }
-        }
+        let stands = try await write(
+            data, for: entry.id,
+            andThen: { [self] in
+                do {
+                    try syncer.sync()
+                } catch {
+                    // Not known to be durable: not reported as queued, and a new entry's file goes
+                    // again. An entry already queued under this id keeps its file: the rename
+                    // replaced its older state, either state is the entry, and deleting the file
+                    // would lose a queued entry at the next open (found by the simulation's disk
+                    // faults).
+                    if !wasQueued { deleteLeftover(path) }
+                    throw error
+                }
+            },
+            commit: { [self] state in
+                // In the step that checks no removal overtook the write: a removal after it finds
+                // the entry (and deletes the file just written), never a file without its entry.
+                // The replacement and its predecessor's departure are one change: the count never
+                // blips. The predecessor's deletion is registered and counted before any pass can
+                // see the new edit, so the pass makes it durable first (`makeDeletionsDurable`).
+                state.index.upsert(entry)
+                state.reservedSlots.remove(entry.id)  // counted in the index from now on
+                let replaced = old.flatMap { $0 == entry.id ? nil : Self.forget($0, in: &state) } != nil
+                if replaced, let old {
+                    removals.register(filePath(old))
+                    noteDeletion()
+                }
+                publishCount(&state)
+                publish(.stored(entry, replacing: replaced ? old : nil), &state)
+            })
         guard stands else { return }  // removed while it was written (a `save` raced a `delete`)
-        // The predecessor's file goes before the index shows the new entry: once a pass can see
-        // (and send) the new edit, the older one's deletion is counted, so the pass makes it
-        // durable first (`makeDeletionsDurable`).
-        if let old, old != entry.id {
-            removals.removeNow(filePath(old))  // a failure is tried again before the edit is sent
-            noteDeletion()
-        }
-        // The replacement and its predecessor's departure are one change: the count never blips.
-        state.withLock { state in
-            state.index.upsert(entry)
-            let replaced = old.flatMap { $0 == entry.id ? nil : Self.forget($0, in: &state) } != nil
-            publishCount(&state)
-            publish(.stored(entry, replacing: replaced ? old : nil), &state)
-        }
+        if let old, old != entry.id { removals.removeNow(filePath(old)) }  // a failure is tried again before the edit is sent
     }
 
     /// Replaces a live entry's file (attempts, next attempt). A no-op for an entry no longer
@@ -516,7 +526,7 @@ public final class DiskQueueStore: Sendable {
     func remove(id: UUID) throws {
         guard let removed = forget(id, reason: .cancelled) else { return }
         do {
-            try DurableFiles.removeFile(filePath(id))
+            try removals.runNow(filePath(id))
             noteDeletion()
         } catch {
             state.withLock { state in
@@ -619,13 +629,17 @@ public final class DiskQueueStore: Sendable {
     /// File deletions queued by `discard` and not yet done (for tests).
     var outstandingRemovals: Int { removals.outstanding }
 
-    /// Takes an entry out of the index and says why on `changes`; a write of it still in flight
-    /// will delete its file.
+    /// Takes an entry out of the index, registers its file's deletion (in the same step, so no
+    /// later write of the id can begin before the deletion is known: `DeferredRemovals`), and says
+    /// why on `changes`; a write of it still in flight deletes the file it wrote.
     private func forget(_ id: UUID, reason: QueueRemovalReason) -> QueueEntry? {
         state.withLock { state -> QueueEntry? in
             let removed = Self.forget(id, in: &state)
             publishCount(&state)
-            if let removed { publish(.removed(removed, reason: reason), &state) }
+            if let removed {
+                removals.register(filePath(id))
+                publish(.removed(removed, reason: reason), &state)
+            }
             return removed
         }
     }
@@ -662,18 +676,19 @@ public final class DiskQueueStore: Sendable {
             try? DurableFiles.removeFile(target)  // cancelled meanwhile: it was not given up on
             return false
         }
-        deleteLeftover(filePath(entry.id))
+        removals.removeNow(filePath(entry.id))  // registered by `forget`; tried again if it fails
+        noteDeletion()
         return true
     }
 
-    /// Deletes the file of an entry the index does not hold (a write that did not stand, an
-    /// entry moved to the dead letters). A deletion that fails is kept and tried again, and
+    /// Deletes the file of a write that did not stand (a refused insert, a write a removal
+    /// overtook), from within that write's turn. A deletion that fails is kept and tried again, and
     /// counted like any other: until it succeeds no edit of a coalescing key is sent
     /// (`makeDeletionsDurable` throws), since the file left behind may be an older edit the next
     /// open would send after it. (Dropped, such a failure let a refused edit's file come back and
     /// overwrite the newer one delivered meanwhile: simulation, queue seed 725.)
     private func deleteLeftover(_ path: String) {
-        removals.removeNow(path)
+        removals.deleteNow(path)
         noteDeletion()
     }
 
@@ -682,39 +697,52 @@ public final class DiskQueueStore: Sendable {
     /// Writes the entry's file (temp, fsync, rename) on the I/O pool, then runs `andThen` on the same
     /// pool thread (the directory fsync for inserts). With `onlyIfQueued`, writes nothing (returns
     /// false) for an entry not in the index. Returns false too when the entry was removed while the
-    /// write was in flight: that removal wins, and the file just written is deleted again.
+    /// write was in flight: that removal wins, and the file just written is deleted again. A write
+    /// that stands runs `commit` under the store's lock in the step that decides it stands.
+    ///
+    /// The writes of one id take turns (`WriteTurns`), each with its clean-up: the deletion
+    /// registered for the id's earlier file runs first (`settle`), and the file of a write whose
+    /// entry was removed meanwhile is deleted before the next write of that id begins. So no
+    /// deletion ever removes a file written after it was decided, and two writes of one id never
+    /// rename over each other out of order.
     private func write(
         _ data: Data,
         for id: UUID,
         onlyIfQueued: Bool = false,
-        andThen: @escaping @Sendable () throws -> Void = {}
+        andThen: @escaping @Sendable () throws -> Void = {},
+        commit: @escaping @Sendable (inout State) -> Void = { _ in }
     ) async throws -> Bool {
-        let started = state.withLock { state -> (ticket: QueueEntryLifecycle.FileWrites.Ticket, counter: UInt64)? in
+        let started = state.withLock { state -> (ticket: QueueEntryLifecycle.FileWrites.Ticket, counter: UInt64, turn: UInt64)? in
             if onlyIfQueued, state.index[id] == nil { return nil }
             state.writeCounter += 1
-            return (state.writes.writeStarted(id), state.writeCounter)
+            return (state.writes.writeStarted(id), state.writeCounter, turns.issue(id))
         }
         guard let started else { return false }
         let path = filePath(id)
         let temp = directoryPath + "/.\(id.uuidString).\(started.counter).json.tmp"
-        var failure: (any Error)?
-        do {
-            let removals = self.removals
-            try await pool.run {
-                removals.settle(path)  // a deletion queued for this id's earlier file goes first
+        return try await pool.run { [self] in
+            turns.take(id, started.turn)
+            defer { turns.give(id) }
+            removals.settle(path)  // a deletion registered for this id's earlier file goes first
+            var failure: (any Error)?
+            do {
                 try DurableFiles.writeFile(data, to: path, via: temp)
                 try andThen()
+            } catch {
+                failure = error
             }
-        } catch {
-            failure = error
+            let removedMeanwhile = state.withLock { state -> Bool in
+                let removed = state.writes.writeEnded(id, started.ticket)
+                if failure == nil, !removed { commit(&state) }
+                return removed
+            }
+            if let failure { throw failure }
+            if removedMeanwhile {
+                deleteLeftover(path)
+                return false
+            }
+            return true
         }
-        let removedMeanwhile = state.withLock { $0.writes.writeEnded(id, started.ticket) }
-        if let failure { throw failure }
-        if removedMeanwhile {
-            deleteLeftover(path)
-            return false
-        }
-        return true
     }
 
     private func encode(_ entry: QueueEntry) throws -> Data {
@@ -761,6 +789,49 @@ public final class DiskQueueStore: Sendable {
             try DurableFiles.moveFile(path, to: aside)
         }
         try DurableFiles.makeDirectory(path)
+    }
+}
+
+/// The writes of each id, in the order they began: a write waits (on its pool thread) until every
+/// write of its id that began before it, clean-up included, is done. In that order, because a
+/// write that began before a removal must not run after a write that began after it (it would
+/// write its older state over the newer one's file, or delete that file as its own leftover).
+/// Contention is rare (an attempt update against an app's `save` of the same id, say) and short:
+/// the write ahead is always running or about to.
+private final class WriteTurns: Sendable {
+    private struct Line {
+        var issued: UInt64 = 0
+        var served: UInt64 = 0
+    }
+
+    private let condition = NSCondition()
+    private let lines = Locked([UUID: Line]())
+
+    /// A write of `id` begins (under the store's lock, in the step that registers the write):
+    /// its place in `id`'s line.
+    func issue(_ id: UUID) -> UInt64 {
+        lines.withLock { lines in
+            defer { lines[id, default: Line()].issued += 1 }
+            return lines[id, default: Line()].issued
+        }
+    }
+
+    /// Waits until the writes of `id` before `turn` are done.
+    func take(_ id: UUID, _ turn: UInt64) {
+        condition.lock()
+        while lines.withLock({ $0[id]?.served ?? 0 }) != turn { condition.wait() }
+        condition.unlock()
+    }
+
+    /// The write whose turn it was is done.
+    func give(_ id: UUID) {
+        condition.lock()
+        lines.withLock { lines in
+            lines[id]?.served += 1
+            if let line = lines[id], line.served == line.issued { lines[id] = nil }
+        }
+        condition.broadcast()
+        condition.unlock()
     }
 }
 
