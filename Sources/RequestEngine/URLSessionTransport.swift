@@ -63,13 +63,15 @@ public final class URLSessionTransport: NetworkSession {
 
     /// A transport with a session of its own made from `configuration` (copied by `URLSession`).
     ///
-    /// - Parameter usesCookies: whether the session sends the cookies of the configuration's
-    ///   `httpCookieStorage` and stores the ones responses set (`URLSessionConfiguration.default`
-    ///   has the process's shared jar). `false` by default: the transport then sends exactly the
-    ///   headers the request has, so the layers above it (`CachedRequestEngine`, events, logs)
-    ///   see the request as it is sent. With `true`, `credentialHeaders(addedTo:)` tells a cache
-    ///   above which `Cookie` the session will add, and the cache treats such a request as
-    ///   credentialed (stored only under a partition, matched on the cookie as sent).
+    /// - Parameters:
+    ///   - configuration: the session's configuration (copied; on Linux its `URLCache` is left out).
+    ///   - usesCookies: whether the session sends the cookies of the configuration's
+    ///     `httpCookieStorage` and stores the ones responses set (`URLSessionConfiguration.default`
+    ///     has the process's shared jar). `false` by default: the transport then sends exactly the
+    ///     headers the request has, so the layers above it (`CachedRequestEngine`, events, logs)
+    ///     see the request as it is sent. With `true`, `credentialHeaders(for:)` tells a cache
+    ///     above which `Cookie` the session will add, and the cache treats such a request as
+    ///     credentialed (stored only under a partition, matched on the cookie as sent).
     public convenience init(configuration: URLSessionConfiguration = .default, usesCookies: Bool = false) {
         self.init(configuration: configuration, usesCookies: usesCookies) { session, request in session.dataTask(with: request) }
     }
