@@ -68,6 +68,23 @@ extension NetworkError {
         }
     }
 
+    /// Whether `error` says the connection ended with no byte of a response parsed: it maps to
+    /// `.transport(.connectionLost)` (closed by the server, reset, a write or read on a closed
+    /// channel, TLS closed uncleanly) and is neither the parser's end of input inside a message
+    /// (bytes had arrived) nor a body length mismatch (the request's framing, which a second send
+    /// would repeat). The caller also checks that no response head arrived.
+    static func isConnectionLostBeforeResponse(_ error: any Error) -> Bool {
+        switch error {
+        case is HTTPParserError:
+            return false
+        case let error as HTTPClientError where error == .bodyLengthMismatch:
+            return false
+        default:
+            guard case .transport(.connectionLost) = NetworkError(mappingAsyncHTTPClientError: error) else { return false }
+            return true
+        }
+    }
+
     private static func map(_ error: HTTPClientError) -> NetworkError {
         switch error {
         case .cancelled, .requestStreamCancelled:

@@ -3,6 +3,7 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import RequestEngine
+import Synchronization
 
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -34,9 +35,22 @@ import FoundationNetworking
 ///   request with no host limit runs in its caller's task, timed by this session.
 /// - The response is an `HTTPURLResponse` with the final URL (after redirects), the status and
 ///   the headers (repeated fields joined with ", ", as URLSession joins them).
+/// - **A connection lost before the response** (closed by the server, reset, or failed on
+///   write, with no byte of a response head parsed) — typically a kept-alive connection from
+///   AHC's pool that the server was closing as the request went out — is not yet an error: when
+///   the request may be sent twice (GET, HEAD, OPTIONS, PUT, DELETE, TRACE, or a non-empty
+///   `Idempotency-Key` header), the session sends it again at once, once, as browsers and
+///   URLSession do. The second send shares the request's deadline and the caller's cancellation;
+///   if its connection is lost too, that is the error. The engine sees one call, so neither its
+///   retry policy nor its retry budget is touched; `staleConnectionRetries` counts these sends.
+///   A connection lost after a response head arrived (a redirect's included), a POST or PATCH
+///   without a key, a timeout and a cancellation are never sent again here.
 public struct AsyncHTTPClientSession: NetworkSession {
     /// The client requests go through.
     public let client: HTTPClient
+
+    /// Shared by copies of the session.
+    private let resends = ResendCounter()
 
     /// A session over `AsyncHTTPClientSession.sharedClient`, a process-wide client made with
     /// `recommendedConfiguration`. It is never shut down.
@@ -88,33 +102,84 @@ public struct AsyncHTTPClientSession: NetworkSession {
 
     /// Loads `request`; a body larger than `maximumBodySize` bytes (`nil`: no limit) fails with
     /// `NetworkError.responseTooLarge(limit:statusCode:)` as soon as the head announces it or the
-    /// bytes received cross it. Throws `NetworkError` only.
+    /// bytes received cross it. A request whose connection is lost before any response byte
+    /// arrived is sent again at once, once, when it may be sent twice (see the type's description).
+    /// Throws `NetworkError` only.
     public func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse) {
         let outgoing = try RequestConversion.request(for: request)
-        if Task.isCancelled { throw NetworkError.cancelled }
-        let collector = ResponseCollector(limit: maximumBodySize.map { max(0, $0) }, expectsBody: outgoing.expectsBody, url: outgoing.url)
-        // AHC's delegate API: its deadline bounds the whole exchange, body included (the async
-        // `execute`'s ends at the response head), and its task can be cancelled from anywhere.
-        let task = client.execute(request: outgoing.request, delegate: collector, deadline: outgoing.deadline)
+        let limit = maximumBodySize.map { max(0, $0) }
+        let first: SendFailure
         do {
-            let collected = try await withTaskCancellationHandler {
-                try await task.futureResult.get()
-            } onCancel: {
-                task.cancel()  // fails the request with `cancelled` and closes its connection
-            }
-            guard let http = ResponseConversion.httpURLResponse(collected) else { throw NetworkError.invalidResponse }
-            return (collected.body, http)
+            return try await send(outgoing, limit: limit)
         } catch {
-            // AHC reports a cancelled request in several ways (`HTTPClientError.cancelled`, the last
-            // connection error of a request still waiting for one, `CancellationError`): the caller
-            // asked to stop, so that is the answer.
-            if Task.isCancelled { throw NetworkError.cancelled }
-            throw NetworkError(mappingAsyncHTTPClientError: error)
+            first = error
+        }
+        guard first.connectionLostBeforeResponse, RequestConversion.maySendTwice(outgoing.request) else { throw first.error }
+        // The connection ended before the server answered (most often a kept-alive one it was
+        // closing as the request went out). The server may have seen the request, but this one has
+        // the same effect sent twice. `outgoing.deadline` was set once: it bounds both sends.
+        resends.add()
+        do {
+            return try await send(outgoing, limit: limit)
+        } catch {
+            throw error.error
         }
     }
+
+    /// How many requests this session has sent a second time because their connection was lost
+    /// before any response byte arrived (see the type's description). Copies of the session share
+    /// the count; every `AsyncHTTPClientSession` made with an initializer starts its own at zero.
+    /// Those second sends appear nowhere else: the engine, its events and its metrics see one call.
+    public var staleConnectionRetries: Int { resends.value }
 
     /// True: the request's `timeoutInterval` bounds the whole exchange (AHC's deadline) and a
     /// cancelled caller's request is cancelled at once, so `AsyncRequestEngine` runs an unhedged
     /// request with no host limit in its caller's task, with no task or timer of its own.
     public var honorsTimeoutAndCancellation: Bool { true }
+
+    /// Why one send failed: its `NetworkError`, and whether the connection was lost before any
+    /// response byte arrived (so that sending again is safe for a request allowed to go twice).
+    private struct SendFailure: Error {
+        var error: NetworkError
+        var connectionLostBeforeResponse = false
+    }
+
+    /// One exchange over AHC.
+    private func send(_ outgoing: RequestConversion.Outgoing, limit: Int?) async throws(SendFailure) -> (Data, URLResponse) {
+        if Task.isCancelled { throw SendFailure(error: .cancelled) }
+        let collector = ResponseCollector(limit: limit, expectsBody: outgoing.expectsBody, url: outgoing.url)
+        // AHC's delegate API: its deadline bounds the whole exchange, body included (the async
+        // `execute`'s ends at the response head), and its task can be cancelled from anywhere.
+        let task = client.execute(request: outgoing.request, delegate: collector, deadline: outgoing.deadline)
+        let collected: ResponseCollector.Collected
+        do {
+            collected = try await withTaskCancellationHandler {
+                try await task.futureResult.get()
+            } onCancel: {
+                task.cancel()  // fails the request with `cancelled` and closes its connection
+            }
+        } catch {
+            // AHC reports a cancelled request in several ways (`HTTPClientError.cancelled`, the last
+            // connection error of a request still waiting for one, `CancellationError`): the caller
+            // asked to stop, so that is the answer.
+            if Task.isCancelled { throw SendFailure(error: .cancelled) }
+            throw SendFailure(
+                error: NetworkError(mappingAsyncHTTPClientError: error),
+                connectionLostBeforeResponse: !collector.receivedResponseHead && NetworkError.isConnectionLostBeforeResponse(error)
+            )
+        }
+        guard let http = ResponseConversion.httpURLResponse(collected) else { throw SendFailure(error: .invalidResponse) }
+        return (collected.body, http)
+    }
+}
+
+/// The count behind `AsyncHTTPClientSession.staleConnectionRetries`, shared by a session's copies.
+private final class ResendCounter: Sendable {
+    private let count = Atomic<Int>(0)
+
+    var value: Int { count.load(ordering: .relaxed) }
+
+    func add() {
+        count.add(1, ordering: .relaxed)
+    }
 }

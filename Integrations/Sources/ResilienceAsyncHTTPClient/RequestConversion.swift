@@ -40,6 +40,19 @@ enum RequestConversion {
         return Outgoing(request: outgoing, url: url, deadline: deadline(request.timeoutInterval), expectsBody: method != .HEAD)
     }
 
+    /// Whether sending `request` twice is as safe as sending it once: an idempotent method (RFC 9110
+    /// §9.2.2: GET, HEAD, OPTIONS, PUT, DELETE, TRACE), or a request with a non-empty
+    /// `Idempotency-Key` header (name compared case-insensitively), which the engine's retries
+    /// honour the same way.
+    static func maySendTwice(_ request: HTTPClient.Request) -> Bool {
+        switch request.method {
+        case .GET, .HEAD, .OPTIONS, .PUT, .DELETE, .TRACE:
+            return true
+        default:
+            return request.headers[HTTPHeader.idempotencyKey].contains { !$0.trimmingCharacters(in: .whitespaces).isEmpty }
+        }
+    }
+
     /// The deadline for a `timeoutInterval`: none for an infinite, NaN or non-positive one.
     static func deadline(_ timeout: TimeInterval) -> NIODeadline? {
         guard timeout.isFinite, timeout > 0 else { return nil }

@@ -21,6 +21,8 @@ final class ResponseCollector: HTTPClientResponseDelegate {
 
     private struct State {
         var head: HTTPResponseHead?
+        /// Whether any response head arrived, a redirect's included.
+        var visited = false
         var url: URL
         var body: ByteBuffer?
         /// Whether `body` is a buffer of our own rather than AHC's first chunk.
@@ -40,8 +42,17 @@ final class ResponseCollector: HTTPClientResponseDelegate {
         self.state = Mutex(State(url: url))
     }
 
+    /// Whether a response head has arrived (AHC reports every head here, a redirect's included):
+    /// after a failure, false means the connection ended before the server answered.
+    var receivedResponseHead: Bool {
+        state.withLock { $0.visited }
+    }
+
     func didVisitURL(task: HTTPClient.Task<Collected>, _ request: HTTPClient.Request, _ head: HTTPResponseHead) {
-        state.withLock { $0.url = request.url }
+        state.withLock { state in
+            state.url = request.url
+            state.visited = true
+        }
     }
 
     /// A `Content-Length` above the limit fails the request as soon as the head arrives (not for
