@@ -61,6 +61,12 @@ struct LiveReadState: Sendable {
         self.invalidatedBy = invalidatedBy
         mirror = QueueMirror(entries, classify: Self.classifier(rules))
         base = stored
+        // Writes delivered while this read's stored body was already stored (by this process or
+        // one before a relaunch): recorded in its note, settled by the first fetch that lands.
+        let classify = Self.classifier(rules)
+        settling = SettlingNote.entries(stored?.note ?? Data()).compactMap { entry in
+            classify(entry).map { (QueueMirror.Item(entry: entry, rules: $0), 0) }
+        }
         baseIsStale = stored?.isStale ?? false
         needsFetch = stored == nil || stored?.isStale == true || fetchAtOnce
         self.connected = connected
@@ -98,7 +104,9 @@ struct LiveReadState: Sendable {
             switch reason {
             case .delivered:
                 let invalidates = overlays || invalidatedBy(entry)
-                if let matching { settling.append((QueueMirror.Item(entry: entry, rules: matching), fetchesStarted)) }
+                if let matching, !settling.contains(where: { $0.item.entry.id == entry.id }) {
+                    settling.append((QueueMirror.Item(entry: entry, rules: matching), fetchesStarted))
+                }
                 if invalidates {
                     needsFetch = true
                     deliveredSinceAsked = true
@@ -179,16 +187,19 @@ struct LiveReadState: Sendable {
         let settlingIDs = settling.map(\.item.entry.id)
         let settled: Overlays.Result
         let pending: Overlays.Result
+        // A write both settling and queued (its file outlived its delivery, or it was recorded in
+        // the stored note and then seen delivered) is applied once, as settling.
+        let skipped = Set(settlingIDs)
         if let memo, memo.baseVersion == baseVersion, memo.settlingIDs == settlingIDs {
             settled = memo.settled
             if memo.rewrites == mirror.rewrites, memo.pendingCount <= mirror.items.count {
-                pending = Overlays.apply(mirror.items[memo.pendingCount...], to: memo.pending, rules: rules)
+                pending = Overlays.apply(mirror.items[memo.pendingCount...], to: memo.pending, rules: rules, skipping: skipped)
             } else {
-                pending = Overlays.apply(mirror.items, to: Overlays.Result(data: settled.data), rules: rules)
+                pending = Overlays.apply(mirror.items, to: Overlays.Result(data: settled.data), rules: rules, skipping: skipped)
             }
         } else {
             settled = Overlays.apply(settling.map(\.item), to: Overlays.Result(data: base?.data), rules: rules)
-            pending = Overlays.apply(mirror.items, to: Overlays.Result(data: settled.data), rules: rules)
+            pending = Overlays.apply(mirror.items, to: Overlays.Result(data: settled.data), rules: rules, skipping: skipped)
         }
         memo = Memo(baseVersion: baseVersion, settlingIDs: settlingIDs, rewrites: mirror.rewrites, pendingCount: mirror.items.count, settled: settled, pending: pending)
 

@@ -31,8 +31,10 @@ import FoundationNetworking
 ///
 /// - **Overlays are computed, never stored**: a read is the cached (or fetched) body with the
 ///   overlays of every matching pending queue entry applied in replay order, recomputed from the
-///   durable queue — so a relaunch offline, in another process, shows the same screen. Entries
-///   enqueued straight on the queue overlay too; a coalesced edit shows only its newest version.
+///   durable queue — so a relaunch offline, in another process, after a kill at any moment, shows
+///   the same screen, each write once (the guide's "Across a relaunch" has the three rules that
+///   keep the cache and the queue telling one story). Entries enqueued straight on the queue
+///   overlay too; a coalesced edit shows only its newest version.
 /// - **Delivery**: a delivered entry's reads are marked stale (its `Invalidation`s, and the reads
 ///   its `OptimisticUpdate`s change) and live reads refetch; the entry stays applied until a
 ///   fetch that started after its delivery lands, so the screen never shows the server's state
@@ -51,6 +53,10 @@ public final class OfflineFirstClient: Sendable {
 
     private let progress: Progress
     private let listener: Task<Void, Never>
+    /// Keeps the cache and the queue's files telling one story across a relaunch.
+    let settlement: SettlementTracker
+    /// Ends the tracker's view of the queue's changes.
+    private let stopSettlementFeed: @Sendable () -> Void
 
     /// - Parameters:
     ///   - reads: the engine the client reads through, with its cache.
@@ -70,6 +76,19 @@ public final class OfflineFirstClient: Sendable {
         self.optimisticUpdates = optimisticUpdates
         self.invalidations = invalidations
         precondition(queue.storage is DiskQueueStore, "OfflineFirstClient follows a DiskQueueStore's change feed: make its queue over one")
+        // Delivered writes are recorded in the notes of the stored reads they change, and reads
+        // that may hold a write of unknown fate are not stored (see `SettlementTracker`).
+        let settlement = SettlementTracker(rules: optimisticUpdates) { [weak reads] entry, matching in
+            _ = await reads?.annotateStored(where: { url in matching.contains { $0.reads(url) } }) { note in
+                SettlingNote.adding(entry, to: note)
+            }
+        }
+        let feed = queue.store.observeChanges { _, change in settlement.queueChanged(change) }
+        settlement.seed(feed.entries, sendingAtOpen: queue.store.sendingAtOpen)
+        self.settlement = settlement
+        stopSettlementFeed = feed.stop
+        reads.observeExchanges(with: settlement)
+        queue.observeSends(with: settlement)
         let start = queue.store.sequencedChangesWithStart()
         let progress = Progress(entries: start.entries, sequence: start.sequence, rules: optimisticUpdates)
         self.progress = progress
@@ -91,6 +110,7 @@ public final class OfflineFirstClient: Sendable {
 
     deinit {
         listener.cancel()
+        stopSettlementFeed()
     }
 
     // MARK: - Writes
@@ -179,9 +199,10 @@ public final class OfflineFirstClient: Sendable {
 
     /// One snapshot: `CachedRequestEngine.response(for:mode:staleTime:)` (waiting while offline
     /// as the mode says) with the overlays of every matching pending write — and of every matching
-    /// write delivered since the last read of it that got a body from after the delivery
-    /// (`settlingEntryIDs`): a stale stored body, shown offline or while it is revalidated, never
-    /// hides a write the server already took.
+    /// delivered write the body lacks (`settlingEntryIDs`): those a stored body's note records
+    /// (delivered since it was stored, also before a relaunch), those delivered while a body from
+    /// the network was fetched. A stale stored body, shown offline or while it is revalidated,
+    /// never hides a write the server already took; no write is applied twice.
     ///
     /// - Throws: what the read throws when no body can be had (`NetworkError`).
     public func snapshot(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) async throws -> QuerySnapshot {
@@ -201,9 +222,20 @@ public final class OfflineFirstClient: Sendable {
         // they settle. A stale stored body predates them: they stay applied (settling).
         // An error status from the server is not the read's body: it settles nothing.
         let fetchedSinceDeliveries = answer.source == .network ? (200...299).contains(answer.response.statusCode) : !answer.isStale
-        let (settling, pending) = progress.overlays(reading: reading, settledThrough: fetchedSinceDeliveries ? started : nil)
+        let (delivered, pending) = progress.overlays(reading: reading, settledThrough: fetchedSinceDeliveries ? started : nil)
+        // Which delivered writes the body lacks: a stored body says so itself — its note holds
+        // every write delivered since it was stored (by this process or one before a relaunch), in
+        // order, and it holds the others; a body from the network lacks those delivered while it
+        // was fetched. Each write is applied once, settling before pending.
+        let settling =
+            answer.source == .cache
+            ? SettlingNote.entries(answer.note).map { entry in
+                QueueMirror.Item(entry: entry, rules: optimisticUpdates.indices.filter { optimisticUpdates[$0].mutations(entry) })
+            }
+            : delivered
         let settled = Overlays.apply(settling, to: Overlays.Result(data: answer.data), rules: optimisticUpdates, only: reading)
-        let overlaid = Overlays.apply(pending, to: Overlays.Result(data: settled.data), rules: optimisticUpdates, only: reading)
+        let overlaid = Overlays.apply(
+            pending, to: Overlays.Result(data: settled.data), rules: optimisticUpdates, only: reading, skipping: Set(settling.map(\.entry.id)))
         return QuerySnapshot(
             data: overlaid.data, response: answer.response, source: answer.source == .network ? .network : .cache,
             isStale: answer.isStale, pendingEntryIDs: overlaid.applied, settlingEntryIDs: settled.applied, rejectedWrites: [],

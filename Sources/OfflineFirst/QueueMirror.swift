@@ -118,7 +118,7 @@ struct QueueMirror: Sendable {
 }
 
 /// Applies overlays: each item's rules (indices into `rules`; with `only`, just those in it) to
-/// the body, in order.
+/// the body, in order; the items in `skipping` not at all (applied already).
 enum Overlays {
     struct Result: Sendable {
         var data: Data?
@@ -126,9 +126,11 @@ enum Overlays {
         var failures: [OverlayFailure] = []
     }
 
-    static func apply(_ items: some Sequence<QueueMirror.Item>, to result: Result, rules: [OptimisticUpdate], only: Set<Int>? = nil) -> Result {
+    static func apply(
+        _ items: some Sequence<QueueMirror.Item>, to result: Result, rules: [OptimisticUpdate], only: Set<Int>? = nil, skipping: Set<UUID> = []
+    ) -> Result {
         var result = result
-        for item in items {
+        for item in items where !skipping.contains(item.entry.id) {
             var applied = false
             for index in item.rules where only?.contains(index) ?? true {
                 do {

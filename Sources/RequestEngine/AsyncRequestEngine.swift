@@ -214,7 +214,7 @@ public final class AsyncRequestEngine: RequestSending {
         let priority = Task.currentPriority
         // Capped like timeouts, so no clock is asked to sleep past its range.
         let endsAt = deadline.map { started + min($0, .seconds(Int64.max / 2)) }
-        guard deduplicated.contains(method) else {
+        guard deduplicated.contains(method), (request as? PreparedRequest)?.sharesCallsInFlight != false else {
             let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, key: nil)
             let call = SharedCall(execution: execution, parts: parts)
             // Run by the caller (`response(for:)`) when nothing needs a task of its own.

@@ -21,6 +21,11 @@ public struct PreparedRequest: NetworkRequest, Equatable {
     public var maximumResponseBodySize: Int?
     public var deadline: Duration?
     public var requestPriority: RequestPriority
+    /// Whether the engine may answer it with a call for the same request already in flight
+    /// (deduplication). A layer that knows the answer must come from after some moment — the
+    /// response cache, once what it stores for the URL was marked stale — says no: a call begun
+    /// before that moment may carry the state from before it.
+    package var sharesCallsInFlight = true
 
     /// Reads each of `request`'s properties once (a `PreparedRequest` is copied as it is).
     public init(_ request: some NetworkRequest) {

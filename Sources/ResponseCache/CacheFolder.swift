@@ -136,15 +136,14 @@ enum CacheFolder {
         case .vanished: return .vanished
         case .failed(let error): return .unreadable(error)
         }
-        let summaryLength: Int
+        let needed: Int
         do {
-            summaryLength = try buffer.withUnsafeBytes { try CacheFileFormat.summaryLength(prefix: UnsafeRawBufferPointer(rebasing: $0[0..<length])) }
+            needed = try buffer.withUnsafeBytes { try CacheFileFormat.prefix(UnsafeRawBufferPointer(rebasing: $0[0..<length])).summaryEnd }
         } catch CacheFileFormat.Problem.obsoleteVersion {
             return .obsolete
         } catch {
             return .corrupt
         }
-        let needed = CacheFileFormat.prefixLength + summaryLength
         if needed > length {
             switch FileSystem.readRegularFile(named: name, in: folder, maximumSize: .max - 1, prefix: needed, listedAsRegular: listedAsRegular, into: &buffer, info: &info) {
             case .bytes(let count): length = count

@@ -68,6 +68,9 @@ public final class CachedRequestEngine: RequestSending {
     private let time: TimeSource
     private let wallClockOrigin: Date
     private let fetches = SharedFetches()
+    /// Told of each exchange with the origin and asked before what it brings is stored
+    /// (`observeExchanges(with:)`); nil: everything storable is stored.
+    private let exchangeObserver = Locked<(any ExchangeObserver)?>(nil)
     /// Keys shown stale offline whose revalidation waits for connectivity.
     private let revalidationsAwaitingConnectivity = Locked<Set<CacheDigest>>([])
 
@@ -294,6 +297,25 @@ public final class CachedRequestEngine: RequestSending {
         requestEngine.credentialHeaders(for: url)
     }
 
+    // MARK: - For the layers above (package)
+
+    /// Tells `observer` of every exchange with the origin from now on, and asks it before what an
+    /// exchange brings is stored (replacing an observer installed before).
+    package func observeExchanges(with observer: any ExchangeObserver) {
+        exchangeObserver.withLock { $0 = observer }
+    }
+
+    /// Changes the note of every stored GET response whose URL (as stored: without query values)
+    /// matches `predicate`, in every partition and variant, and marks it stale (as
+    /// `markStale(where:)` does, exchanges in flight included); returns once those files are
+    /// written. A response whose file cannot be written with its new note (a full disk, a note
+    /// past the file format's limits) is removed instead — the layer above relies on the note
+    /// being there after a relaunch whenever the response is — and counted in the result.
+    @discardableResult
+    package func annotateStored(where predicate: (_ url: URL) -> Bool, _ change: (Data) -> Data) async -> Int {
+        await cache.annotate(where: { method, url in method == .get && predicate(url) }, change)
+    }
+
     // MARK: - Internals
 
     /// A request's properties read once, and what the cache makes of them.
@@ -404,7 +426,7 @@ public final class CachedRequestEngine: RequestSending {
         guard let response = HTTPURLResponse(url: plan.request.url, statusCode: stored.statusCode, httpVersion: "HTTP/1.1", headerFields: headers) else {
             throw NetworkError.invalidResponse
         }
-        return CachedResponse(data: plan.request.method == .head ? Data() : stored.body, response: response, source: .cache, isStale: isStale)
+        return CachedResponse(data: plan.request.method == .head ? Data() : stored.body, response: response, source: .cache, isStale: isStale, note: stored.note)
     }
 
     /// The cache's answer to `only-if-cached` with nothing usable stored (RFC 9111 §5.2.1.7).
@@ -450,17 +472,26 @@ public final class CachedRequestEngine: RequestSending {
         case .stored(let data, let response):
             return CachedResponse(data: data, response: response, source: .network, isStale: false)
         case .passed(let data, let response):
-            if staleIfError, let cached, Self.serverFailures.contains(response.statusCode) {
-                return try answer(cached, plan: plan, isStale: true, validated: false)
+            if staleIfError, let cached, Self.serverFailures.contains(response.statusCode), let stale = servableOnError(plan, else: cached) {
+                return try answer(stale, plan: plan, isStale: true, validated: false)
             }
             return CachedResponse(data: data, response: response, source: .network, isStale: false)
         case .failed(let error):
             if Task.isCancelled { throw NetworkError.cancelled }
-            if staleIfError, let cached, Self.isConnectivityFailure(error) {
-                return try answer(cached, plan: plan, isStale: true, validated: false)
+            if staleIfError, let cached, Self.isConnectivityFailure(error), let stale = servableOnError(plan, else: cached) {
+                return try answer(stale, plan: plan, isStale: true, validated: false)
             }
             throw error
         }
+    }
+
+    /// What to serve stale after an exchange failed: the response stored for `plan` now — it
+    /// carries what changed while the exchange ran (a note, another read's revalidation) — when it
+    /// may be served on an error; else `fallback`, what was stored when the read began (which the
+    /// caller checked may be), if nothing is stored now.
+    private func servableOnError(_ plan: Plan, else fallback: StoredResponse) -> StoredResponse? {
+        guard let current = lookup(plan, counting: false) else { return fallback }
+        return HTTPCachePolicy.reuse(current, request: plan.directives, staleTime: .http, now: now).mayServeOnError ? current : nil
     }
 
     /// What one network exchange produced, shared by every reader that joined it.
@@ -486,11 +517,22 @@ public final class CachedRequestEngine: RequestSending {
         // Registered until it has stored what it brings: a `markStale(where:)` meanwhile reaches it.
         cache.exchangeBegan(plan.primaryKey, method: plan.request.method.rawValue, url: HTTPCachePolicy.storedURL(plan.request.url))
         defer { cache.exchangeEnded(plan.primaryKey) }
+        let observer = exchangeObserver.withLock { $0 }
+        var token: UInt64?
+        if let observer {
+            token = await observer.exchangeBegins(url: plan.request.url)
+            if token == nil { return .failed(NetworkError.cancelled) }
+        }
+        defer { if let observer, let token { observer.exchangeEnded(token) } }
         let requestTime = now
         let data: Data
         let response: HTTPURLResponse
         do {
-            (data, response) = try await requestEngine.response(for: plan.request.settingHeaders(cached.map(HTTPCachePolicy.validators(for:)) ?? [:]))
+            var outgoing = plan.request.settingHeaders(cached.map(HTTPCachePolicy.validators(for:)) ?? [:])
+            // Past a marking stale, a call for the same request begun before it (which the engine
+            // would let this one share) may carry the state from before whatever made it stale.
+            if epoch != 0 { outgoing.sharesCallsInFlight = false }
+            (data, response) = try await requestEngine.response(for: outgoing)
         } catch {
             return .failed(error)
         }
@@ -561,6 +603,9 @@ public final class CachedRequestEngine: RequestSending {
         )
         // Marked stale while this exchange ran: stored, but stale (it may predate the change).
         stored.isInvalidated = cache.staleEpoch(of: plan.primaryKey) != epoch
+        // The layer above may know the response can hold a write whose fate is not settled yet
+        // (OfflineFirst): the caller gets it; the store keeps what it had.
+        if let observer, let token, !observer.mayStore(token) { return .passed(data, response) }
         // The new response replaces every stored variant this request would have selected.
         let superseded = cache.variants(for: [plan.primaryKey], counting: false)
             .filter { $0.key != stored.key && HTTPCachePolicy.matches($0, requestHeaders: plan.sentHeaders) }

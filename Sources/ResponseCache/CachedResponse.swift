@@ -44,11 +44,33 @@ public struct CachedResponse: Sendable {
     /// offline, on a failure, within `stale-while-revalidate` or `max-stale`. Always false for
     /// `.network`.
     public let isStale: Bool
+    /// The note the layer above keeps with a stored response (`CachedRequestEngine.annotateStored`);
+    /// empty for a response from the network.
+    package let note: Data
 
     public init(data: Data, response: HTTPURLResponse, source: Source, isStale: Bool) {
+        self.init(data: data, response: response, source: source, isStale: isStale, note: Data())
+    }
+
+    package init(data: Data, response: HTTPURLResponse, source: Source, isStale: Bool, note: Data) {
         self.data = data
         self.response = response
         self.source = source
         self.isStale = isStale
+        self.note = note
     }
+}
+
+/// What a `CachedRequestEngine` tells the layer above about its exchanges with the origin, and
+/// asks it: OfflineFirst keeps out of the store a response that may hold a write whose fate is
+/// not settled (`CachedRequestEngine.observeExchanges(with:)`).
+package protocol ExchangeObserver: Sendable {
+    /// An exchange for `url` is about to send its request: returns its token once it may (the
+    /// layer above may make it wait for a write of the read to be sent first), or nil when the
+    /// calling task is cancelled meanwhile (then nothing is sent).
+    func exchangeBegins(url: URL) async -> UInt64?
+    /// Whether the response the exchange `token` brought may be stored.
+    func mayStore(_ token: UInt64) -> Bool
+    /// The exchange `token` is over (stored or not, answered or failed).
+    func exchangeEnded(_ token: UInt64)
 }

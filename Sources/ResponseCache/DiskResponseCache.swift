@@ -104,6 +104,8 @@ public final class DiskResponseCache: Sendable {
         /// Keys whose write waits for room that writes in flight have reserved (their owners keep
         /// them); a write that ends starts their loops again.
         var waitingForRoom: [CacheDigest] = []
+        /// The version of each key's last write that reached its file (`annotate` checks its own).
+        var written: [CacheDigest: UInt64] = [:]
         /// The version of each key's latest store or removal (`clear()` forgets them all), so a
         /// write overtaken by a removal cannot bring its response back.
         var latest: [CacheDigest: UInt64] = [:]
@@ -207,6 +209,7 @@ public final class DiskResponseCache: Sendable {
     public func clear() throws {
         state.withLock { state in
             state.latest = [:]
+            state.written = [:]
             state.staleEpochs = [:]
             state.clearedVersion = state.nextVersion
             state.nextVersion += 1
@@ -349,6 +352,7 @@ public final class DiskResponseCache: Sendable {
             state.memoryIndex.remove(key)
             state.queued[key] = nil
             state.pending[key] = nil
+            state.written[key] = nil
         }
         updateTotals(&state)
     }
@@ -380,10 +384,60 @@ public final class DiskResponseCache: Sendable {
     /// Replaces the response stored under `key` with `change(current)` — unless nothing is stored
     /// there, or another store or removal of `key` came between reading it and writing (then
     /// the newer one stays: a change made from an older response must not overwrite it).
-    func update(_ key: CacheDigest, _ change: (StoredResponse) -> StoredResponse) {
+    @discardableResult
+    func update(_ key: CacheDigest, _ change: (StoredResponse) -> StoredResponse) -> StoreOutcome {
         let version = state.withLock { Self.version(of: key, in: $0) }
-        guard let current = read(key) else { return }
-        store(change(current), ifUnchangedSince: version)
+        guard let current = read(key) else { return .overtaken }
+        return store(change(current), ifUnchangedSince: version)
+    }
+
+    /// What `store` did with a response.
+    enum StoreOutcome: Equatable {
+        /// Queued to be written, as this version of its key.
+        case queued(version: UInt64)
+        /// Not stored: larger than `maxBytes`, or past the file format's limits.
+        case refused
+        /// Not stored: another store or removal of the key came first (`ifUnchangedSince`), or
+        /// nothing was stored to change (`update`).
+        case overtaken
+    }
+
+    /// Changes the note of every stored response whose method and URL match `predicate` and marks
+    /// it stale (exchanges in flight for those URLs store what they bring stale), then waits until
+    /// the changed files are written. A response whose change cannot be written (refused, or its
+    /// write failed) is removed, so that no file is left without its note; returns how many were.
+    /// A response removed meanwhile is left removed.
+    func annotate(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool, _ change: (Data) -> Data) async -> Int {
+        let summaries = matchingSummaries(predicate)
+        bumpStaleEpochs(Set(summaries.map(\.primaryKey)).union(matchingExchanges(predicate)))
+        var queued: [(key: CacheDigest, version: UInt64)] = []
+        var failed: [CacheDigest] = []
+        for key in summaries.map(\.key) {
+            // Another change of the response between reading and writing it (another marking
+            // stale, say) would otherwise drop this one: it is made again on what is there now,
+            // until it lands or nothing is stored under the key any more.
+            changing: while true {
+                let outcome = update(key) { stored in
+                    var annotated = stored
+                    annotated.note = change(stored.note)
+                    annotated.isInvalidated = true
+                    return annotated
+                }
+                switch outcome {
+                case .queued(let version): queued.append((key, version))
+                case .refused: failed.append(key)
+                case .overtaken: if read(key) != nil { continue changing }
+                }
+                break
+            }
+        }
+        guard !queued.isEmpty || !failed.isEmpty else { return 0 }
+        await waitForWrites()
+        failed += state.withLock { state in
+            queued.filter { Self.version(of: $0.key, in: state) == $0.version && state.written[$0.key] != $0.version }.map(\.key)
+        }
+        remove(failed)
+        return failed.count
     }
 
     /// The number of the latest time `primaryKey` was marked stale (0: never). An exchange with
@@ -506,20 +560,21 @@ public final class DiskResponseCache: Sendable {
     /// room. A write that fails is counted; the caller is never told (it already has its
     /// response). With `ifUnchangedSince`, only if the key's latest store or removal is still that
     /// version (see `update`).
-    func store(_ response: StoredResponse, ifUnchangedSince expected: UInt64? = nil) {
+    @discardableResult
+    func store(_ response: StoredResponse, ifUnchangedSince expected: UInt64? = nil) -> StoreOutcome {
         let data: Data
         do {
             data = try CacheFileFormat.encode(response)
         } catch {
             state.withLock { $0.statistics.beyondFormatLimits += 1 }
-            return
+            return .refused
         }
         guard data.count <= maxBytes else {
             state.withLock { $0.statistics.tooLargeToStore += 1 }
-            return
+            return .refused
         }
-        let (startWriter, dropped) = state.withLock { state -> (Bool, [CacheDigest]) in
-            if let expected, Self.version(of: response.key, in: state) != expected { return (false, []) }
+        let (startWriter, dropped, version) = state.withLock { state -> (Bool, [CacheDigest], UInt64?) in
+            if let expected, Self.version(of: response.key, in: state) != expected { return (false, [], nil) }
             // At most `maxVariants` per URL: a server that varies on a header whose value changes
             // with every request must not fill the cache with one URL's variants. Oldest stored
             // first; of equal age, the one stored earlier in this process.
@@ -543,10 +598,11 @@ public final class DiskResponseCache: Sendable {
             state.latest[response.key] = version
             state.pending[response.key] = response
             state.queued[response.key] = .write(WriteJob(response: response, data: data, version: version))
-            return (state.fileOwners.insert(response.key).inserted, dropped.filter { Self.claimFileDeletion($0, in: &state) })
+            return (state.fileOwners.insert(response.key).inserted, dropped.filter { Self.claimFileDeletion($0, in: &state) }, version)
         }
         deleteFiles(dropped)
         if startWriter { pool.submit { [self] in fileLoop(response.key) } }
+        return version.map { .queued(version: $0) } ?? .overtaken
     }
 
     /// Returns once every response stored so far is in its file (or its write failed, which
@@ -626,6 +682,7 @@ public final class DiskResponseCache: Sendable {
                     return (state.index[key] == nil, waiting)
                 }
                 state.index.insert(job.response.summary, size: job.data.count)
+                state.written[key] = job.version
                 state.statistics.stored += 1
                 return (false, waiting)
             }

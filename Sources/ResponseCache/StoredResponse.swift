@@ -32,6 +32,9 @@ struct StoredResponse: Sendable, Equatable {
     /// Marked stale whatever its lifetime (RFC 9111 §4.4 invalidation, §4.3.5 a `HEAD` that
     /// disagrees): kept to be shown offline and revalidated, never served as fresh.
     var isInvalidated = false
+    /// What the layer above the cache keeps with this response (empty: nothing): bytes the cache
+    /// never reads, written and read back with the response (`CachedRequestEngine.annotateStored`).
+    var note = Data()
     var body: Data
 
     /// The stored header value for `name`, compared case-insensitively.
@@ -61,29 +64,36 @@ struct StoredResponseSummary: Sendable, Equatable {
     var storedAt: Date
 }
 
-/// The cache file format (version 2), little-endian:
+/// The cache file format (version 3), little-endian:
 ///
 /// ```
-/// offset 0   "RCv2"                      magic
+/// offset 0   "RCv3"                      magic
 ///        4   u32 summary length          the part the index reads at open
 ///        8   u32 detail length           status, age, flags, headers, vary
-///       12   u64 body length
-///       20   16 bytes digest             SipHash-2-4 ×2 of everything from offset 36 to the end
-///       36   summary: key digest (16), primary key digest (16), storedAt (f64 bits), method, url,
+///       12   u64 note length             what the layer above keeps with the response
+///       20   u64 body length
+///       28   16 bytes digest             SipHash-2-4 ×2 of everything from offset 44 to the end
+///       44   summary: key digest (16), primary key digest (16), storedAt (f64 bits), method, url,
 ///                     partition flag (+16)
 ///            detail: status (u16), initial age (f64 bits), flags (u8: 1 = invalidated),
 ///                    header count (u32) and pairs, vary name count and names, vary digest flag (+16)
+///            note
 ///            body
 /// ```
 /// Strings are a u32 byte count and UTF-8. A file whose size is not exactly the sum of the
 /// lengths, whose digest does not match, or whose fields do not parse is torn or corrupt: never
-/// served. Version 1 files (one variant per URL, no age) are recognised by their magic and
-/// dropped at open (`Problem.obsoleteVersion`): a cache may lose what it holds, never misread it.
+/// served. Version 2 files (`RCv2`: the same without a note, a 36-byte prefix) are read as they
+/// are, with an empty note. Version 1 files (one variant per URL, no age) are recognised by their
+/// magic and dropped at open (`Problem.obsoleteVersion`): a cache may lose what it holds, never
+/// misread it.
 enum CacheFileFormat {
-    static let magic: [UInt8] = Array("RCv2".utf8)
-    /// The magic of the previous version, whose files are dropped at open.
+    static let magic: [UInt8] = Array("RCv3".utf8)
+    /// Version 2's magic: read as it is (no note).
+    static let version2Magic: [UInt8] = Array("RCv2".utf8)
+    /// The magic of the first version, whose files are dropped at open.
     static let obsoleteMagic: [UInt8] = Array("RCv1".utf8)
-    static let prefixLength = 36
+    static let prefixLength = 44
+    static let version2PrefixLength = 36
     /// Longest summary accepted at open (a URL is at most a few KiB).
     static let maximumSummaryLength = 64 * 1024
     /// Longest detail section accepted.
@@ -149,15 +159,17 @@ enum CacheFileFormat {
         guard detail.bytes.count <= maximumDetailLength else { throw .detailTooLong }
 
         var file = Writer()
-        file.bytes.reserveCapacity(prefixLength + summary.bytes.count + detail.bytes.count + response.body.count)
+        file.bytes.reserveCapacity(prefixLength + summary.bytes.count + detail.bytes.count + response.note.count + response.body.count)
         file.bytes.append(contentsOf: magic)
         file.u32(UInt32(summary.bytes.count))
         file.u32(UInt32(detail.bytes.count))
+        file.u64(UInt64(response.note.count))
         file.u64(UInt64(response.body.count))
         let digestOffset = file.bytes.count
         file.bytes.append(contentsOf: [UInt8](repeating: 0, count: 16))
         file.bytes.append(contentsOf: summary.bytes)
         file.bytes.append(contentsOf: detail.bytes)
+        file.bytes.append(contentsOf: response.note)
         file.bytes.append(contentsOf: response.body)
         let checksum = file.bytes.withUnsafeBytes { CacheDigest(UnsafeRawBufferPointer(rebasing: $0[prefixLength...])) }
         var digestBytes = Writer()
@@ -166,29 +178,55 @@ enum CacheFileFormat {
         return Data(file.bytes)
     }
 
-    /// The summary length a file's prefix announces, so a reader knows how much to read at open.
-    static func summaryLength(prefix: UnsafeRawBufferPointer) throws -> Int {
-        guard prefix.count >= prefixLength else { throw Problem.truncated }
-        guard prefix.prefix(4).elementsEqual(magic) else {
-            throw prefix.prefix(4).elementsEqual(obsoleteMagic) ? Problem.obsoleteVersion : Problem.badMagic
-        }
-        let length = Int(UInt32(littleEndian: prefix.loadUnaligned(fromByteOffset: 4, as: UInt32.self)))
-        guard length <= maximumSummaryLength else { throw Problem.malformed("summary too long") }
-        return length
+    /// What a file's prefix says: its version's layout and the lengths of its sections.
+    struct Prefix: Equatable {
+        /// The prefix's own length (36 for version 2, 44 for version 3).
+        let length: Int
+        let summaryLength: Int
+        let detailLength: Int
+        let noteLength: Int
+        let bodyLength: Int
+        /// Where the stored digest is.
+        let digestOffset: Int
+
+        /// Where the summary ends: what a reader reads at open.
+        var summaryEnd: Int { length + summaryLength }
+        /// The size the file must have.
+        var fileSize: Int { length + summaryLength + detailLength + noteLength + bodyLength }
     }
 
-    /// The summary of a file from its first `prefixLength + summaryLength` bytes, and the file's
+    /// A file's prefix, checked: a known version, a summary and a detail within their limits,
+    /// lengths that add up to a size that can exist.
+    static func prefix(_ bytes: UnsafeRawBufferPointer) throws -> Prefix {
+        guard bytes.count >= 4 else { throw Problem.truncated }
+        let version3 = bytes.prefix(4).elementsEqual(magic)
+        guard version3 || bytes.prefix(4).elementsEqual(version2Magic) else {
+            throw bytes.prefix(4).elementsEqual(obsoleteMagic) ? Problem.obsoleteVersion : Problem.badMagic
+        }
+        let length = version3 ? prefixLength : version2PrefixLength
+        guard bytes.count >= length else { throw Problem.truncated }
+        let summaryLength = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 4, as: UInt32.self)))
+        let detailLength = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt32.self)))
+        let noteLength = version3 ? UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 12, as: UInt64.self)) : 0
+        let bodyLength = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: version3 ? 20 : 12, as: UInt64.self))
+        guard summaryLength <= maximumSummaryLength else { throw Problem.malformed("summary too long") }
+        guard detailLength <= maximumDetailLength, noteLength < UInt64(Int.max / 4), bodyLength < UInt64(Int.max / 4) else {
+            throw Problem.lengthsDoNotAddUp
+        }
+        return Prefix(
+            length: length, summaryLength: summaryLength, detailLength: detailLength, noteLength: Int(noteLength),
+            bodyLength: Int(bodyLength), digestOffset: length - 16)
+    }
+
+    /// The summary of a file from its first `prefix(_:).summaryEnd` bytes, and the file's
     /// expected total size (checked against the real size by the caller).
     static func decodeSummary(_ bytes: UnsafeRawBufferPointer) throws -> (summary: StoredResponseSummary, fileSize: Int) {
-        let summaryLength = try summaryLength(prefix: bytes)
-        guard bytes.count >= prefixLength + summaryLength else { throw Problem.truncated }
-        let detailLength = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt32.self)))
-        let bodyLength = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: 12, as: UInt64.self))
-        guard detailLength <= maximumDetailLength, bodyLength < UInt64(Int.max / 2) else { throw Problem.lengthsDoNotAddUp }
-        var reader = Reader(bytes: UnsafeRawBufferPointer(rebasing: bytes[prefixLength..<(prefixLength + summaryLength)]))
+        let prefix = try prefix(bytes)
+        guard bytes.count >= prefix.summaryEnd else { throw Problem.truncated }
+        var reader = Reader(bytes: UnsafeRawBufferPointer(rebasing: bytes[prefix.length..<prefix.summaryEnd]))
         let summary = try reader.summary()
         guard reader.isAtEnd else { throw Problem.malformed("summary has trailing bytes") }
-        return (summary, prefixLength + summaryLength + detailLength + Int(bodyLength))
+        return (summary, prefix.fileSize)
     }
 
     /// A whole file, checked: lengths, digest, every field.
@@ -199,13 +237,14 @@ enum CacheFileFormat {
     static func decode(_ bytes: UnsafeRawBufferPointer) throws -> StoredResponse {
         let (summary, expectedSize) = try decodeSummary(bytes)
         guard bytes.count == expectedSize else { throw bytes.count < expectedSize ? Problem.truncated : Problem.lengthsDoNotAddUp }
-        var stored = Reader(bytes: UnsafeRawBufferPointer(rebasing: bytes[20..<36]))
+        let prefix = try prefix(bytes)
+        var stored = Reader(bytes: UnsafeRawBufferPointer(rebasing: bytes[prefix.digestOffset..<prefix.length]))
         let expected = try stored.digest()
-        guard CacheDigest(UnsafeRawBufferPointer(rebasing: bytes[prefixLength...])) == expected else { throw Problem.checksumMismatch }
-        let summaryLength = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 4, as: UInt32.self)))
-        let detailLength = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt32.self)))
-        let detailStart = prefixLength + summaryLength
-        var detail = Reader(bytes: UnsafeRawBufferPointer(rebasing: bytes[detailStart..<(detailStart + detailLength)]))
+        guard CacheDigest(UnsafeRawBufferPointer(rebasing: bytes[prefix.length...])) == expected else { throw Problem.checksumMismatch }
+        let detailStart = prefix.summaryEnd
+        let noteStart = detailStart + prefix.detailLength
+        let bodyStart = noteStart + prefix.noteLength
+        var detail = Reader(bytes: UnsafeRawBufferPointer(rebasing: bytes[detailStart..<noteStart]))
         let status = Int(try detail.u16())
         let initialAge = Double(bitPattern: try detail.u64())
         guard initialAge.isFinite, initialAge >= 0 else { throw Problem.malformed("initial age out of range") }
@@ -224,11 +263,12 @@ enum CacheFileFormat {
         for _ in 0..<varyCount { varyNames.append(try detail.string()) }
         let varyDigest = try detail.optionalDigest()
         guard detail.isAtEnd else { throw Problem.malformed("detail has trailing bytes") }
-        let body = Data(UnsafeRawBufferPointer(rebasing: bytes[(detailStart + detailLength)...]))
+        let note = Data(UnsafeRawBufferPointer(rebasing: bytes[noteStart..<bodyStart]))
+        let body = Data(UnsafeRawBufferPointer(rebasing: bytes[bodyStart...]))
         return StoredResponse(
             key: summary.key, primaryKey: summary.primaryKey, method: summary.method, url: summary.url,
             partition: summary.partition, storedAt: summary.storedAt, initialAge: initialAge, statusCode: status,
-            headers: headers, varyNames: varyNames, varyDigest: varyDigest, isInvalidated: flags == 1, body: body
+            headers: headers, varyNames: varyNames, varyDigest: varyDigest, isInvalidated: flags == 1, note: note, body: body
         )
     }
 

@@ -92,9 +92,9 @@ struct OfflineFirstClientTests {
     // MARK: Delivered: refetching, then settled
 
     /// The no-flicker rule: once the note was shown, no snapshot may show the list without it —
-    /// not when it is delivered, not while the refetch is in flight, not when a fetch that began
-    /// before the delivery lands.
-    @Test func aDeliveredNoteStaysShownUntilARefetchStartedAfterItsDeliveryLands() async throws {
+    /// not while a fetch begun before its replay is in flight (the replay waits for it), not when
+    /// it is delivered, not while the refetch is in flight.
+    @Test func aDeliveredNoteStaysShownAndItsReplayWaitsForAFetchOfTheListInFlight() async throws {
         let h = try OfflineFirstHarness(notes: ["a"])
         _ = try await h.reads.response(for: NotesList(), mode: .online, staleTime: .http)
         await h.monitor.setConnected(false)
@@ -104,16 +104,15 @@ struct OfflineFirstClientTests {
         h.origin.holdReads(true)
         await h.monitor.setConnected(true)  // the stale list is refetched: a fetch begins, held
         await h.origin.waitForHeldReads(1)
-        let delivered = await h.queue.flush()  // delivered while that fetch is in flight
-        #expect(delivered.delivered.count == 1)
-        await reader.waitFor { $0.settlingEntryIDs.count == 1 && !$0.hasPendingWrites }
-        h.origin.releaseReads()  // the held fetch read ["a"] before the delivery: it settles nothing
-        await h.origin.waitForHeldReads(1)  // so a second fetch follows
-        #expect(reader.latest?.settlingEntryIDs.count == 1)
+        let pass = Task { await h.queue.flush() }
+        while h.client.settlement.waitingCount == 0 { await Task.yield() }  // the replay waits for the fetch
+        #expect(h.origin.writes == 0)
         h.origin.holdReads(false)
-        h.origin.releaseReads()
-        let settled = await reader.waitFor { $0.settlingEntryIDs.isEmpty && !$0.isFetching }
-        #expect(Notes.decode(settled.data) == ["a", "b"] && settled.source == .network && !settled.hasPendingWrites)
+        h.origin.releaseReads()  // the fetch lands (["a"]): "b" stays overlaid, then goes out
+        let delivered = await pass.value
+        #expect(delivered.delivered.count == 1)
+        let settled = await reader.waitFor { $0.settlingEntryIDs.isEmpty && !$0.isFetching && !$0.hasPendingWrites }
+        #expect(Notes.decode(settled.data) == ["a", "b"] && settled.source == .network)
         // Never the list without the note after it was first shown.
         let notes = reader.notes
         let firstShown = try #require(notes.firstIndex(of: ["a", "b"]))

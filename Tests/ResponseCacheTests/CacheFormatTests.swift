@@ -63,6 +63,30 @@ struct CacheFormatTests {
         #expect(try CacheFileFormat.decode(try CacheFileFormat.encode(empty)) == empty)
     }
 
+    @Test func aNoteRoundTripsAndIsCoveredByTheDigest() throws {
+        var response = sample()
+        response.note = Data("the layer above's bytes".utf8)
+        let data = try CacheFileFormat.encode(response)
+        #expect(try CacheFileFormat.decode(data) == response)
+        // A flipped byte in the note is caught like any other.
+        let noteStart = try data.withUnsafeBytes { try CacheFileFormat.prefix($0) }.summaryEnd + (try data.withUnsafeBytes { try CacheFileFormat.prefix($0) }.detailLength)
+        var corrupted = data
+        corrupted[noteStart] ^= 0x01
+        #expect(throws: CacheFileFormat.Problem.checksumMismatch) { try CacheFileFormat.decode(corrupted) }
+    }
+
+    /// Files written before notes existed (version 2: a 36-byte prefix without the note's length)
+    /// are read as they are, with an empty note: an upgrade loses nothing stored.
+    @Test func aVersion2FileIsReadWithAnEmptyNote() throws {
+        let response = sample()
+        let current = try CacheFileFormat.encode(response)  // version 3, empty note
+        // The same file as version 2 wrote it: no note length; the digest covers the same bytes.
+        let version2 = Data("RCv2".utf8) + current[4..<12] + current[20...]
+        #expect(try CacheFileFormat.decode(version2) == response)
+        let summary = try version2.withUnsafeBytes { try CacheFileFormat.decodeSummary($0) }
+        #expect(summary.fileSize == version2.count && summary.summary == response.summary)
+    }
+
     @Test func everyTruncationAndEveryFlippedByteIsDetected() throws {
         let data = try CacheFileFormat.encode(sample(body: Data(repeating: 0x41, count: 300)))
         for length in 0..<data.count {

@@ -128,6 +128,8 @@ public actor OfflineQueueEngine {
     nonisolated let sharedCountSubscribers = StreamSubscribers<Int>()
     /// While started on storage other than a disk store: the pass on each of its `arrivals()`.
     private var arrivalsTask: Task<Void, Never>?
+    /// Told of each send on the disk path (`observeSends(with:)`).
+    private nonisolated let sendObserver = Locked<(any QueueSendObserver)?>(nil)
 
     /// A queue on `store`: a `DiskQueueStore` (an app's queue, in a folder), or any other
     /// `QueueStorage`, such as a table a service's replicas share (`PostgresQueueStore`, from the
@@ -259,18 +261,26 @@ public actor OfflineQueueEngine {
             if let keyed {
                 offered = entry
                 disk?.announce(.offered(entry))
+                let observer = disk == nil ? nil : sendObserver.withLock { $0 }
+                _ = await observer?.sendBegins(entry, waits: false)
                 let outcome = await firstAttempt(keyed, timeout: request.timeout, deadline: request.deadline)
                 switch QueueEntryLifecycle.firstAttemptEnded(outcome) {
                 case .sent(let status):
+                    await observer?.delivered(entry)
                     disk?.announce(.removed(entry, reason: .delivered(statusCode: status)))
+                    observer?.deliveryFinished(entry)
                     return .sent(statusCode: status)
                 case .rejected(let error):
                     disk?.announce(.removed(entry, reason: .rejected(statusCode: error.statusCode)))
+                    observer?.sendEnded(entry, mayHaveReachedServer: false)
                     throw error
                 case .cancelled:
                     disk?.announce(.removed(entry, reason: .cancelled))
+                    observer?.sendEnded(entry, mayHaveReachedServer: true)
                     throw NetworkError.cancelled
                 case .store(let counted, let retryAfter, let error):
+                    // A timed-out first attempt may still be on the wire: its fate is unknown.
+                    observer?.sendEnded(entry, mayHaveReachedServer: outcome.mayHaveReachedServer)
                     attempts = counted
                     nextAttemptAt = retryAfter.map { now.addingTimeInterval($0.seconds) }
                     lastError = error
@@ -440,6 +450,12 @@ public actor OfflineQueueEngine {
 
     /// Whether `start()` is in effect.
     public var isStarted: Bool { loopTask != nil }
+
+    /// Tells `observer` of every send from now on (replacing an observer installed before): on the
+    /// disk path only (a `DiskQueueStore`); a delivered entry's file is then deleted at once.
+    package nonisolated func observeSends(with observer: any QueueSendObserver) {
+        sendObserver.withLock { $0 = observer }
+    }
 
     // MARK: - Internals: sending
 
@@ -712,9 +728,19 @@ public actor OfflineQueueEngine {
         let outcome: QueueAttemptOutcome
         let sends = unsafeToSend == nil
         defer { if sends { store.announce(.attemptEnded(id: entry.id)) } }  // after the outcome is applied
+        let observer = sendObserver.withLock { $0 }
+        // Told once the outcome is applied (the entry forgotten and its file deleted, or updated),
+        // unless a delivery already told it (`deliveryFinished`).
+        var observed = false
+        defer { if observed { observer?.sendEnded(entry, mayHaveReachedServer: outcome.mayHaveReachedServer) } }
         if let unsafeToSend {
             outcome = .retry(.underlying(unsafeToSend), after: backoff(afterAttempts: entry.attempts + 1))
+        } else if let observer, !(await observer.sendBegins(entry, waits: true)) {
+            outcome = .stop  // cancelled while a read of what it changes was being fetched: not sent
         } else {
+            observed = observer != nil
+            // Which entry is on the wire, for the next launch should this process die now.
+            if observed { store.noteSending(entry.id) }
             store.announce(.attemptStarted(id: entry.id))
             outcome = await attempt(request.addingReplayHeaders(for: entry, from: configuration.replayHeaders), previousAttempts: entry.attempts)
         }
@@ -730,7 +756,16 @@ public actor OfflineQueueEngine {
         )
         switch end {
         case .remove(let reason, let result):
-            store.discard(id: entry.id, reason: reason)
+            if reason.isDelivered, observed, let observer {
+                // Recorded with the reads it changes before the queue forgets it; its file goes at
+                // once, so no read stored from now on can meet it again after a relaunch.
+                await observer.delivered(entry)
+                store.discard(id: entry.id, reason: reason, promptly: true)
+                observed = false
+                observer.deliveryFinished(entry)
+            } else {
+                store.discard(id: entry.id, reason: reason)
+            }
             if let result { record(result, in: &report) }
         case .supersede:
             store.discard(id: entry.id, reason: .superseded)

@@ -221,14 +221,14 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     var attemptsAfterOneMore: Int { attempts < Int(Self.maximumCounter) ? attempts + 1 : attempts }
 
     /// The JSON encoder for entry files (infinite timeouts and TTLs are written as "inf").
-    static func makeEncoder() -> JSONEncoder {
+    package static func makeEncoder() -> JSONEncoder {
         let encoder = JSONEncoder()
         encoder.nonConformingFloatEncodingStrategy = .convertToString(positiveInfinity: "inf", negativeInfinity: "-inf", nan: "nan")
         return encoder
     }
 
     /// The matching decoder.
-    static func makeDecoder() -> JSONDecoder {
+    package static func makeDecoder() -> JSONDecoder {
         let decoder = JSONDecoder()
         decoder.nonConformingFloatDecodingStrategy = .convertFromString(positiveInfinity: "inf", negativeInfinity: "-inf", nan: "nan")
         return decoder

@@ -18,6 +18,7 @@ import Darwin
 /// <directory>/
 ///   <UUID>.json            one live entry per file (mode 0600)
 ///   .<UUID>.json.tmp       a write in progress (dot-prefixed; removed at open if a crash left it)
+///   .sending               the entry a replay sends now, when a layer above observes the sends
 ///   quarantine/            files that could not be read or decoded, moved aside at open
 ///   dead-letter/           entries that used up `maxAttempts`
 /// ```
@@ -79,6 +80,10 @@ public final class DiskQueueStore: Sendable {
     public let deadLetterDirectory: URL
     /// What the open found (entries loaded, files quarantined, temp files removed).
     public let openReport: OpenReport
+    /// The entry a replay was sending when the process that used the folder before ended, as its
+    /// note says (`noteSending`): the server may have it, though its file is still here. nil
+    /// when nothing was noted, or the note names an entry no longer queued.
+    package let sendingAtOpen: UUID?
 
     // A lock rather than an actor: the replay loop reads and updates the index several times per
     // entry, and an actor hop for each of those cost more than the file operations themselves.
@@ -204,10 +209,33 @@ public final class DiskQueueStore: Sendable {
             removedTemporaryFiles: loaded.removedTemporaryFiles,
             removedSupersededEntries: loaded.removedSuperseded
         )
+        sendingAtOpen = Self.readSendingNote(directory.path).flatMap { index[$0] == nil ? nil : $0 }
         for path in loaded.supersededFiles {
             removals.deleteNow(path)
             noteDeletion()
         }
+    }
+
+    /// The name of the note of the entry on the wire (dot-prefixed: never read as an entry).
+    static let sendingNoteName = ".sending"
+
+    /// Notes which entry a replay is about to send, for the next launch should this process die
+    /// with the request on the wire (`sendingAtOpen`): a file written and renamed into place, not
+    /// fsynced — a kill keeps it, a power loss may not. Only an engine whose sends a layer above
+    /// observes (OfflineFirst) notes them. A failure to write it is ignored: the next launch then
+    /// knows less, and a layer above treats every entry that was ever attempted as possibly sent.
+    package func noteSending(_ id: UUID) {
+        let path = directoryPath + "/" + Self.sendingNoteName
+        try? FileSystem.writeFile(Data(id.uuidString.utf8), to: path, via: path + ".tmp", sync: false)
+    }
+
+    private static func readSendingNote(_ directory: String) -> UUID? {
+        guard let folder = try? FileSystem.openDirectory(directory) else { return nil }
+        defer { FileSystem.closeDescriptor(folder) }
+        var buffer: [UInt8] = []
+        var info = stat()
+        guard case .bytes(let count) = FileSystem.readRegularFile(named: sendingNoteName, in: folder, maximumSize: 64, into: &buffer, info: &info) else { return nil }
+        return UUID(uuidString: String(decoding: buffer[0..<count], as: UTF8.self))
     }
 
     deinit {
@@ -546,10 +574,16 @@ public final class DiskQueueStore: Sendable {
     /// its next entry meanwhile). A file that cannot be deleted, or whose deletion a crash
     /// overtakes, is left for the next open, which may replay it once more with the same
     /// `Idempotency-Key` (at-least-once).
-    func discard(id: UUID, reason: QueueRemovalReason) {
+    ///
+    /// With `promptly`, the file is deleted here and now rather than on the pool thread.
+    func discard(id: UUID, reason: QueueRemovalReason, promptly: Bool = false) {
         guard forget(id, reason: reason) != nil else { return }
         noteDeletion()
-        removals.remove(filePath(id))
+        if promptly {
+            removals.removeNow(filePath(id))
+        } else {
+            removals.remove(filePath(id))
+        }
     }
 
     /// Makes every deletion from the folder so far durable — the queued ones are run, then the
