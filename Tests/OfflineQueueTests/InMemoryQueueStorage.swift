@@ -174,8 +174,19 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
+    /// The earliest backoff's end among the entries `claim` may offer: the first of each ordering
+    /// and coalescing key (as `PostgresQueueStore` answers).
     func earliestNextAttempt() async throws -> Date? {
-        state.withLock { $0.rows.values.compactMap(\.entry.nextAttemptAt).min() }
+        state.withLock { state in
+            let entries = state.rows.values.map(\.entry)
+            return entries.filter { entry in
+                !entries.contains { other in
+                    other.sequence < entry.sequence
+                        && ((entry.orderingKey != nil && other.orderingKey == entry.orderingKey)
+                            || (entry.coalescingKey != nil && other.coalescingKey == entry.coalescingKey))
+                }
+            }.compactMap(\.nextAttemptAt).min()
+        }
     }
 
     func arrivals() -> AsyncStream<Void> { arrivalSubscribers.stream() }

@@ -408,6 +408,27 @@ struct OfflineQueueEngineTests {
         #expect(report.delivered == [id] && h.session.callCount == 3)  // sent afresh, once
     }
 
+    /// The backoff timer counts only the first entry of each ordering key; cancelling that entry
+    /// must not leave its follower waiting for the cancelled entry's backoff.
+    @Test func cancellingTheFirstEntryOfAnOrderingKeyLetsTheNextGoWithoutItsBackoff() async throws {
+        let h = try QueueHarness([.status(503), .ok()])
+        var first = Mutation("/first")
+        first.orderingKey = "doc"
+        var second = Mutation("/second")
+        second.orderingKey = "doc"
+        let head = try #require(try await h.engine.enqueue(first).queuedID)  // 503: kept 10 s
+        _ = try await h.engine.enqueue(second)  // behind it: stored, not sent
+        let collector = StreamCollector(await h.engine.results)
+        await h.engine.start()  // the start pass holds both back and arms the timer for 10 s
+        await h.clock.waitForSleepers(1)
+        #expect(h.clock.nextDeadline == .init(offset: .seconds(10)) && h.session.callCount == 1)
+        #expect(await h.engine.cancel(id: head))
+        await collector.wait(for: 1)  // at once: the clock has not moved
+        #expect(collector.items.map(\.name) == ["delivered(200)"] && h.sentPaths == ["/first", "/second"])
+        #expect(h.clock.now == .init(offset: .zero))
+        await h.engine.stop()
+    }
+
     @Test func aStartedQueueThatLearnedItIsOfflineTriesAgainAfterTheRecheckInterval() async throws {
         // The monitor keeps saying "connected" while sends find no network.
         let h = try QueueHarness(

@@ -140,6 +140,27 @@ struct QueueStorageRuleTests {
         withExtendedLifetime(folder) {}
     }
 
+    /// The engine's timer on shared storage runs a pass at `earliestNextAttempt`: an edit waiting
+    /// behind an earlier one of its coalescing key cannot be claimed before it, so its own date
+    /// must not count (counted, it fired passes that could claim nothing).
+    @Test(arguments: Kind.allCases)
+    func theNextAttemptLeavesOutEditsWaitingBehindAnEarlierOneOfTheirKey(kind: Kind) async throws {
+        let (storage, folder) = try Self.make(kind)
+        _ = try await storage.add(Self.entry("/v1", coalescingKey: "doc"), limit: nil)
+        let held = try #require(try await storage.claim(upTo: 1, now: Self.now, lease: .seconds(30)).first)
+        // A newer edit while v1 is in flight: stored beside it, with a backoff of its own.
+        var newer = Self.entry("/v2", coalescingKey: "doc")
+        newer.nextAttemptAt = Self.now.addingTimeInterval(10)
+        _ = try await storage.add(newer, limit: nil)
+        var kept = held.entry
+        kept.nextAttemptAt = Self.now.addingTimeInterval(60)
+        try await storage.release(held, keeping: kept)
+        #expect(try await storage.queuedEntries().count == 2)
+        #expect(try await storage.claim(upTo: 10, now: Self.now.addingTimeInterval(10), lease: .seconds(30)).isEmpty)
+        #expect(try await storage.earliestNextAttempt() == Self.now.addingTimeInterval(60))
+        withExtendedLifetime(folder) {}
+    }
+
     @Test(arguments: Kind.allCases)
     func theLimitCountsQueuedEntriesButNotAReplacement(kind: Kind) async throws {
         let (storage, folder) = try Self.make(kind)

@@ -340,9 +340,13 @@ public actor OfflineQueueEngine {
     @discardableResult
     public func cancel(id: UUID) async -> Bool {
         guard let store = disk else { return await cancelShared(id: id) }
-        guard store.entry(id: id) != nil else { return false }
+        guard let cancelled = store.entry(id: id) else { return false }
         do {
             try store.remove(id: id)
+            // The first entry of an ordering key holds its followers back, and the backoff timer
+            // counts only first entries: a follower with no wait of its own would otherwise wait
+            // for the cancelled one's backoff, or for the next reconnect. A pass now decides.
+            if cancelled.orderingKey != nil { scheduleTimerIfNeeded(for: now) }
             return true
         } catch {
             return false  // the file could not be deleted: it would come back at the next open

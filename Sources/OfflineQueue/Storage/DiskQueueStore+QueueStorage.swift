@@ -114,8 +114,11 @@ extension DiskQueueStore: QueueStorage {
         return expired
     }
 
+    /// The earliest backoff's end among the entries `claim` may offer: the first of each ordering
+    /// key and of each coalescing key (an edit waiting behind an earlier one of its key does not
+    /// count, whatever its own date).
     public func earliestNextAttempt() async throws -> Date? {
-        earliestBackoffEnd()
+        earliestBackoffEnd(coalescingFollowers: false)
     }
 
     /// Throws `claimLost` unless `claim` is its entry's live claim and the entry is queued; with

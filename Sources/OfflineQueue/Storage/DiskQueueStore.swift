@@ -622,11 +622,22 @@ public final class DiskQueueStore: Sendable {
     /// into a pass that could send nothing, again and again while the clock stood still, until
     /// the first entry's backoff ended (the simulation found it: a later entry of a key, attempted
     /// before an earlier one was stored, with a backoff ending before the earlier one's).
-    func earliestBackoffEnd() -> Date? {
+    ///
+    /// With `coalescingFollowers: false` (the `QueueStorage` conformance, whose `claim` offers
+    /// only the first entry of each coalescing key too), an entry behind an earlier one of its
+    /// coalescing key does not count either.
+    func earliestBackoffEnd(coalescingFollowers: Bool = true) -> Date? {
         state.withLock { state in
             var heads: [String: QueueEntry] = [:]
             var earliest: Date?
+            var coalescingHeads: [String: UInt64] = [:]
+            if !coalescingFollowers {
+                for entry in state.index.ordered() {
+                    if let key = entry.coalescingKey { coalescingHeads[key] = min(coalescingHeads[key] ?? .max, entry.sequence) }
+                }
+            }
             for entry in state.index.ordered() {
+                if let key = entry.coalescingKey, let head = coalescingHeads[key], head != entry.sequence { continue }
                 if let key = entry.orderingKey {
                     if let head = heads[key], head.sequence <= entry.sequence { continue }
                     heads[key] = entry
