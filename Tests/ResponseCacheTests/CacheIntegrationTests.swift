@@ -238,6 +238,39 @@ struct CacheIntegrationTests {
         #endif
     }
 
+    /// Issue 48, item 3, with real parts: a server sends legal responses the cache file cannot
+    /// hold (a `Vary` list of 1 001 names, 10 001 header fields), a child process reads them
+    /// through URLSession and is killed; the next process opens the folder and finds nothing
+    /// corrupt — they were returned, never stored — and a normal response beside them survived.
+    @Test func responsesBeyondTheFileFormatAreNeverStoredSoARelaunchFindsNothingCorrupt() async throws {
+        #if os(Linux) || os(macOS)
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        let vary = (0...1_000).map { "X-Vary-\($0)" }.joined(separator: ", ")
+        server.route("/vary", LoopbackResponse(status: 200, headers: ["Cache-Control": "max-age=600", "Vary": vary], body: Data("vary".utf8)))
+        var many = ["Cache-Control": "max-age=600"]
+        for number in 0...10_000 { many["X-Field-\(number)"] = "v" }
+        server.route("/many", LoopbackResponse(status: 200, headers: many, body: Data("many".utf8)))
+        server.route("/plain", LoopbackResponse(status: 200, headers: ["Cache-Control": "max-age=600"], body: Data("plain".utf8)))
+        let folder = TemporaryDirectory()
+        let (path, base) = (folder.url.path, server.url("/").absoluteString)
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .signal(SIGKILL)) { [path = path as String, base = base as String] in
+                let engine = try CacheIntegrationTests.engine(URL(fileURLWithPath: path))
+                for name in ["vary", "many", "plain"] {
+                    let answer = try await engine.response(for: Feed(url: try #require(URL(string: base + name))), mode: .online, staleTime: .http)
+                    #expect(String(decoding: answer.data, as: UTF8.self) == name)  // the caller gets it either way
+                }
+                await engine.cache.waitForWrites()
+                #expect(engine.cache.statistics.beyondFormatLimits == 2 && engine.cache.count == 1)
+                kill(getpid(), SIGKILL)
+            }
+        }
+        let reopened = try DiskResponseCache(directory: folder.url, maxBytes: 1 << 20)
+        #expect(reopened.statistics.corruptRemoved == 0 && reopened.count == 1)
+        #endif
+    }
+
     static func stored(item: Int, body: String) -> StoredResponse {
         let url = "https://example.test/items/\(item)"
         return StoredResponse(

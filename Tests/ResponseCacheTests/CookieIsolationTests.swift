@@ -10,6 +10,11 @@ import Testing
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// Two users of one app on one device, through the real URLSession transport, a real server on
 /// 127.0.0.1 and real cache files: a response the server personalized by cookie is never served
@@ -120,6 +125,51 @@ struct CookieIsolationTests {
         #expect(Self.text(bob) == "hello bob" && bob.source == .network)
         #expect(reads.cache.count == 0 && reads.cache.statistics.stored == 0)
         #expect(server.requestLog.map { $0.header("cookie") } == ["session=alice", "session=bob"])
+    }
+
+    /// Two users, two processes, one device: alice's process reads her personalized `/me` through a
+    /// transport that keeps cookies (one partition for the device) and is killed; bob's process
+    /// opens the same cache folder, signed in as bob, and is never answered with alice's response.
+    @Test func anotherUsersProcessOnTheSameFoldersIsNeverAnsweredWithTheFirstUsersResponse() async throws {
+        #if os(Linux) || os(macOS)
+        let server = try Self.server()
+        defer { server.shutdown() }
+        let folder = TemporaryDirectory()
+        let (path, url) = (folder.url.path, server.url("/me").absoluteString)
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .signal(SIGKILL)) { [path = path as String, url = url as String] in
+                let text = try await CookieIsolationTests.readMe(try #require(URL(string: url)), as: "alice", folder: path)
+                #expect(text == "hello alice")
+                kill(getpid(), SIGKILL)
+            }
+        }
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { [path = path as String, url = url as String] in
+                let text = try await CookieIsolationTests.readMe(try #require(URL(string: url)), as: "bob", folder: path)
+                #expect(text == "hello bob")
+            }
+        }
+        #expect(server.requestLog.filter { $0.path == "/me" }.map { $0.header("cookie") } == ["session=alice", "session=bob"])
+        #endif
+    }
+
+    /// `/me` read by a process whose transport keeps cookies and holds `session=user`, over the
+    /// cache in `folder` under the device's one partition; the body's text once its write is done.
+    static func readMe(_ me: URL, as user: String, folder: String) async throws -> String {
+        let configuration = URLSessionConfiguration.ephemeral
+        let jar = HTTPCookieStorage.sharedCookieStorage(forGroupContainerIdentifier: "resilience-tests-\(UUID().uuidString)")
+        let cookie = try #require(HTTPCookie(properties: [.name: "session", .value: user, .domain: "127.0.0.1", .path: "/", .originURL: me]))
+        jar.setCookie(cookie)
+        configuration.httpCookieStorage = jar
+        let reads = CachedRequestEngine(
+            requestEngine: AsyncRequestEngine(session: URLSessionTransport(configuration: configuration, usesCookies: true)),
+            cache: try DiskResponseCache(directory: URL(fileURLWithPath: folder), maxBytes: 1 << 20),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
+            configuration: .init(partition: "device")
+        )
+        let answer = try await reads.response(for: Read(url: me), mode: .online, staleTime: .http)
+        await reads.cache.waitForWrites()
+        return text(answer)
     }
 
     @Test func withCookiesOptedInAndAPartitionVaryIsMatchedOnTheCookieAsSent() async throws {
