@@ -9,6 +9,11 @@ import Testing
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// The strategies beyond retry, end-to-end through the real URLSession (`URLSessionTransport`) to
 /// a real HTTP server on 127.0.0.1. Time runs on a ManualClock where a rule depends on it (the
@@ -23,6 +28,49 @@ struct StrategiesIntegrationTests {
     init() throws {
         server = try LoopbackHTTPServer()
         transport = URLSessionTransport(configuration: .ephemeral)
+    }
+
+    /// Issue 48, item 4, end to end: an engine configured with the most extreme values its
+    /// throwing initializers accept — adaptive limits of `Int.max` with an endless line, a fixed
+    /// limit and line of `Int.max`, a retry budget of the largest `Double` — sends concurrent
+    /// requests and retries over the real transport without trapping. In a child process, so that
+    /// a trap fails this test instead of the whole run.
+    @Test func anEngineWithTheMostExtremeAcceptedSettingsServesRequests() async throws {
+        #if os(Linux) || os(macOS)
+        server.route("/ok", .ok("fine"))
+        server.route("/flaky", [.status(503), .ok("fine")])
+        let base = server.url("/").absoluteString
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .success) { [base = base as String] in
+                let adaptive = try AdaptiveConcurrencyLimiter.Configuration(
+                    algorithm: .gradient(), minLimit: .max, maxLimit: .max, maxWaiting: .max, maxWaitingPerLimit: .infinity,
+                    initialLimit: .max, interactiveShare: 1
+                )
+                let huge = Double.greatestFiniteMagnitude
+                let engine = AsyncRequestEngine(
+                    session: URLSessionTransport(configuration: .ephemeral),
+                    configuration: .init(
+                        retry: .init(
+                            policy: ExponentialRetryPolicy(maxRetries: 3, baseDelay: 0.001),
+                            budget: RetryBudget(retryRatio: huge, minRetriesPerSecond: huge, maxBalance: huge)
+                        ),
+                        limits: .init(concurrencyPerHost: .max, waitingPerHost: .max, adaptiveConcurrencyPerHost: adaptive)
+                    )
+                )
+                let url = try #require(URL(string: base))
+                let bodies = try await withThrowingTaskGroup(of: String.self) { group in
+                    for index in 0..<32 {
+                        group.addTask {
+                            let path = index == 0 ? "flaky" : "ok"
+                            return String(decoding: try await engine.send(TestRequest(url: url.appendingPathComponent(path), timeout: 10)).0, as: UTF8.self)
+                        }
+                    }
+                    return try await group.reduce(into: [String]()) { $0.append($1) }
+                }
+                #expect(bodies.count == 32 && bodies.allSatisfy { $0 == "fine" })
+            }
+        }
+        #endif
     }
 
     @Test func theDeadlineCancelsTheTransferInFlight() async throws {
