@@ -68,4 +68,90 @@ struct QueueEntryDecoderTests {
             #expect(QueueEntryDecoder.parseUUID(bad) == nil)
         }
     }
+
+    // MARK: Found by Fuzz/ (fuzz-queue-entry): whatever the fast reader accepts, JSONDecoder reads the same
+
+    /// An entry file as the store writes it (keys sorted), with `replacing` swapped in.
+    static func file(_ replacing: String = "", with replacement: String = "") -> Data {
+        let text =
+            #"{"attempts":0,"enqueuedAt":760000000.25,"formatVersion":1,"headers":{},"id":"00000000-0000-0000-0000-000000000001","#
+            + #""idempotencyKey":"8C1D4F3A-0B6E-4F7A-9D2C-5E8B1A3F6C9D","method":"POST","priority":0,"revision":0,"sequence":1,"#
+            + #""timeout":30,"ttl":86400,"url":"https:\/\/api.example.test\/orders"}"#
+        return Data((replacing.isEmpty ? text : text.replacingOccurrences(of: replacing, with: replacement)).utf8)
+    }
+
+    /// The fast reader either leaves `data` to JSONDecoder or reads what JSONDecoder reads.
+    /// (Failures name the file, not the entries: describing a `Date` read as infinite traps.)
+    func expectReadersAgree(_ data: Data, sourceLocation: SourceLocation = #_sourceLocation) {
+        guard let fast = QueueEntryDecoder.decode(data) else { return }
+        let slow = try? QueueEntry.makeDecoder().decode(QueueEntry.self, from: data)
+        let agree = slow == fast
+        #expect(agree, "the readers disagree on \(String(decoding: data, as: UTF8.self))", sourceLocation: sourceLocation)
+    }
+
+    /// Whether the fast reader reads `data` (rather than leaving it to JSONDecoder).
+    func fastReaderReads(_ data: Data) -> Bool { QueueEntryDecoder.decode(data) != nil }
+
+    @Test func theFileTheseTestsEditIsReadByBothReaders() throws {
+        let fast = try #require(QueueEntryDecoder.decode(Self.file()))
+        #expect(fast == (try QueueEntry.makeDecoder().decode(QueueEntry.self, from: Self.file())))
+    }
+
+    /// The fuzzer's first find: `"ttl":06400` (a leading zero, not JSON) read as 6400 where
+    /// JSONDecoder rejects the file, so a corrupt file was loaded instead of quarantined.
+    @Test func aNumberJSONDecoderRejectsIsLeftToIt() {
+        let crash =
+            #"{"attempts":0,"enqueuedAt":760000000.25,"formatVersion":1,"headers":{},"id":"00000000-0000-0000-0000-000000000001","#
+            + #""idempotencyKey":"8C1D4F3A-0B6E-4F7A-9D2C-5E8B1A3F6C9D","method":"\u0017\u004F\u0053\u0054","priority":0,"revision":0,"#
+            + #""sequence":1,"timeout":30,"ttl":06400,"url":"https:\/\/api.example.test\/orders"}"#
+        #expect(!fastReaderReads(Data(crash.utf8)))
+        expectReadersAgree(Data(crash.utf8))
+        // Past Double's range, or rounding to zero: `"ttl":81.5e-36400` was the fuzzer's second find.
+        for number in ["06400", "1.", "-", "-01", ".5", "1e", "1e+", "+1", "1.5.5", "1e5e5", "0x10", "--1", "81.5e-36400", "1e400", "-1.8e308", "2e-324"] {
+            let data = Self.file(#""ttl":86400"#, with: #""ttl":\#(number)"#)
+            #expect(!fastReaderReads(data), "ttl \(number)")
+            expectReadersAgree(data)
+        }
+        for number in ["0", "-0", "86400", "1.5", "1e5", "1E+5", "2.5e-3", "-0.0", "0e-400", "5e-324", "1.7976931348623157e308"] {
+            let data = Self.file(#""ttl":86400"#, with: #""ttl":\#(number)"#)
+            #expect(fastReaderReads(data), "ttl \(number)")
+            expectReadersAgree(data)
+        }
+    }
+
+    /// A byte that is not UTF-8 inside a string: the fast reader read U+FFFD in its place (a
+    /// method or URL the app never wrote); JSONDecoder rejects the file.
+    @Test func aStringThatIsNotUTF8IsLeftToJSONDecoder() throws {
+        let original = Self.file()
+        let insideMethod = try #require(original.range(of: Data(#""POST""#.utf8))).lowerBound + 2  // after `"P`
+        for bytes: [UInt8] in [[0xFF], [0xC3], [0xED, 0xA0, 0x80], [0xF0, 0x9F, 0x98], [0xC0, 0xAF]] {
+            let data = original.prefix(upTo: insideMethod) + bytes + original.suffix(from: insideMethod)
+            #expect(!fastReaderReads(data), "bytes \(bytes)")
+            expectReadersAgree(data)
+        }
+        // Escaped or not, valid UTF-8 beyond ASCII still takes the fast path.
+        let unicode = Self.file(#""method":"POST""#, with: #""method":"POST","orderingKey":"ü🚀\u00fc""#)
+        #expect(QueueEntryDecoder.decode(unicode)?.orderingKey == "ü🚀ü")
+    }
+
+    /// A key given twice (two `url`s): the fast reader kept the last, JSONDecoder the first, so
+    /// the two read different entries from one file.
+    @Test func aRepeatedKeyIsLeftToJSONDecoder() {
+        let twice = Self.file(#""url":"#, with: #""url":"https:\/\/example.test\/%C3%BC\/%tion reset","url":"#)
+        #expect(!fastReaderReads(twice))
+        expectReadersAgree(twice)
+        let header = Self.file(#""headers":{}"#, with: #""headers":{"A":"1","A":"2"}"#)
+        #expect(!fastReaderReads(header))
+        expectReadersAgree(header)
+    }
+
+    /// `"enqueuedAt":"inf"`: the fast reader read an infinite date, JSONDecoder reads no string
+    /// as a `Date`.
+    @Test func aDateWrittenAsAStringIsLeftToJSONDecoder() {
+        for text in ["\"inf\"", "\"-inf\"", "\"nan\""] {
+            let data = Self.file(#""enqueuedAt":760000000.25"#, with: #""enqueuedAt":\#(text)"#)
+            #expect(!fastReaderReads(data), "enqueuedAt \(text)")
+            expectReadersAgree(data)
+        }
+    }
 }

@@ -5,9 +5,10 @@ import Foundation
 /// Opening 100 000 entries with `JSONDecoder` costs about 18 µs per file on a small Linux VM,
 /// which alone takes well over a second. Entry files are flat JSON objects this library writes
 /// itself, so this reader parses exactly that shape straight from the bytes (full JSON string
-/// escapes included). Anything it does not recognise — an unknown key, a nested value where none
-/// belongs, a number where a string belongs — makes it return `nil`, and the caller falls back to
-/// `JSONDecoder`, which stays the authority on what is a valid entry.
+/// escapes included). Anything it does not recognise — an unknown or repeated key, a nested value
+/// where none belongs, a number where a string belongs, a number or string that is not JSON —
+/// makes it return `nil`, and the caller falls back to `JSONDecoder`, which stays the authority on
+/// what is a valid entry: what this reader reads, `JSONDecoder` reads the same (Fuzz/, queue-entry).
 enum QueueEntryDecoder {
     /// Parses a canonical UUID string (8-4-4-4-12 hex digits) without `sscanf`, which
     /// `UUID(uuidString:)` uses on Linux.
@@ -77,32 +78,38 @@ enum QueueEntryDecoder {
             var lastError: Value?, revision: Value?, formatVersion: Value?, maximumResponseBodySize: Value?
             var deadlineSeconds: Value?
 
-            /// Stores `value` under `key`; `false` for a key an entry does not have.
+            /// Stores `value` under `key`; `false` for a key an entry does not have, or one already
+            /// met (JSON leaves a repeated key's meaning open: JSONDecoder reads the first, so this
+            /// reader leaves such a file to it).
             mutating func set(_ key: String, _ value: Value) -> Bool {
+                func store(_ field: inout Value?) -> Bool {
+                    guard field == nil else { return false }
+                    field = value
+                    return true
+                }
                 switch key {
-                case "id": id = value
-                case "url": url = value
-                case "method": method = value
-                case "headers": headers = value
-                case "body": body = value
-                case "timeout": timeout = value
-                case "enqueuedAt": enqueuedAt = value
-                case "ttl": ttl = value
-                case "priority": priority = value
-                case "idempotencyKey": idempotencyKey = value
-                case "orderingKey": orderingKey = value
-                case "coalescingKey": coalescingKey = value
-                case "sequence": sequence = value
-                case "attempts": attempts = value
-                case "nextAttemptAt": nextAttemptAt = value
-                case "lastError": lastError = value
-                case "revision": revision = value
-                case "formatVersion": formatVersion = value
-                case "maximumResponseBodySize": maximumResponseBodySize = value
-                case "deadlineSeconds": deadlineSeconds = value
+                case "id": return store(&id)
+                case "url": return store(&url)
+                case "method": return store(&method)
+                case "headers": return store(&headers)
+                case "body": return store(&body)
+                case "timeout": return store(&timeout)
+                case "enqueuedAt": return store(&enqueuedAt)
+                case "ttl": return store(&ttl)
+                case "priority": return store(&priority)
+                case "idempotencyKey": return store(&idempotencyKey)
+                case "orderingKey": return store(&orderingKey)
+                case "coalescingKey": return store(&coalescingKey)
+                case "sequence": return store(&sequence)
+                case "attempts": return store(&attempts)
+                case "nextAttemptAt": return store(&nextAttemptAt)
+                case "lastError": return store(&lastError)
+                case "revision": return store(&revision)
+                case "formatVersion": return store(&formatVersion)
+                case "maximumResponseBodySize": return store(&maximumResponseBodySize)
+                case "deadlineSeconds": return store(&deadlineSeconds)
                 default: return false
                 }
-                return true
             }
         }
 
@@ -161,7 +168,8 @@ enum QueueEntryDecoder {
                 let urlText = string(fields.url), let url = URL(string: urlText),
                 let method = string(fields.method),
                 let timeout = double(fields.timeout),
-                let enqueuedAt = double(fields.enqueuedAt),
+                // A date is a plain number: JSONDecoder reads no "inf" or "nan" string as a `Date`.
+                case .number(let enqueuedAt)? = fields.enqueuedAt,
                 let ttl = double(fields.ttl),
                 let priority = integer(fields.priority),
                 let idempotencyKey = string(fields.idempotencyKey),
@@ -240,7 +248,8 @@ enum QueueEntryDecoder {
                 skipWhitespace()
                 guard consume(UInt8(ascii: ":")) else { return nil }
                 skipWhitespace()
-                guard let value = string() else { return nil }
+                // A repeated name (as Swift compares strings) is left to JSONDecoder too.
+                guard let value = string(), object[key] == nil else { return nil }
                 object[key] = value
                 skipWhitespace()
                 if consume(UInt8(ascii: ",")) { continue }
@@ -255,7 +264,7 @@ enum QueueEntryDecoder {
             while position < bytes.count {
                 let byte = bytes[position]
                 if byte == UInt8(ascii: "\"") {
-                    let text = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<position]), as: UTF8.self)
+                    guard let text = Self.validString(UnsafeBufferPointer(rebasing: bytes[start..<position])) else { return nil }
                     position += 1
                     return text
                 }
@@ -270,7 +279,7 @@ enum QueueEntryDecoder {
                 position += 1
                 switch byte {
                 case UInt8(ascii: "\""):
-                    return String(decoding: utf8, as: UTF8.self)
+                    return utf8.withUnsafeBufferPointer { Self.validString($0) }
                 case UInt8(ascii: "\\"):
                     guard position < bytes.count else { return nil }
                     let escape = bytes[position]
@@ -303,6 +312,24 @@ enum QueueEntryDecoder {
             return nil
         }
 
+        /// `bytes` as text, or nil when they are not UTF-8. JSONDecoder rejects a file with a
+        /// byte that is not (RFC 8259 §8.1), where `String(decoding:as:)` would read U+FFFD in its
+        /// place: a corrupt file would then be read as an entry with another URL or key.
+        private static func validString(_ bytes: UnsafeBufferPointer<UInt8>) -> String? {
+            if bytes.contains(where: { $0 >= 0x80 }) {
+                var parser = Unicode.UTF8.ForwardParser()
+                var iterator = bytes.makeIterator()
+                scalars: while true {
+                    switch parser.parseScalar(from: &iterator) {
+                    case .valid: continue
+                    case .emptyInput: break scalars
+                    case .error: return nil
+                    }
+                }
+            }
+            return String(decoding: bytes, as: UTF8.self)
+        }
+
         private mutating func hex4() -> UInt32? {
             guard position + 4 <= bytes.count else { return nil }
             var value: UInt32 = 0
@@ -321,23 +348,46 @@ enum QueueEntryDecoder {
             return value
         }
 
+        /// A number as JSON writes it (RFC 8259 §6: `-? (0 | [1-9] digits) [. digits] [e [+-] digits]`).
+        /// Anything else `Double(_:)` would also read — a leading zero (`06400`), a bare point
+        /// (`1.`), a sign in front (`+1`) — is not JSON, and JSONDecoder, the authority, rejects it.
         private mutating func number() -> Double? {
             let start = position
-            while position < bytes.count {
-                switch bytes[position] {
-                case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "+"),
-                    UInt8(ascii: "."), UInt8(ascii: "e"), UInt8(ascii: "E"):
-                    position += 1
-                default:
-                    return Self.parseDouble(bytes[start..<position])
-                }
+            _ = consume(UInt8(ascii: "-"))
+            if !consume(UInt8(ascii: "0")) {
+                guard position < bytes.count, (UInt8(ascii: "1")...UInt8(ascii: "9")).contains(bytes[position]) else { return nil }
+                skipDigits()
+            }
+            if consume(UInt8(ascii: ".")) {
+                guard skipDigits() > 0 else { return nil }
+            }
+            if consume(UInt8(ascii: "e")) || consume(UInt8(ascii: "E")) {
+                _ = consume(UInt8(ascii: "+")) || consume(UInt8(ascii: "-"))
+                guard skipDigits() > 0 else { return nil }
             }
             return Self.parseDouble(bytes[start..<position])
         }
 
+        /// Moves past ASCII digits; how many there were.
+        @discardableResult
+        private mutating func skipDigits() -> Int {
+            let start = position
+            while position < bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[position]) { position += 1 }
+            return position - start
+        }
+
+        /// The value of a JSON number; nil when `Double` cannot hold it — past its range (`1e400`,
+        /// which `Double(_:)` reads as infinity) or so small that it rounds to zero (`1e-400`) —
+        /// since JSONDecoder rejects both.
         private static func parseDouble(_ slice: Slice<UnsafeBufferPointer<UInt8>>) -> Double? {
-            guard !slice.isEmpty, slice.count < 64 else { return nil }
-            return Double(String(decoding: UnsafeBufferPointer(rebasing: slice), as: UTF8.self))
+            guard !slice.isEmpty, slice.count < 64,
+                let value = Double(String(decoding: UnsafeBufferPointer(rebasing: slice), as: UTF8.self)), value.isFinite
+            else { return nil }
+            if value == 0 {
+                let mantissa = slice.prefix { $0 != UInt8(ascii: "e") && $0 != UInt8(ascii: "E") }
+                guard mantissa.allSatisfy({ !(UInt8(ascii: "1")...UInt8(ascii: "9")).contains($0) }) else { return nil }
+            }
+            return value
         }
 
         private mutating func literal(_ word: StaticString) -> Bool {
