@@ -45,8 +45,9 @@ struct LoopbackRequestParser {
 
     /// The most bytes a request line plus headers may take (431 beyond).
     static let maxHeadBytes = 64 * 1024
-    /// The most bytes a chunk-size line or a trailer line may take (400 beyond).
-    private static let maxChunkLineBytes = 8 * 1024
+    /// The most bytes a chunk-size line or a trailer line may take before its CRLF (400 beyond),
+    /// whether the line arrives in one read or in many.
+    static let maxChunkLineBytes = 8 * 1024
 
     private enum ChunkPhase {
         case size
@@ -107,13 +108,18 @@ struct LoopbackRequestParser {
         return .failure(status: status)
     }
 
-    /// Index of the first CRLF at or after `start`, if any.
-    private func findCRLF(from start: Int) -> Int? {
-        var index = start
+    /// Index of the CRLF that ends the line at `readIndex`, if it has arrived. The search resumes
+    /// where the last one stopped (`scanIndex`), so a line read a byte at a time costs linear time.
+    private mutating func findLineEnd() -> Int? {
+        var index = max(readIndex, scanIndex)
         while index + 1 < buffer.count {
-            if buffer[index] == Self.cr && buffer[index + 1] == Self.lf { return index }
+            if buffer[index] == Self.cr && buffer[index + 1] == Self.lf {
+                scanIndex = index + 2
+                return index
+            }
             index += 1
         }
+        scanIndex = max(readIndex, buffer.count - 1)
         return nil
     }
 
@@ -218,9 +224,12 @@ struct LoopbackRequestParser {
         while true {
             switch phase {
             case .size:
-                guard let lineEnd = findCRLF(from: readIndex) else {
-                    return bufferedByteCount > Self.maxChunkLineBytes ? fail(400) : suspend(request, phase)
+                // Without its CRLF yet, the line is at least all but the last byte buffered (which
+                // may be the CR): too long once that passes the limit, whatever arrives next.
+                guard let lineEnd = findLineEnd() else {
+                    return bufferedByteCount > Self.maxChunkLineBytes + 1 ? fail(400) : suspend(request, phase)
                 }
+                guard lineEnd - readIndex <= Self.maxChunkLineBytes else { return fail(400) }
                 let line = String(decoding: buffer[readIndex..<lineEnd], as: UTF8.self)
                 readIndex = lineEnd + 2
                 // chunk-size [ chunk-ext ]: the size ends at ";" or whitespace.
@@ -242,9 +251,10 @@ struct LoopbackRequestParser {
                 readIndex += 2
                 phase = .size
             case .trailers:
-                guard let lineEnd = findCRLF(from: readIndex) else {
-                    return bufferedByteCount > Self.maxChunkLineBytes ? fail(400) : suspend(request, phase)
+                guard let lineEnd = findLineEnd() else {
+                    return bufferedByteCount > Self.maxChunkLineBytes + 1 ? fail(400) : suspend(request, phase)
                 }
+                guard lineEnd - readIndex <= Self.maxChunkLineBytes else { return fail(400) }
                 let isLastLine = lineEnd == readIndex
                 readIndex = lineEnd + 2
                 if isLastLine {
