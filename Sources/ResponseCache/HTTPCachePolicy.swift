@@ -450,9 +450,11 @@ struct EntityTag: Equatable {
     let isStrong: Bool
 
     init(_ text: String) {
-        var rest = Substring(text.trimmingCharacters(in: .whitespaces))
+        // Read by Unicode scalars, as the grammar reads octets: by Characters, a tag that opens
+        // with a combining mark (`"\u{301}x"`) has no opening quote, since the mark joins it.
+        var rest = Substring(text.trimmingCharacters(in: .whitespaces)).unicodeScalars
         var weak = false
-        if rest.hasPrefix("W/") || rest.hasPrefix("w/") {
+        if rest.starts(with: "W/".unicodeScalars) || rest.starts(with: "w/".unicodeScalars) {
             weak = true
             rest = rest.dropFirst(2)
         }

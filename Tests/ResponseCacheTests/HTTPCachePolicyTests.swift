@@ -299,6 +299,20 @@ struct HTTPCachePolicyTests {
         #expect(!HTTPCachePolicy.headResponse(["Content-Length": "5"], describes: stored))
     }
 
+    /// Found by Fuzz/ (fuzz-cache-headers): a tag whose first character is a combining mark
+    /// (U+0749 here) was read with its quotes, as the mark joins the opening quote into one
+    /// Character; the bare and the quoted form of one tag then differed.
+    @Test func anEntityTagIsReadByItsScalarsNotItsCharacters_Section8_8_3() {
+        let crash = "\u{0749}.\u{FFFD}00:0J0min-fresh"
+        #expect(EntityTag("\"\(crash)\"") == EntityTag(crash))
+        #expect(EntityTag("\"\(crash)\"").opaque == crash)
+        #expect(EntityTag("W/\"\u{301}x\"") == EntityTag("w/\u{301}x") && !EntityTag("W/\"\u{301}x\"").isStrong)
+        #expect(EntityTag("\"\u{301}x\"").opaque == "\u{301}x" && EntityTag("\"\u{301}x\"").isStrong)
+        // The 304 carries the quoted form of the tag the server first sent bare.
+        let stored = Self.stored([:], etag: "\u{301}v1")
+        #expect(HTTPCachePolicy.selectedBy304(["ETag": "\"\u{301}v1\""], among: [stored]).map(\.key) == [stored.key])
+    }
+
     // MARK: Vary (§4.1)
 
     @Test func aLanguageVariantAnswersARequestThatPrefersItsLanguageMost_Section4_1() {
