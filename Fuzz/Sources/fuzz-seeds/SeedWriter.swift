@@ -72,7 +72,7 @@ enum SeedWriter {
 
     // MARK: - Cache files
 
-    static func cacheFiles() -> [Data] {
+    static func cacheFiles() throws -> [Data] {
         let storedAt = Date(timeIntervalSinceReferenceDate: 760_000_000.125)
         func response(
             _ url: String, method: String = "GET", partition: String? = nil, status: Int = 200, headers: [String: String],
@@ -97,11 +97,15 @@ enum SeedWriter {
                 vary: ["accept-language": "de, en;q=0.5", "accept-encoding": "gzip"], isInvalidated: true, body: "Grüße 🚀"),
             response("https://example.test/head", method: "HEAD", status: 404, headers: ["Content-Length": "0"], vary: ["x-missing": ""], body: ""),
         ]
-        var seeds = responses.map(CacheFileFormat.encode)
+        var noted = responses[1]
+        noted.note = Data(#"{"settling":[]}"#.utf8)
+        var seeds = try (responses + [noted]).map { try CacheFileFormat.encode($0) }
         var obsolete = seeds[1]
         obsolete.replaceSubrange(0..<4, with: Array("RCv1".utf8))
         seeds.append(obsolete)
         seeds.append(seeds[2].prefix(60))
+        // A version 2 file, as the cache wrote before notes: no note length in its prefix.
+        seeds.append(Data("RCv2".utf8) + seeds[1][4..<12] + seeds[1][20...])
         return seeds
     }
 
