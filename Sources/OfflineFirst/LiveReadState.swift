@@ -31,6 +31,9 @@ struct LiveReadState: Sendable {
     /// The overlays last applied: while base, settling writes and the mirror's order are
     /// unchanged, a new pending write at the end is applied on top of them alone.
     private var memo: Memo?
+    /// Queued writes a stored note says were delivered (their files outlived the delivery): never
+    /// overlaid as pending, though they stay queued until sent again.
+    private let knownDelivered: Set<UUID>
 
     private struct Memo: Sendable {
         let baseVersion: Int
@@ -55,12 +58,13 @@ struct LiveReadState: Sendable {
 
     init(
         rules: [OptimisticUpdate], invalidatedBy: @escaping @Sendable (QueueEntry) -> Bool, entries: [QueueEntry],
-        stored: CachedResponse?, fetchAtOnce: Bool, connected: Bool
+        stored: CachedResponse?, fetchAtOnce: Bool, connected: Bool, knownDelivered: Set<UUID> = []
     ) {
         self.rules = rules
         self.invalidatedBy = invalidatedBy
         mirror = QueueMirror(entries, classify: Self.classifier(rules))
         base = stored
+        self.knownDelivered = knownDelivered.union(SettlingNote.entries(stored?.note ?? Data()).map(\.id))
         // Writes delivered while this read's stored body was already stored (by this process or
         // one before a relaunch): recorded in its note, settled by the first fetch that lands.
         let classify = Self.classifier(rules)
@@ -189,7 +193,7 @@ struct LiveReadState: Sendable {
         let pending: Overlays.Result
         // A write both settling and queued (its file outlived its delivery, or it was recorded in
         // the stored note and then seen delivered) is applied once, as settling.
-        let skipped = Set(settlingIDs)
+        let skipped = knownDelivered.union(settlingIDs)
         if let memo, memo.baseVersion == baseVersion, memo.settlingIDs == settlingIDs {
             settled = memo.settled
             if memo.rewrites == mirror.rewrites, memo.pendingCount <= mirror.items.count {

@@ -78,7 +78,10 @@ public final class OfflineFirstClient: Sendable {
         precondition(queue.storage is DiskQueueStore, "OfflineFirstClient follows a DiskQueueStore's change feed: make its queue over one")
         // Delivered writes are recorded in the notes of the stored reads they change, and reads
         // that may hold a write of unknown fate are not stored (see `SettlementTracker`).
-        let settlement = SettlementTracker(rules: optimisticUpdates) { [weak reads] entry, matching in
+        let store = queue.store
+        let settlement = SettlementTracker(
+            rules: optimisticUpdates, deadlines: queue.deadlines, isQueued: { [weak store] id in store?.entry(id: id) != nil }
+        ) { [weak reads] entry, matching in
             _ = await reads?.annotateStored(where: { url in matching.contains { $0.reads(url) } }) { note in
                 SettlingNote.adding(entry, to: note)
             }
@@ -111,6 +114,8 @@ public final class OfflineFirstClient: Sendable {
     deinit {
         listener.cancel()
         stopSettlementFeed()
+        queue.stopObservingSends(by: settlement)
+        reads.stopObservingExchanges(by: settlement)
     }
 
     // MARK: - Writes
@@ -233,9 +238,12 @@ public final class OfflineFirstClient: Sendable {
                 QueueMirror.Item(entry: entry, rules: optimisticUpdates.indices.filter { optimisticUpdates[$0].mutations(entry) })
             }
             : delivered
+        // A queued write a note says was delivered (its file outlived the delivery) is not pending.
+        settlement.learn(from: answer.note)
         let settled = Overlays.apply(settling, to: Overlays.Result(data: answer.data), rules: optimisticUpdates, only: reading)
         let overlaid = Overlays.apply(
-            pending, to: Overlays.Result(data: settled.data), rules: optimisticUpdates, only: reading, skipping: Set(settling.map(\.entry.id)))
+            pending, to: Overlays.Result(data: settled.data), rules: optimisticUpdates, only: reading,
+            skipping: settlement.knownDeliveredIDs.union(settling.map(\.entry.id)))
         return QuerySnapshot(
             data: overlaid.data, response: answer.response, source: answer.source == .network ? .network : .cache,
             isStale: answer.isStale, pendingEntryIDs: overlaid.applied, settlingEntryIDs: settled.applied, rejectedWrites: [],
@@ -303,13 +311,16 @@ public final class OfflineFirstClient: Sendable {
             defer { client.progress.unregister(registration) }
             // Writes delivered before this read began have made what it reads stale first.
             await client.progress.waitForListener(through: start.sequence)
+            let stored = client.reads.storedResponse(for: request, staleTime: staleTime)
+            client.settlement.learn(from: stored?.note ?? Data())
             var state = LiveReadState(
                 rules: rules,
                 invalidatedBy: { entry in invalidations.contains { $0.mutations(entry) } },
                 entries: start.entries,
-                stored: client.reads.storedResponse(for: request, staleTime: staleTime),
+                stored: stored,
                 fetchAtOnce: mode == .always,
-                connected: await monitor.isConnected
+                connected: await monitor.isConnected,
+                knownDelivered: client.settlement.knownDeliveredIDs
             )
             // A discarding group: finished fetches must not pile up until the read ends.
             await withDiscardingTaskGroup { group in

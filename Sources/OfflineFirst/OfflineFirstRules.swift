@@ -22,7 +22,10 @@ import OfflineQueue
 public struct OptimisticUpdate: Sendable {
     /// Whether the update applies to a queue entry (method, URL, headers, body…).
     public let mutations: @Sendable (QueueEntry) -> Bool
-    /// Whether it changes the read of a URL.
+    /// Whether it changes the read of a URL. Live and one-shot reads ask it with the read's own
+    /// URL; marking stored reads stale after a delivery, and recording the write with them for a
+    /// relaunch, ask it with the URL as stored, which keeps query parameter names but not their
+    /// values.
     public let reads: @Sendable (URL) -> Bool
     /// The body to show: the read's current body with the pending entry applied.
     public let apply: @Sendable (_ current: Data?, _ pending: QueueEntry) throws -> Data?

@@ -61,8 +61,17 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
     private struct State: Sendable {
         /// Writes of unknown fate still queued (rule 2).
         var unknown: [UUID: QueueEntry] = [:]
+        /// Writes a stored read's note says were delivered, while a file of theirs outlived the
+        /// delivery (a kill between the two): of unknown fate, and never overlaid as pending.
+        var knownDelivered: Set<UUID> = []
         /// Sends holding their turn: from `sendBegins` to `deliveryFinished` or `sendEnded`.
         var sending: [UUID: QueueEntry] = [:]
+        /// Writes that left the queue (cancelled, superseded, dead-lettered…) while being sent:
+        /// their `sendEnded` must not make them of unknown fate again.
+        var leftWhileSending: Set<UUID> = []
+        /// The writes that left the queue last, for `learn(from:)`, which checks the queue without
+        /// this lock: a write found queued there may have left just after.
+        var recentlyRemoved = RecentIDs()
         /// Exchanges holding their turn (by token): the URL, and whether a write of unknown fate
         /// may be in what they bring.
         var exchanges: [UInt64: (url: URL, tainted: Bool)] = [:]
@@ -75,23 +84,54 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
         var early: [QueueChange]? = []
     }
 
+    /// The last few thousand ids, oldest forgotten first.
+    struct RecentIDs: Sendable {
+        private var ids: Set<UUID> = []
+        private var order: [UUID] = []
+        static let capacity = 4_096
+
+        func contains(_ id: UUID) -> Bool { ids.contains(id) }
+
+        mutating func insert(_ id: UUID) {
+            guard ids.insert(id).inserted else { return }
+            order.append(id)
+            if order.count > Self.capacity { ids.remove(order.removeFirst()) }
+        }
+    }
+
     private let state = Locked(State())
     private let rules: [OptimisticUpdate]
     /// Adds a delivered write to the notes of the stored reads it changes (the client's cache).
     private let record: @Sendable (QueueEntry, [OptimisticUpdate]) async -> Void
+    /// Whether an entry is still queued (the client's queue).
+    private let isQueued: @Sendable (UUID) -> Bool
+    /// The queue's timer, and how long a replay waits for fetches ahead of it before it goes anyway.
+    private let deadlines: DeadlineTimer?
+    private let replayPatience: Duration
 
-    init(rules: [OptimisticUpdate], record: @escaping @Sendable (QueueEntry, [OptimisticUpdate]) async -> Void) {
+    /// How long a replay waits for fetches of reads it changes, begun before it, by default.
+    static let defaultReplayPatience = Duration.seconds(2)
+
+    init(
+        rules: [OptimisticUpdate], deadlines: DeadlineTimer? = nil, replayPatience: Duration = defaultReplayPatience,
+        isQueued: @escaping @Sendable (UUID) -> Bool = { _ in true },
+        record: @escaping @Sendable (QueueEntry, [OptimisticUpdate]) async -> Void
+    ) {
         self.rules = rules
+        self.deadlines = deadlines
+        self.replayPatience = replayPatience
+        self.isQueued = isQueued
         self.record = record
     }
 
     /// The queue's entries when observing its changes began (`queueChanged` may already have been
-    /// called with later ones: they are applied after these), and the one a replay was sending
-    /// when the process before this one ended. That one, and every entry attempted before (its
-    /// attempt count says so), may be in the server's state: their fate is unknown.
-    func seed(_ queued: [QueueEntry], sendingAtOpen: UUID?) {
+    /// called with later ones: they are applied after these), and those a replay was sending, or
+    /// had sent without learning the outcome, when the process before this one ended. Those, and
+    /// every entry attempted before (its attempt count says so), may be in the server's state:
+    /// their fate is unknown.
+    func seed(_ queued: [QueueEntry], sendingAtOpen: Set<UUID>) {
         state.withLock { state in
-            for entry in queued where changesAnyRead(entry) && (entry.attempts > 0 || entry.id == sendingAtOpen) {
+            for entry in queued where changesAnyRead(entry) && (entry.attempts > 0 || sendingAtOpen.contains(entry.id)) {
                 state.unknown[entry.id] = entry
             }
             let early = state.early ?? []
@@ -127,6 +167,11 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
         switch turn {
         case .send(let entry):
             state.sending[entry.id] = entry
+            // A send that did not wait (a first attempt, or a replay out of patience) may be in
+            // what a fetch already in flight brings.
+            for (other, exchange) in state.exchanges where !exchange.tainted && changes(entry, exchange.url) {
+                state.exchanges[other]?.tainted = true
+            }
         case .exchange(let url):
             state.exchanges[token] = (url, state.unknown.values.contains { changes($0, url) })
         }
@@ -151,32 +196,55 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
         return state.waiters.resumeAll(where: { admitted.contains($0) }, with: true)
     }
 
-    /// Takes `turn`'s turn, waiting in line for it; nil when the calling task is cancelled first.
-    private func take(_ turn: Turn) async -> UInt64? {
-        let (token, waits) = state.withLock { state -> (UInt64, Bool) in
+    private enum Start {
+        case go(UInt64)
+        case wait(UInt64, WaiterList<Bool, UInt64>.Ticket)
+    }
+
+    /// Takes `turn`'s turn, waiting in line for it (at most `patience`, when given: then it holds
+    /// its turn anyway, as a send that did not wait); nil when the calling task is cancelled first.
+    private func take(_ turn: Turn, patience: Duration? = nil) async -> UInt64? {
+        let start = state.withLock { state -> Start in
             defer { state.nextToken += 1 }
             let token = state.nextToken
             if state.line.contains(where: { conflict($0.turn, turn) }) || blockedByHolders(turn, state) {
+                // In line in the step that decided to wait: a turn handed over before the caller
+                // suspends is kept for its ticket, never lost.
                 state.line.append((token, turn))
-                return (token, true)
+                return .wait(token, state.waiters.issue(token))
             }
             hold(turn, token: token, &state)
-            return (token, false)
+            return .go(token)
         }
-        guard waits else { return token }
-        if await state.wait(on: \.waiters, tag: token, cancelled: false) { return token }
+        guard case .wait(let token, let ticket) = start else {
+            guard case .go(let token) = start else { return nil }
+            return token
+        }
+        let timer = patience.flatMap { patience in deadlines?.schedule(after: patience) { [weak self] in self?.goAnyway(token) } }
+        let admitted = await state.wait(for: ticket, on: \.waiters, cancelled: false)
+        if let timer { deadlines?.cancel(timer) }
+        if admitted { return token }
         // Cancelled: leave the line, and give back a turn handed over meanwhile.
-        let woken = state.withLock { state -> [WaiterList<Bool, UInt64>.Waiter] in
+        release { state in
             state.line.removeAll { $0.token == token }
             if case .send(let entry) = turn { state.sending[entry.id] = nil }
             state.exchanges[token] = nil
-            return admitReady(&state)
         }
-        for waiter in woken { waiter.continuation.resume(returning: true) }
         return nil
     }
 
-    /// Gives up a turn, then admits whoever can go.
+    /// A waiting turn out of patience takes its turn without waiting further.
+    private func goAnyway(_ token: UInt64) {
+        let woken = state.withLock { state -> [WaiterList<Bool, UInt64>.Waiter] in
+            guard let position = state.line.firstIndex(where: { $0.token == token }) else { return [] }
+            let item = state.line.remove(at: position)
+            hold(item.turn, token: token, &state)
+            return state.waiters.resumeAll(where: { $0 == token }, with: true) + admitReady(&state)
+        }
+        for waiter in woken { waiter.continuation.resume(returning: true) }
+    }
+
+    /// Changes the state (a turn given up), then admits whoever can go.
     private func release(_ change: (inout State) -> Void) {
         let woken = state.withLock { state -> [WaiterList<Bool, UInt64>.Waiter] in
             change(&state)
@@ -187,8 +255,9 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
 
     // MARK: ExchangeObserver
 
-    func exchangeBegins(url: URL) async -> UInt64? {
-        await take(.exchange(url))
+    func exchangeBegins(url: URL, storedNote: Data) async -> UInt64? {
+        learn(from: storedNote)
+        return await take(.exchange(url))
     }
 
     func mayStore(_ token: UInt64) -> Bool {
@@ -199,18 +268,34 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
         release { _ = $0.exchanges.removeValue(forKey: token) }
     }
 
+    /// A stored read's note names writes delivered since it was stored; one still queued had its
+    /// file outlive its delivery (a kill between the two). It is known delivered: never overlaid
+    /// as pending, and of unknown fate until it leaves the queue (a read stored meanwhile, holding
+    /// it with no note, would show it twice after the next relaunch).
+    func learn(from note: Data) {
+        guard !note.isEmpty else { return }
+        let queued = SettlingNote.entries(note).filter { changesAnyRead($0) && isQueued($0.id) }
+        guard !queued.isEmpty else { return }
+        state.withLock { state in
+            for entry in queued where !state.recentlyRemoved.contains(entry.id) {
+                state.knownDelivered.insert(entry.id)
+                state.unknown[entry.id] = entry
+            }
+        }
+    }
+
+    /// The queued writes known delivered (`learn(from:)`): never overlaid as pending.
+    var knownDeliveredIDs: Set<UUID> { state.withLock { $0.knownDelivered } }
+
     // MARK: QueueSendObserver
+
+    func observes(_ entry: QueueEntry) -> Bool { changesAnyRead(entry) }
 
     func sendBegins(_ entry: QueueEntry, waits: Bool) async -> Bool {
         guard changesAnyRead(entry) else { return true }
-        if waits { return await take(.send(entry)) != nil }
+        if waits { return await take(.send(entry), patience: replayPatience) != nil }
         // An enqueue's first attempt goes at once: a fetch in flight may bring it, so is not stored.
-        state.withLock { state in
-            state.sending[entry.id] = entry
-            for (token, exchange) in state.exchanges where changes(entry, exchange.url) {
-                state.exchanges[token]?.tainted = true
-            }
-        }
+        state.withLock { state in hold(.send(entry), token: 0, &state) }
         return true
     }
 
@@ -225,6 +310,8 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
         release { state in
             state.sending[entry.id] = nil
             state.unknown[entry.id] = nil
+            state.knownDelivered.remove(entry.id)
+            state.leftWhileSending.remove(entry.id)
         }
     }
 
@@ -232,7 +319,8 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
         guard changesAnyRead(entry) else { return }
         release { state in
             state.sending[entry.id] = nil
-            if mayHaveReachedServer { state.unknown[entry.id] = entry }
+            let left = state.leftWhileSending.remove(entry.id) != nil
+            if mayHaveReachedServer, !left { state.unknown[entry.id] = entry }
         }
     }
 
@@ -254,8 +342,12 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
 
     private static func apply(_ change: QueueChange, to state: inout State) {
         switch change {
-        case .removed(let entry, let reason) where !reason.isDelivered:
+        case .removed(let entry, let reason):
+            state.recentlyRemoved.insert(entry.id)
+            guard !reason.isDelivered else { return }  // `deliveryFinished` ends those
             state.unknown[entry.id] = nil
+            state.knownDelivered.remove(entry.id)
+            if state.sending[entry.id] != nil { state.leftWhileSending.insert(entry.id) }
         case .stored(let entry, let replacing?):
             if state.unknown.removeValue(forKey: replacing) != nil { state.unknown[entry.id] = entry }
         default:

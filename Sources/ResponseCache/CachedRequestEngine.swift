@@ -305,6 +305,13 @@ public final class CachedRequestEngine: RequestSending {
         exchangeObserver.withLock { $0 = observer }
     }
 
+    /// Stops telling `observer` (if it is still the one installed).
+    package func stopObservingExchanges(by observer: AnyObject) {
+        exchangeObserver.withLock { current in
+            if let installed = current as AnyObject?, installed === observer { current = nil }
+        }
+    }
+
     /// Changes the note of every stored GET response whose URL (as stored: without query values)
     /// matches `predicate`, in every partition and variant, and marks it stale (as
     /// `markStale(where:)` does, exchanges in flight included); returns once those files are
@@ -465,7 +472,9 @@ public final class CachedRequestEngine: RequestSending {
             return await self.networkExchange(plan, cached: cached, epoch: epoch)
         }
         switch outcome {
-        case .revalidated(let stored, let cookies):
+        case .revalidated(var stored, let cookies):
+            // The note as it is now: a write delivered while the exchange ran is recorded there.
+            if let current = lookup(plan, counting: false), current.key == stored.key { stored.note = current.note }
             return try answer(stored, plan: plan, isStale: false, validated: true, extraHeaders: cookies)
         case .foundFresh(let stored):
             return try answer(stored, plan: plan, isStale: false, validated: false)
@@ -520,7 +529,7 @@ public final class CachedRequestEngine: RequestSending {
         let observer = exchangeObserver.withLock { $0 }
         var token: UInt64?
         if let observer {
-            token = await observer.exchangeBegins(url: plan.request.url)
+            token = await observer.exchangeBegins(url: plan.request.url, storedNote: cached?.note ?? Data())
             if token == nil { return .failed(NetworkError.cancelled) }
         }
         defer { if let observer, let token { observer.exchangeEnded(token) } }

@@ -67,8 +67,9 @@ public struct CachedResponse: Sendable {
 package protocol ExchangeObserver: Sendable {
     /// An exchange for `url` is about to send its request: returns its token once it may (the
     /// layer above may make it wait for a write of the read to be sent first), or nil when the
-    /// calling task is cancelled meanwhile (then nothing is sent).
-    func exchangeBegins(url: URL) async -> UInt64?
+    /// calling task is cancelled meanwhile (then nothing is sent). `storedNote` is the note of the
+    /// response stored for the request when the exchange began (empty when none).
+    func exchangeBegins(url: URL, storedNote: Data) async -> UInt64?
     /// Whether the response the exchange `token` brought may be stored.
     func mayStore(_ token: UInt64) -> Bool
     /// The exchange `token` is over (stored or not, answered or failed).

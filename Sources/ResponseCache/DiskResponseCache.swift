@@ -106,6 +106,10 @@ public final class DiskResponseCache: Sendable {
         var waitingForRoom: [CacheDigest] = []
         /// The version of each key's last write that reached its file (`annotate` checks its own).
         var written: [CacheDigest: UInt64] = [:]
+        /// The version of each key's last write its loop finished (written or failed).
+        var finished: [CacheDigest: UInt64] = [:]
+        /// `annotate` waiting for the writes of these keys.
+        var writeWaiters = WaiterList<Void, CacheDigest>()
         /// The version of each key's latest store or removal (`clear()` forgets them all), so a
         /// write overtaken by a removal cannot bring its response back.
         var latest: [CacheDigest: UInt64] = [:]
@@ -432,7 +436,7 @@ public final class DiskResponseCache: Sendable {
             }
         }
         guard !queued.isEmpty || !failed.isEmpty else { return 0 }
-        await waitForWrites()
+        for (key, version) in queued { await waitUntilFinished(key, version: version) }
         failed += state.withLock { state in
             queued.filter { Self.version(of: $0.key, in: state) == $0.version && state.written[$0.key] != $0.version }.map(\.key)
         }
@@ -605,6 +609,20 @@ public final class DiskResponseCache: Sendable {
         return version.map { .queued(version: $0) } ?? .overtaken
     }
 
+    /// Returns once the write of `key` at `version` is finished (written, or failed), or was
+    /// overtaken by a newer store or a removal — whatever other keys are writing, and whether or
+    /// not the calling task is cancelled (the wait is for disk I/O, which always ends).
+    private func waitUntilFinished(_ key: CacheDigest, version: UInt64) async {
+        let settled: @Sendable (State) -> Bool = { state in
+            (state.finished[key] ?? 0) >= version || Self.version(of: key, in: state) != version
+        }
+        await Task { [state] in
+            while !state.withLock({ settled($0) }) {
+                await state.wait(on: \.writeWaiters, tag: key, cancelled: ()) { settled($0) ? () : nil }
+            }
+        }.value
+    }
+
     /// Returns once every response stored so far is in its file (or its write failed, which
     /// `statistics` counts): before the app is suspended, or a test reopens the folder. A cancelled
     /// caller returns at once.
@@ -621,12 +639,15 @@ public final class DiskResponseCache: Sendable {
             case waitForRoom(evicted: [CacheDigest])
         }
         while true {
-            let next = state.withLock { state -> Step? in
+            let (next, woken) = state.withLock { state -> (Step?, [WaiterList<Void, CacheDigest>.Waiter]) in
+                // `annotate` waiting on this key looks again at each step (a removal or a clear
+                // may have overtaken the write it waits for).
+                let woken = state.writeWaiters.takeAll { $0 == key }
                 guard let job = state.queued.removeValue(forKey: key) else {
                     state.fileOwners.remove(key)
-                    return nil
+                    return (nil, woken)
                 }
-                guard case .write(let write) = job else { return .delete }
+                guard case .write(let write) = job else { return (.delete, woken) }
                 // Make room first, so the folder never holds more than maxBytes; the victims this
                 // thread may delete now (the others' owners delete them).
                 let current = state.index[key]?.size ?? 0
@@ -638,12 +659,13 @@ public final class DiskResponseCache: Sendable {
                     // is evicted already): it waits for one of them to end, still the key's owner.
                     state.queued[key] = job
                     state.waitingForRoom.append(key)
-                    return .waitForRoom(evicted: evicted)
+                    return (.waitForRoom(evicted: evicted), woken)
                 }
                 state.reserved[key] = write.data.count
                 state.inFlight[key] = write.version
-                return .write(write, evicted: evicted)
+                return (.write(write, evicted: evicted), woken)
             }
+            for waiter in woken { waiter.continuation.resume(returning: ()) }
             guard let next else { break }
             let job: WriteJob
             switch next {
@@ -665,28 +687,31 @@ public final class DiskResponseCache: Sendable {
                     failure = error
                 }
             }
-            let (unwanted, waiting) = state.withLock { state -> (Bool, [CacheDigest]) in
+            let (unwanted, waiting, annotating) = state.withLock { state -> (Bool, [CacheDigest], [WaiterList<Void, CacheDigest>.Waiter]) in
                 state.reserved[key] = nil
                 state.inFlight[key] = nil
+                state.finished[key] = max(state.finished[key] ?? 0, job.version)
+                let annotating = state.writeWaiters.takeAll { $0 == key }
                 let waiting = state.waitingForRoom
                 state.waitingForRoom = []
                 // Removed, replaced or cleared meanwhile: a job queued since takes over (a newer
                 // write replaces the file, a deletion deletes it); with none, the file goes.
-                guard Self.version(of: key, in: state) == job.version else { return (state.queued[key] == nil, waiting) }
+                guard Self.version(of: key, in: state) == job.version else { return (state.queued[key] == nil, waiting, annotating) }
                 state.pending[key] = nil  // reads go to the file (or, if it failed, the previous one)
                 defer { Self.updateTotals(&state) }
                 if let failure {
                     state.statistics.storeFailures += 1
                     state.statistics.lastStoreFailure = .storage(operation: failure.operation, path: failure.path, errno: failure.errno)
                     // The file left is the previous one: kept while the index holds it, else it goes.
-                    return (state.index[key] == nil, waiting)
+                    return (state.index[key] == nil, waiting, annotating)
                 }
                 state.index.insert(job.response.summary, size: job.data.count)
                 state.written[key] = job.version
                 state.statistics.stored += 1
-                return (false, waiting)
+                return (false, waiting, annotating)
             }
             if unwanted { try? FileSystem.removeFile(filePath(key)) }
+            for waiter in annotating { waiter.continuation.resume(returning: ()) }
             for waiter in waiting { pool.submit { [self] in fileLoop(waiter) } }
         }
         let waiters = state.withLock { state in

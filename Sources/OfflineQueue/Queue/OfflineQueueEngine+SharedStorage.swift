@@ -44,7 +44,11 @@ extension OfflineQueueEngine {
 
     func cancelShared(id: UUID) async -> Bool {
         let cancelled = (try? await storage.cancel(id: id)) ?? false
-        if cancelled { await publishSharedCount() }
+        if cancelled {
+            await publishSharedCount()
+            // The entries behind it may be claimable now (they waited for it, or for its backoff).
+            scheduleTimerIfNeeded(for: now)
+        }
         return cancelled
     }
 

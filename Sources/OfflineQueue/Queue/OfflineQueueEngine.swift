@@ -102,8 +102,9 @@ public actor OfflineQueueEngine {
     public nonisolated let reachabilityMonitor: any ReachabilityMonitoring
     private var reachability: any ReachabilityMonitoring { reachabilityMonitor }
     let time: TimeSource
-    /// Bounds enqueues' first attempts and claimed sends' leases (one sleeping task for all of them).
-    let deadlines: DeadlineTimer
+    /// Bounds enqueues' first attempts and claimed sends' leases (one sleeping task for all of them),
+    /// and a layer above's waits on the queue's clock.
+    package nonisolated let deadlines: DeadlineTimer
     private let wallClockOrigin: Date
 
     /// Which stored entries are being sent or replaced, and what an attempt's end does to them.
@@ -130,6 +131,10 @@ public actor OfflineQueueEngine {
     private var arrivalsTask: Task<Void, Never>?
     /// Told of each send on the disk path (`observeSends(with:)`).
     private nonisolated let sendObserver = Locked<(any QueueSendObserver)?>(nil)
+    /// Observed entries that may be in the server's state — on the wire now, or sent without an
+    /// answer that says otherwise — and still queued: noted in the folder before each observed
+    /// replay, so that the next launch knows them (`DiskQueueStore.sendingAtOpen`).
+    private var possiblySent: Set<UUID> = []
 
     /// A queue on `store`: a `DiskQueueStore` (an app's queue, in a folder), or any other
     /// `QueueStorage`, such as a table a service's replicas share (`PostgresQueueStore`, from the
@@ -261,7 +266,7 @@ public actor OfflineQueueEngine {
             if let keyed {
                 offered = entry
                 disk?.announce(.offered(entry))
-                let observer = disk == nil ? nil : sendObserver.withLock { $0 }
+                let observer = disk == nil ? nil : sendObserver.withLock { $0 }.flatMap { $0.observes(entry) ? $0 : nil }
                 _ = await observer?.sendBegins(entry, waits: false)
                 let outcome = await firstAttempt(keyed, timeout: request.timeout, deadline: request.deadline)
                 switch QueueEntryLifecycle.firstAttemptEnded(outcome) {
@@ -455,10 +460,18 @@ public actor OfflineQueueEngine {
     /// Whether `start()` is in effect.
     public var isStarted: Bool { loopTask != nil }
 
-    /// Tells `observer` of every send from now on (replacing an observer installed before): on the
-    /// disk path only (a `DiskQueueStore`); a delivered entry's file is then deleted at once.
+    /// Tells `observer` of every send it observes from now on (replacing an observer installed
+    /// before): on the disk path only (a `DiskQueueStore`); such an entry's file is then deleted at
+    /// once when it is delivered.
     package nonisolated func observeSends(with observer: any QueueSendObserver) {
         sendObserver.withLock { $0 = observer }
+    }
+
+    /// Stops telling `observer` (if it is still the one installed).
+    package nonisolated func stopObservingSends(by observer: AnyObject) {
+        sendObserver.withLock { current in
+            if let installed = current as AnyObject?, installed === observer { current = nil }
+        }
     }
 
     // MARK: - Internals: sending
@@ -732,19 +745,29 @@ public actor OfflineQueueEngine {
         let outcome: QueueAttemptOutcome
         let sends = unsafeToSend == nil
         defer { if sends { store.announce(.attemptEnded(id: entry.id)) } }  // after the outcome is applied
-        let observer = sendObserver.withLock { $0 }
+        let observer = sendObserver.withLock { $0 }.flatMap { $0.observes(entry) ? $0 : nil }
         // Told once the outcome is applied (the entry forgotten and its file deleted, or updated),
         // unless a delivery already told it (`deliveryFinished`).
         var observed = false
-        defer { if observed { observer?.sendEnded(entry, mayHaveReachedServer: outcome.mayHaveReachedServer) } }
+        defer {
+            if observed {
+                if !outcome.mayHaveReachedServer { possiblySent.remove(entry.id) }
+                observer?.sendEnded(entry, mayHaveReachedServer: outcome.mayHaveReachedServer)
+            }
+        }
         if let unsafeToSend {
             outcome = .retry(.underlying(unsafeToSend), after: backoff(afterAttempts: entry.attempts + 1))
         } else if let observer, !(await observer.sendBegins(entry, waits: true)) {
             outcome = .stop  // cancelled while a read of what it changes was being fetched: not sent
         } else {
             observed = observer != nil
-            // Which entry is on the wire, for the next launch should this process die now.
-            if observed { store.noteSending(entry.id) }
+            if observed {
+                // What may be in the server's state from now on, for the next launch should this
+                // process die: this entry, and those sent before without an answer that says no.
+                possiblySent.insert(entry.id)
+                possiblySent = possiblySent.filter { store.entry(id: $0) != nil }
+                await store.noteSending(possiblySent)
+            }
             store.announce(.attemptStarted(id: entry.id))
             outcome = await attempt(request.addingReplayHeaders(for: entry, from: configuration.replayHeaders), previousAttempts: entry.attempts)
         }
@@ -764,8 +787,9 @@ public actor OfflineQueueEngine {
                 // Recorded with the reads it changes before the queue forgets it; its file goes at
                 // once, so no read stored from now on can meet it again after a relaunch.
                 await observer.delivered(entry)
-                store.discard(id: entry.id, reason: reason, promptly: true)
+                await store.discardPromptly(id: entry.id, reason: reason)
                 observed = false
+                possiblySent.remove(entry.id)
                 observer.deliveryFinished(entry)
             } else {
                 store.discard(id: entry.id, reason: reason)

@@ -8,6 +8,10 @@ import RequestEngine
 /// hold a write whose fate is unknown is not stored, and a delivered write is recorded with the
 /// stored reads it changes before its file goes.
 package protocol QueueSendObserver: Sendable {
+    /// Whether the sends of `entry` concern the observer at all; for the others none of the calls
+    /// below is made, and the queue does for them what it does with no observer.
+    func observes(_ entry: QueueEntry) -> Bool
+
     /// `entry` is about to be sent. A replay (`waits`) returns once nothing it must wait for is in
     /// the way (a fetch of a read it changes, begun before); false when the calling task was
     /// cancelled meanwhile (then nothing is sent and no other call follows). An enqueue's first

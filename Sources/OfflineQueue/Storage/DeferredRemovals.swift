@@ -30,8 +30,11 @@ import ResilienceCore
 ///   replay pass before it returns, so a pass's delivered files are gone when `flush()` returns.
 final class DeferredRemovals: Sendable {
     private struct State {
-        /// Registered and not yet started.
+        /// Queued for the worker and not yet started.
         var pending: Set<String> = []
+        /// Registered for a caller to run (`register`): the worker leaves them, so the caller
+        /// learns whether its deletion worked (`runNow`).
+        var reserved: Set<String> = []
         /// Being deleted now, by the worker or a caller.
         var inProgress: Set<String> = []
         var workerRunning = false
@@ -83,6 +86,7 @@ final class DeferredRemovals: Sendable {
     /// `finish()`; left for good, the next open would replay the file (with its `Idempotency-Key`).
     func remove(_ path: String) {
         let startWorker = state.withLock { state -> Bool in
+            state.reserved.remove(path)  // registered for a caller, and now the worker's
             state.pending.insert(path)
             return state.shouldStartWorker()
         }
@@ -92,7 +96,7 @@ final class DeferredRemovals: Sendable {
     /// Registers `path`'s deletion without starting it: the caller runs it (`runNow`,
     /// `removeNow`), or a write of the path runs it first (`settle`), or `finish()` does.
     func register(_ path: String) {
-        state.withLock { _ = $0.pending.insert(path) }
+        state.withLock { _ = $0.reserved.insert(path) }
     }
 
     /// Before `path` is written again: its registered deletion runs now, here, or — if another
@@ -124,17 +128,28 @@ final class DeferredRemovals: Sendable {
 
     /// Takes `path`'s registered deletion (`onlyIfRegistered: false`: a deletion of it, registered
     /// or not) and runs it, marked in progress, after any other thread's deletion of it has
-    /// ended. Returns the failure, if any.
+    /// ended. Returns the failure, if any. Checking and claiming are one step under `ended`'s
+    /// lock, and the worker claims under it too, so no deletion can start unseen in between.
     private func take(_ path: String, onlyIfRegistered: Bool) -> OfflineQueueError? {
         ended.lock()
         defer { ended.unlock() }
-        while state.withLock({ $0.inProgress.contains(path) }) { ended.wait() }
-        let mine = state.withLock { state -> Bool in
-            guard state.pending.remove(path) != nil || !onlyIfRegistered else { return false }
-            state.inProgress.insert(path)
-            return true
+        while true {
+            let step = state.withLock { state -> Bool? in
+                if state.inProgress.contains(path) { return nil }  // wait for it
+                let queued = state.pending.remove(path) != nil
+                let reserved = state.reserved.remove(path) != nil
+                let registered = queued || reserved
+                guard registered || !onlyIfRegistered else { return false }
+                state.inProgress.insert(path)
+                return true
+            }
+            guard let mine = step else {
+                ended.wait()
+                continue
+            }
+            guard mine else { return nil }
+            break
         }
-        guard mine else { return nil }
         ended.unlock()
         let failure = delete(path)
         ended.lock()
@@ -163,7 +178,7 @@ final class DeferredRemovals: Sendable {
         let batch = state.withLock { state -> [String] in
             state.pending.formUnion(state.failed.keys)  // registered again, to be tried again
             state.failed.removeAll()
-            return state.pending.sorted()
+            return state.pending.union(state.reserved).sorted()
         }
         for path in batch { removeNow(path) }  // each unless a write or the worker took it first
         ended.lock()
@@ -173,10 +188,11 @@ final class DeferredRemovals: Sendable {
     }
 
     /// Deletions queued and not yet done (for tests).
-    var outstanding: Int { state.withLock { $0.pending.count + $0.inProgress.count } }
+    var outstanding: Int { state.withLock { $0.pending.count + $0.reserved.count + $0.inProgress.count } }
 
     private func work() {
         while true {
+            ended.lock()
             let batch = state.withLock { state -> [String] in
                 let batch = state.pending.subtracting(state.inProgress)
                 state.pending.subtract(batch)
@@ -184,6 +200,7 @@ final class DeferredRemovals: Sendable {
                 if batch.isEmpty { state.workerRunning = false }
                 return batch.sorted()
             }
+            ended.unlock()
             if batch.isEmpty { return }
             for path in batch {
                 if let failure = delete(path) { record(failure, for: path) }

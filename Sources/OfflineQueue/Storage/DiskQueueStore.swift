@@ -80,10 +80,10 @@ public final class DiskQueueStore: Sendable {
     public let deadLetterDirectory: URL
     /// What the open found (entries loaded, files quarantined, temp files removed).
     public let openReport: OpenReport
-    /// The entry a replay was sending when the process that used the folder before ended, as its
-    /// note says (`noteSending`): the server may have it, though its file is still here. nil
-    /// when nothing was noted, or the note names an entry no longer queued.
-    package let sendingAtOpen: UUID?
+    /// The entries that may have been in the server's state when the process that used the folder
+    /// before ended — the one a replay was sending, and those sent before without an answer that
+    /// says no — as its note says (`noteSending`), those still queued.
+    package let sendingAtOpen: Set<UUID>
 
     // A lock rather than an actor: the replay loop reads and updates the index several times per
     // entry, and an actor hop for each of those cost more than the file operations themselves.
@@ -209,7 +209,7 @@ public final class DiskQueueStore: Sendable {
             removedTemporaryFiles: loaded.removedTemporaryFiles,
             removedSupersededEntries: loaded.removedSuperseded
         )
-        sendingAtOpen = Self.readSendingNote(directory.path).flatMap { index[$0] == nil ? nil : $0 }
+        sendingAtOpen = Self.readSendingNote(directory.path).filter { index[$0] != nil }
         for path in loaded.supersededFiles {
             removals.deleteNow(path)
             noteDeletion()
@@ -219,23 +219,26 @@ public final class DiskQueueStore: Sendable {
     /// The name of the note of the entry on the wire (dot-prefixed: never read as an entry).
     static let sendingNoteName = ".sending"
 
-    /// Notes which entry a replay is about to send, for the next launch should this process die
-    /// with the request on the wire (`sendingAtOpen`): a file written and renamed into place, not
-    /// fsynced — a kill keeps it, a power loss may not. Only an engine whose sends a layer above
-    /// observes (OfflineFirst) notes them. A failure to write it is ignored: the next launch then
-    /// knows less, and a layer above treats every entry that was ever attempted as possibly sent.
-    package func noteSending(_ id: UUID) {
+    /// Notes, on the I/O pool, which entries may be in the server's state — the one a replay is
+    /// about to send and those sent before without an answer that says no — for the next launch
+    /// should this process die now (`sendingAtOpen`): one id per line, in a file written and
+    /// renamed into place, not fsynced (a kill keeps it, a power loss may not). Only an engine
+    /// whose sends a layer above observes (OfflineFirst) notes them. A failure to write it is
+    /// ignored: the next launch then knows less (an entry with a counted attempt is known anyway).
+    package func noteSending(_ ids: Set<UUID>) async {
         let path = directoryPath + "/" + Self.sendingNoteName
-        try? FileSystem.writeFile(Data(id.uuidString.utf8), to: path, via: path + ".tmp", sync: false)
+        let text = ids.map(\.uuidString).sorted().joined(separator: "\n")
+        try? await pool.run { try FileSystem.writeFile(Data(text.utf8), to: path, via: path + ".tmp", sync: false) }
     }
 
-    private static func readSendingNote(_ directory: String) -> UUID? {
-        guard let folder = try? FileSystem.openDirectory(directory) else { return nil }
+    private static func readSendingNote(_ directory: String) -> Set<UUID> {
+        guard let folder = try? FileSystem.openDirectory(directory) else { return [] }
         defer { FileSystem.closeDescriptor(folder) }
         var buffer: [UInt8] = []
         var info = stat()
-        guard case .bytes(let count) = FileSystem.readRegularFile(named: sendingNoteName, in: folder, maximumSize: 64, into: &buffer, info: &info) else { return nil }
-        return UUID(uuidString: String(decoding: buffer[0..<count], as: UTF8.self))
+        let limit = 64 * 1024
+        guard case .bytes(let count) = FileSystem.readRegularFile(named: sendingNoteName, in: folder, maximumSize: limit, into: &buffer, info: &info) else { return [] }
+        return Set(String(decoding: buffer[0..<count], as: UTF8.self).split(separator: "\n").compactMap { UUID(uuidString: String($0)) })
     }
 
     deinit {
@@ -574,16 +577,18 @@ public final class DiskQueueStore: Sendable {
     /// its next entry meanwhile). A file that cannot be deleted, or whose deletion a crash
     /// overtakes, is left for the next open, which may replay it once more with the same
     /// `Idempotency-Key` (at-least-once).
-    ///
-    /// With `promptly`, the file is deleted here and now rather than on the pool thread.
-    func discard(id: UUID, reason: QueueRemovalReason, promptly: Bool = false) {
+    func discard(id: UUID, reason: QueueRemovalReason) {
         guard forget(id, reason: reason) != nil else { return }
         noteDeletion()
-        if promptly {
-            removals.removeNow(filePath(id))
-        } else {
-            removals.remove(filePath(id))
-        }
+        removals.remove(filePath(id))
+    }
+
+    /// `discard`, returning once the file is deleted (on the I/O pool, not in a batch).
+    func discardPromptly(id: UUID, reason: QueueRemovalReason) async {
+        guard forget(id, reason: reason) != nil else { return }
+        noteDeletion()
+        let (removals, path) = (self.removals, filePath(id))
+        try? await pool.run { removals.removeNow(path) }
     }
 
     /// Makes every deletion from the folder so far durable — the queued ones are run, then the
