@@ -240,6 +240,22 @@ struct SettlementTests {
         return copy
     }
 
+    /// `h`'s disk after "b" was delivered, with its queue file put back: a kill before the
+    /// delivered file's deletion reached the disk.
+    static func diskWithDeliveredFileKept(of h: OfflineFirstHarness) async throws -> (disk: TemporaryDirectory, entry: QueueEntry) {
+        _ = try await h.client.snapshot(for: NotesList(), mode: .online, staleTime: .http)
+        await h.monitor.setConnected(false)
+        try await h.client.mutate(CreateNote("b"))
+        let queued = try #require(await h.queue.items.first)
+        let name = "queue/\(queued.id.uuidString).json"
+        let file = try Data(contentsOf: h.directory.url.appendingPathComponent(name))
+        await h.monitor.setConnected(true)
+        _ = await h.queue.flush()
+        let disk = try await disk(of: h)
+        try file.write(to: disk.url.appendingPathComponent(name))
+        return (disk, queued)
+    }
+
     /// The stack a relaunch opens on `folder` (its `cache` and `queue` folders).
     static func relaunch(
         on folder: TemporaryDirectory, origin: NotesOrigin, clock: ManualClock, connected: Bool
@@ -286,17 +302,7 @@ struct SettlementTests {
 
     @Test func aWriteWhoseFileOutlivedItsDeliveryIsShownOnceAfterARelaunchAndSentAgain() async throws {
         let h = try OfflineFirstHarness(notes: ["a"])
-        _ = try await h.client.snapshot(for: NotesList(), mode: .online, staleTime: .http)
-        await h.monitor.setConnected(false)
-        try await h.client.mutate(CreateNote("b"))
-        let queued = try #require(await h.queue.items.first)
-        let name = "queue/\(queued.id.uuidString).json"
-        let file = try Data(contentsOf: h.directory.url.appendingPathComponent(name))
-        await h.monitor.setConnected(true)
-        _ = await h.queue.flush()
-        // Killed before the delivered file's deletion reached the disk: the file is still there.
-        let disk = try await Self.disk(of: h)
-        try file.write(to: disk.url.appendingPathComponent(name))
+        let (disk, _) = try await Self.diskWithDeliveredFileKept(of: h)
         let relaunched = try Self.relaunch(on: disk, origin: h.origin, clock: h.clock, connected: false)
         #expect(await relaunched.queue.pendingCount() == 1)
         let screens = try await Self.screens(relaunched.client)
@@ -434,16 +440,7 @@ struct SettlementTests {
     /// delivered: not overlaid as pending once a fetch lands, before the queue sends it again.
     @Test func aNotedWriteStillQueuedIsNotShownTwiceOnceAFetchLands() async throws {
         let h = try OfflineFirstHarness(notes: ["a"])
-        _ = try await h.client.snapshot(for: NotesList(), mode: .online, staleTime: .http)
-        await h.monitor.setConnected(false)
-        try await h.client.mutate(CreateNote("b"))
-        let queued = try #require(await h.queue.items.first)
-        let name = "queue/\(queued.id.uuidString).json"
-        let file = try Data(contentsOf: h.directory.url.appendingPathComponent(name))
-        await h.monitor.setConnected(true)
-        _ = await h.queue.flush()
-        let disk = try await Self.disk(of: h)
-        try file.write(to: disk.url.appendingPathComponent(name))
+        let (disk, queued) = try await Self.diskWithDeliveredFileKept(of: h)
         // Relaunched online; the queue has not sent "b" again (not started).
         let relaunched = try Self.relaunch(on: disk, origin: h.origin, clock: h.clock, connected: true)
         let reader = SnapshotReader(relaunched.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http))

@@ -48,18 +48,22 @@ struct CookieIsolationTests {
         var timeout: TimeInterval = 10
     }
 
-    /// A jar of its own (the process's shared one is left alone), holding `session=user` for `server`.
-    static func jar(signedIn user: String, on server: LoopbackHTTPServer) throws -> HTTPCookieStorage {
+    /// A jar of its own (the process's shared one is left alone), holding `session=user` for 127.0.0.1.
+    static func jar(signedIn user: String) throws -> HTTPCookieStorage {
         let jar = HTTPCookieStorage.sharedCookieStorage(forGroupContainerIdentifier: "resilience-tests-\(UUID().uuidString)")
-        try signIn(user, in: jar, on: server)
+        try signIn(user, in: jar)
         return jar
     }
 
-    static func signIn(_ user: String, in jar: HTTPCookieStorage, on server: LoopbackHTTPServer) throws {
+    /// `session=user` for 127.0.0.1, sent with requests below `path`.
+    static func sessionCookie(_ user: String, path: String = "/") throws -> HTTPCookie {
+        let origin = try #require(URL(string: "http://127.0.0.1\(path)"))
+        return try #require(HTTPCookie(properties: [.name: "session", .value: user, .domain: "127.0.0.1", .path: path, .originURL: origin]))
+    }
+
+    static func signIn(_ user: String, in jar: HTTPCookieStorage) throws {
         for cookie in jar.cookies ?? [] { jar.deleteCookie(cookie) }
-        let cookie = try #require(
-            HTTPCookie(properties: [.name: "session", .value: user, .domain: "127.0.0.1", .path: "/", .originURL: server.url("/")]))
-        jar.setCookie(cookie)
+        jar.setCookie(try sessionCookie(user))
     }
 
     static func cached(_ transport: URLSessionTransport, folder: TemporaryDirectory, partition: String? = nil) throws -> CachedRequestEngine {
@@ -77,8 +81,7 @@ struct CookieIsolationTests {
         let server = try Self.server()
         defer { server.shutdown() }
         // A cookie in the process's shared jar (a web login, another URLSession), as on a device.
-        let planted = try #require(
-            HTTPCookie(properties: [.name: "session", .value: "alice", .domain: "127.0.0.1", .path: "/me", .originURL: server.url("/me")]))
+        let planted = try Self.sessionCookie("alice", path: "/me")
         HTTPCookieStorage.shared.setCookie(planted)
         defer { HTTPCookieStorage.shared.deleteCookie(planted) }
         for transport in [URLSessionTransport.shared, URLSessionTransport(configuration: .default)] {
@@ -95,8 +98,7 @@ struct CookieIsolationTests {
     @Test func withTheDefaultTransportTheCacheStoresOnlyWhatWasSentAnonymously() async throws {
         let server = try Self.server()
         defer { server.shutdown() }
-        let planted = try #require(
-            HTTPCookie(properties: [.name: "session", .value: "alice", .domain: "127.0.0.1", .path: "/me", .originURL: server.url("/me")]))
+        let planted = try Self.sessionCookie("alice", path: "/me")
         HTTPCookieStorage.shared.setCookie(planted)
         defer { HTTPCookieStorage.shared.deleteCookie(planted) }
         let folder = TemporaryDirectory()
@@ -112,7 +114,7 @@ struct CookieIsolationTests {
         let server = try Self.server()
         defer { server.shutdown() }
         let configuration = URLSessionConfiguration.ephemeral
-        let jar = try Self.jar(signedIn: "alice", on: server)
+        let jar = try Self.jar(signedIn: "alice")
         configuration.httpCookieStorage = jar
         let transport = URLSessionTransport(configuration: configuration, usesCookies: true)
         #expect(transport.credentialHeaders(for: server.url("/me"))["Cookie"] == "session=alice")
@@ -120,7 +122,7 @@ struct CookieIsolationTests {
         let reads = try Self.cached(transport, folder: folder)
         let alice = try await reads.response(for: Read(url: server.url("/me")), mode: .online, staleTime: .http)
         #expect(Self.text(alice) == "hello alice" && alice.source == .network)
-        try Self.signIn("bob", in: jar, on: server)
+        try Self.signIn("bob", in: jar)
         let bob = try await reads.response(for: Read(url: server.url("/me")), mode: .online, staleTime: .http)
         #expect(Self.text(bob) == "hello bob" && bob.source == .network)
         #expect(reads.cache.count == 0 && reads.cache.statistics.stored == 0)
@@ -158,8 +160,7 @@ struct CookieIsolationTests {
     static func readMe(_ me: URL, as user: String, folder: String) async throws -> String {
         let configuration = URLSessionConfiguration.ephemeral
         let jar = HTTPCookieStorage.sharedCookieStorage(forGroupContainerIdentifier: "resilience-tests-\(UUID().uuidString)")
-        let cookie = try #require(HTTPCookie(properties: [.name: "session", .value: user, .domain: "127.0.0.1", .path: "/", .originURL: me]))
-        jar.setCookie(cookie)
+        jar.setCookie(try sessionCookie(user))
         configuration.httpCookieStorage = jar
         let reads = CachedRequestEngine(
             requestEngine: AsyncRequestEngine(session: URLSessionTransport(configuration: configuration, usesCookies: true)),
@@ -176,7 +177,7 @@ struct CookieIsolationTests {
         let server = try Self.server()
         defer { server.shutdown() }
         let configuration = URLSessionConfiguration.ephemeral
-        let jar = try Self.jar(signedIn: "alice", on: server)
+        let jar = try Self.jar(signedIn: "alice")
         configuration.httpCookieStorage = jar
         let folder = TemporaryDirectory()
         // One partition for the device: the app did not clear the cache when the user changed.
@@ -184,7 +185,7 @@ struct CookieIsolationTests {
         let alice = try await reads.response(for: Read(url: server.url("/me")), mode: .online, staleTime: .http)
         let aliceAgain = try await reads.response(for: Read(url: server.url("/me")), mode: .online, staleTime: .http)
         #expect(Self.text(alice) == "hello alice" && Self.text(aliceAgain) == "hello alice" && aliceAgain.source == .cache)
-        try Self.signIn("bob", in: jar, on: server)
+        try Self.signIn("bob", in: jar)
         let bob = try await reads.response(for: Read(url: server.url("/me")), mode: .online, staleTime: .http)
         #expect(Self.text(bob) == "hello bob" && bob.source == .network)
         #expect(server.requestLog.map { $0.header("cookie") } == ["session=alice", "session=bob"])
