@@ -214,6 +214,7 @@ public final class DiskResponseCache: Sendable {
         state.withLock { state in
             state.latest = [:]
             state.written = [:]
+            state.finished = [:]
             state.staleEpochs = [:]
             state.clearedVersion = state.nextVersion
             state.nextVersion += 1
@@ -357,6 +358,7 @@ public final class DiskResponseCache: Sendable {
             state.queued[key] = nil
             state.pending[key] = nil
             state.written[key] = nil
+            state.finished[key] = nil
         }
         updateTotals(&state)
     }
@@ -690,7 +692,9 @@ public final class DiskResponseCache: Sendable {
             let (unwanted, waiting, annotating) = state.withLock { state -> (Bool, [CacheDigest], [WaiterList<Void, CacheDigest>.Waiter]) in
                 state.reserved[key] = nil
                 state.inFlight[key] = nil
-                state.finished[key] = max(state.finished[key] ?? 0, job.version)
+                // Kept only for the current version (an overtaken write's waiters are settled by
+                // the version), so it holds no more keys than the index does.
+                state.finished[key] = Self.version(of: key, in: state) == job.version ? job.version : nil
                 let annotating = state.writeWaiters.takeAll { $0 == key }
                 let waiting = state.waitingForRoom
                 state.waitingForRoom = []
