@@ -9,7 +9,8 @@
 # and coverage per target. A crash, a broken contract, a hang (10 s on one input) or a leak fails the
 # run; the input is kept in Fuzz/Crashes/<target>/ (git-ignored) with the command that replays it.
 # New corpus entries go to a temporary folder, never into Fuzz/Corpus/ (seeds are written by
-# `swift run --package-path Fuzz fuzz-seeds Fuzz/Corpus`).
+# `swift run --package-path Fuzz fuzz-seeds Fuzz/Corpus`; the run fails if the committed ones differ
+# from what that writes, running the same writer from the fuzz build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +46,14 @@ bin=$(swift build --package-path Fuzz --scratch-path "$scratch" --show-bin-path)
 
 # Swift's own crash handler reads memory ASan guards; libFuzzer and ASan report crashes here.
 export SWIFT_BACKTRACE=enable=no
+
+# The committed seeds are what fuzz-seeds writes today (a format change rewrites them, not rots them).
+"$bin/fuzz-seeds" "$work/seeds" >/dev/null
+diff -r "$work/seeds" Fuzz/Corpus >/dev/null || {
+    echo "FAIL: Fuzz/Corpus differs from what fuzz-seeds writes; run: swift run --package-path Fuzz fuzz-seeds Fuzz/Corpus"
+    exit 1
+}
+echo "the seed corpora match fuzz-seeds"
 failed=()
 for target in "${targets[@]}"; do
     corpus=Fuzz/Corpus/$target
