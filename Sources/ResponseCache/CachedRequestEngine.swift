@@ -153,7 +153,10 @@ public final class CachedRequestEngine: RequestSending {
             return try gatewayTimeout(plan)
         case .network(let waits):
             if waits { try await waitUntilOnline() }
-            return try await fetch(plan, cached: cached, staleIfError: mode != .always && reuse?.mayServeOnError == true, staleTime: mode == .always ? nil : staleTime)
+            // With nothing stored when the read began, another read may have stored something by
+            // the time this exchange fails: that is served, if its own directives let it be.
+            let staleIfError = mode != .always && (reuse?.mayServeOnError ?? true)
+            return try await fetch(plan, cached: cached, staleIfError: staleIfError, staleTime: mode == .always ? nil : staleTime)
         }
     }
 
@@ -455,7 +458,8 @@ public final class CachedRequestEngine: RequestSending {
 
     /// Asks the network (one request per `fetchKey` at a time, shared by every concurrent reader),
     /// revalidating `cached` if given, stores what may be stored, and answers. `staleIfError`:
-    /// a connectivity failure or a 500/502/503/504 serves `cached`, stale.
+    /// a connectivity failure or a 500/502/503/504 serves what is stored now (or `cached`), stale
+    /// (`servableOnError`).
     /// `staleTime` nil (mode `.always`): never answered from the store, not even fresh.
     private func fetch(_ plan: Plan, cached: StoredResponse?, staleIfError: Bool, staleTime: StaleTime?) async throws -> CachedResponse {
         // A read made after the URL was marked stale never joins an exchange begun before.
@@ -481,13 +485,13 @@ public final class CachedRequestEngine: RequestSending {
         case .stored(let data, let response):
             return CachedResponse(data: data, response: response, source: .network, isStale: false)
         case .passed(let data, let response):
-            if staleIfError, let cached, Self.serverFailures.contains(response.statusCode), let stale = servableOnError(plan, else: cached) {
+            if staleIfError, Self.serverFailures.contains(response.statusCode), let stale = servableOnError(plan, else: cached) {
                 return try answer(stale, plan: plan, isStale: true, validated: false)
             }
             return CachedResponse(data: data, response: response, source: .network, isStale: false)
         case .failed(let error):
             if Task.isCancelled { throw NetworkError.cancelled }
-            if staleIfError, let cached, Self.isConnectivityFailure(error), let stale = servableOnError(plan, else: cached) {
+            if staleIfError, Self.isConnectivityFailure(error), let stale = servableOnError(plan, else: cached) {
                 return try answer(stale, plan: plan, isStale: true, validated: false)
             }
             throw error
@@ -498,7 +502,7 @@ public final class CachedRequestEngine: RequestSending {
     /// carries what changed while the exchange ran (a note, another read's revalidation) — when it
     /// may be served on an error; else `fallback`, what was stored when the read began (which the
     /// caller checked may be), if nothing is stored now.
-    private func servableOnError(_ plan: Plan, else fallback: StoredResponse) -> StoredResponse? {
+    private func servableOnError(_ plan: Plan, else fallback: StoredResponse?) -> StoredResponse? {
         guard let current = lookup(plan, counting: false) else { return fallback }
         return HTTPCachePolicy.reuse(current, request: plan.directives, staleTime: .http, now: now).mayServeOnError ? current : nil
     }

@@ -505,4 +505,22 @@ struct HTTPCachingTests {
         let strict = try await h.engine.response(for: Read("/doc", headers: ["Cache-Control": "stale-if-error=1"]), mode: .online, staleTime: .seconds(5))
         #expect(strict.response.statusCode == 500)
     }
+
+    /// A read that found nothing stored, whose exchange then fails, serves what another read
+    /// stored meanwhile (its exchange begun after a marking stale, so not shared), as it would
+    /// had that been stored when it began.
+    @Test func aFailedExchangeServesWhatAnotherReadStoredMeanwhileThoughNothingWasStoredAtFirst_RFC5861_Section4() async throws {
+        let h = try CacheHarness([.held(.status(500)), .ok("stored meanwhile", headers: ["Cache-Control": "max-age=600"]), .status(503)])
+        let first = Task { try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .http) }
+        await h.session.waitForCalls(1)
+        _ = h.engine.markStale { _, url in url.path == "/doc" }  // a write delivered: later reads fetch anew
+        let second = try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .http)
+        #expect(second.source == .network && h.body(second) == "stored meanwhile")
+        h.session.releaseHeld()
+        let answer = try await first.value
+        #expect(answer.source == .cache && answer.isStale && h.body(answer) == "stored meanwhile")
+        // With nothing stored at all, the failing response is the answer.
+        #expect(h.cache.remove(url: Read("/doc").url) == 1)
+        #expect(try await h.engine.response(for: Read("/doc"), mode: .online, staleTime: .http).response.statusCode == 503)
+    }
 }
