@@ -18,7 +18,9 @@ import ResponseCache
 /// from after the delivery — across clean relaunches too, from the note the stored body keeps of
 /// the edits delivered since it was stored. The one exception, documented (OfflineFirst guide,
 /// "Known limits"): the response cache does not fsync, so after a power cut an edit the server
-/// already had may give way to an older stored body until the read is refetched. Also: an edit pending from before a
+/// already had may give way to an older stored body until the read is refetched; the same after
+/// a relaunch when the disk refused to delete a stored read whose note it could not write either
+/// (`Statistics.undeletedFiles`, nonzero when the app went). Also: an edit pending from before a
 /// read began until it ended always shows; a read never shows a version nobody wrote; at the
 /// end, online, every acknowledged edit has reached the origin and a fresh read shows it.
 struct OfflineFirstWorkload {
@@ -33,8 +35,8 @@ struct OfflineFirstWorkload {
     private struct Written {
         var newestAcknowledged: [String: Int] = [:]
         var attempted: [String: Int] = [:]
-        /// The origin's version of each document at the last relaunch after a power cut: edits the
-        /// server had by then are the exception above.
+        /// The origin's version of each document at the last relaunch after a power cut (or with
+        /// files the disk would not delete): edits the server had by then are the exception above.
         var settledAtLaunch: [String: Int] = [:]
     }
 
@@ -158,6 +160,9 @@ struct OfflineFirstWorkload {
         // The app's objects go: the relaunch must not hold them either.
         weak var weakStore: DiskQueueStore?
         weak var weakCache: DiskResponseCache?
+        // Files of reads the disk would not delete (a read removed when its note could not be
+        // written) when the app went: the second documented exception below.
+        var undeleted = 0
         do {
             let old = app.withLock { current -> OfflineFirstClient? in
                 defer { current = nil }
@@ -166,6 +171,7 @@ struct OfflineFirstWorkload {
             await old?.queue.stop()
             weakStore = old?.queue.store
             weakCache = old?.reads.cache
+            undeleted = old?.reads.cache.statistics.undeletedFiles ?? 0
         }
         // Unlike the queue scenario's one second, this waits as long as the quit app's reads still
         // hold its cache: a fetch in flight keeps it until the fetch ends (up to 29 s of virtual
@@ -175,12 +181,15 @@ struct OfflineFirstWorkload {
         while weakStore != nil || weakCache != nil, waited < .seconds(600) {
             try? await simulation.clock.sleep(for: .seconds(1))
             waited += .seconds(1)
+            if let cache = weakCache { undeleted = cache.statistics.undeletedFiles }
         }
         if crashing { simulation.disk.restart() }
         if weakStore != nil || weakCache != nil { return "the quit app's store or cache was still alive 10 minutes later" }
-        // After a power cut only: the response cache does not fsync, so the note that records a
-        // delivered edit with the stored read may be lost with the read's newest file.
-        if crashing {
+        // After a power cut: the response cache does not fsync, so the note that records a
+        // delivered edit with the stored read may be lost with the read's newest file. And when
+        // the disk refused to delete a stored read's file (whose note could not be written) up to
+        // the end: the relaunch reads it back, without the note.
+        if crashing || undeleted > 0 {
             let settled = Dictionary(uniqueKeysWithValues: Self.documents.map { ($0, simulation.origin.version(of: $0)) })
             written.withLock { $0.settledAtLaunch = settled }
         }
@@ -189,7 +198,7 @@ struct OfflineFirstWorkload {
             let pending = await client.queue.pendingCount()
             if !client.queue.store.openReport.quarantined.isEmpty { return "relaunching quarantined \(client.queue.store.openReport.quarantined.count) entry files" }
             app.withLock { $0 = client }
-            simulation.record("app relaunched\(crashing ? " after a power cut" : ""): \(pending) edits pending")
+            simulation.record("app relaunched\(crashing ? " after a power cut" : "")\(undeleted > 0 ? " with \(undeleted) cache files undeleted" : ""): \(pending) edits pending")
             return nil
         } catch {
             return "relaunching the app failed: \(error)"
@@ -236,8 +245,13 @@ struct OfflineFirstWorkload {
             )
             let status = snapshot.response?.statusCode ?? 200
             guard let shown = Self.version(in: snapshot.data, of: document) else {
-                // The server's error answer (a 5xx the retries did not outlast), passed through.
-                if !(200..<300).contains(status), required == 0 { return nil }
+                // The server's error answer (a 5xx the retries did not outlast), passed through:
+                // right when no edit must show, or when nothing is stored to show it with (never
+                // read, or removed when a note could not be written); a stored body would have
+                // been served instead (stale-if-error).
+                if !(200..<300).contains(status), required == 0 || client.reads.storedResponse(for: request, staleTime: .http) == nil {
+                    return nil
+                }
                 return "\(name): a read of \(document) shows a body nobody sent: \(String(decoding: snapshot.data ?? Data(), as: UTF8.self))"
             }
             if shown < required {

@@ -66,6 +66,11 @@ public final class DiskResponseCache: Sendable {
         public var corruptRemoved = 0
         /// Files deleted to stay under `maxBytes`.
         public var evicted = 0
+        /// Files of responses the cache no longer holds that the disk refused to delete (`EIO`, a
+        /// read-only or failing volume): never served in this process, and tried again before each
+        /// note is recorded and after each file written; a relaunch before that succeeds may read
+        /// them back (see the guide's "Known limits").
+        public var undeletedFiles = 0
     }
 
     /// The cache folder.
@@ -108,6 +113,8 @@ public final class DiskResponseCache: Sendable {
         var written: [CacheDigest: UInt64] = [:]
         /// The version of each key's last write its loop finished (written or failed).
         var finished: [CacheDigest: UInt64] = [:]
+        /// Keys whose file the disk refused to delete, no longer in the index (`deleteFile`).
+        var undeleted: Set<CacheDigest> = []
         /// `annotate` waiting for the writes of these keys.
         var writeWaiters = WaiterList<Void, CacheDigest>()
         /// The version of each key's latest store or removal (`clear()` forgets them all), so a
@@ -240,12 +247,16 @@ public final class DiskResponseCache: Sendable {
             if let key = CacheFolder.key(ofFileNamed: name) {
                 guard state.withLock({ Self.claimFileDeletion(key, in: &$0) }) else { continue }
             }
+            let key = CacheFolder.key(ofFileNamed: name)
+            let isResponse = !name.hasPrefix(".")  // not a leftover temp file
             do {
                 try FileSystem.removeFile(path + "/" + name)
+                if let key, isResponse { noteDeletion(of: key, succeeded: true) }
             } catch {
                 if firstFailure == nil { firstFailure = .storage(operation: error.operation, path: error.path, errno: error.errno) }
+                if let key, isResponse { noteDeletion(of: key, succeeded: false) }
             }
-            if let key = CacheFolder.key(ofFileNamed: name) { release([key]) }
+            if let key { release([key]) }
         }
         if let firstFailure { throw firstFailure }
     }
@@ -414,6 +425,9 @@ public final class DiskResponseCache: Sendable {
     /// write failed) is removed, so that no file is left without its note; returns how many were.
     /// A response removed meanwhile is left removed.
     func annotate(where predicate: (_ method: HTTPMethod, _ url: URL) -> Bool, _ change: (Data) -> Data) async -> Int {
+        // A file the disk would not delete before (a read removed when its note failed) would come
+        // back at a relaunch without this note either: it is tried again first.
+        retryUndeleted()
         let summaries = matchingSummaries(predicate)
         bumpStaleEpochs(Set(summaries.map(\.primaryKey)).union(matchingExchanges(predicate)))
         var queued: [(key: CacheDigest, version: UInt64)] = []
@@ -672,7 +686,7 @@ public final class DiskResponseCache: Sendable {
             let job: WriteJob
             switch next {
             case .delete:
-                try? FileSystem.removeFile(filePath(key))
+                deleteFile(key)
                 continue
             case .waitForRoom(let evicted):
                 deleteFiles(evicted)
@@ -710,11 +724,12 @@ public final class DiskResponseCache: Sendable {
                     return (state.index[key] == nil, waiting, annotating)
                 }
                 state.index.insert(job.response.summary, size: job.data.count)
+                state.undeleted.remove(key)  // the file is this response's now
                 state.written[key] = job.version
                 state.statistics.stored += 1
                 return (false, waiting, annotating)
             }
-            if unwanted { try? FileSystem.removeFile(filePath(key)) }
+            if unwanted { deleteFile(key) } else if failure == nil { retryUndeleted() }
             for waiter in annotating { waiter.continuation.resume(returning: ()) }
             for waiter in waiting { pool.submit { [self] in fileLoop(waiter) } }
         }
@@ -741,8 +756,33 @@ public final class DiskResponseCache: Sendable {
     /// Deletes the files of keys the caller claimed (`claimFileDeletion`), then releases them.
     private func deleteFiles(_ keys: [CacheDigest]) {
         guard !keys.isEmpty else { return }
-        for key in keys { try? FileSystem.removeFile(filePath(key)) }
+        for key in keys { deleteFile(key) }
         release(keys)
+    }
+
+    /// Deletes `key`'s file (the caller owns the key). A file the disk refuses to delete is kept
+    /// in `undeleted`: the index has forgotten it, but a relaunch would read it back, so it is
+    /// tried again (`retryUndeleted`).
+    private func deleteFile(_ key: CacheDigest) {
+        let deleted = (try? FileSystem.removeFile(filePath(key))) != nil
+        noteDeletion(of: key, succeeded: deleted)
+    }
+
+    private func noteDeletion(of key: CacheDigest, succeeded: Bool) {
+        state.withLock { state in
+            if succeeded { state.undeleted.remove(key) } else { state.undeleted.insert(key) }
+            Self.updateTotals(&state)
+        }
+    }
+
+    /// Tries again to delete the files the disk refused to delete, of keys no one owns now (a
+    /// write of the key replaces its file, and takes it out of `undeleted`).
+    private func retryUndeleted() {
+        let claimed = state.withLock { state -> [CacheDigest] in
+            guard !state.undeleted.isEmpty else { return [] }
+            return state.undeleted.sorted { $0.hex < $1.hex }.filter { state.index[$0] == nil && state.fileOwners.insert($0).inserted }
+        }
+        deleteFiles(claimed)
     }
 
     /// Gives up the ownership of keys whose files the caller has dealt with; a job queued for one
@@ -797,5 +837,6 @@ public final class DiskResponseCache: Sendable {
     private static func updateTotals(_ state: inout State) {
         state.statistics.entries = state.index.count
         state.statistics.bytes = state.index.totalBytes
+        state.statistics.undeletedFiles = state.undeleted.count
     }
 }

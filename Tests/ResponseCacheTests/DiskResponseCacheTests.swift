@@ -299,4 +299,40 @@ struct DiskResponseCacheTests {
         }
         #expect(cache.count == 0)
     }
+
+    /// A file the disk refuses to delete (a non-empty directory stands in its name: `unlink`
+    /// fails with `EISDIR`) is counted and never served; once the disk lets it, it goes — after
+    /// the next file written, or before the next note is recorded — so a relaunch does not read
+    /// back a response the cache had removed.
+    @Test(arguments: ["after a file written", "before a note recorded"])
+    func aFileTheDiskRefusedToDeleteGoesOnceItCan(retry: String) async throws {
+        let directory = TemporaryDirectory()
+        let removed = storedResponse("/feed", body: "before the write")
+        let file = directory.url.appendingPathComponent(removed.key.hex + ".rc")
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+            cache.store(removed)
+            await cache.waitForWrites()
+            let bytes = try Data(contentsOf: file)
+            try FileManager.default.removeItem(at: file)
+            try FileManager.default.createDirectory(at: file, withIntermediateDirectories: false)
+            try Data("x".utf8).write(to: file.appendingPathComponent("x"))
+            cache.remove([removed.key])
+            #expect(cache.statistics.undeletedFiles == 1 && cache.count == 0)
+            #expect(cache.response(for: removed.key) == nil)
+            // The disk lets go again, the old file still in place.
+            try FileManager.default.removeItem(at: file)
+            try bytes.write(to: file)
+            if retry == "after a file written" {
+                cache.store(storedResponse("/other"))
+                await cache.waitForWrites()
+            } else {
+                #expect(await cache.annotate(where: { _, _ in true }, { $0 }) == 0)
+            }
+            #expect(cache.statistics.undeletedFiles == 0)
+        }
+        #expect(!FileManager.default.fileExists(atPath: file.path))
+        let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        #expect(reopened.response(for: removed.key) == nil)
+    }
 }
