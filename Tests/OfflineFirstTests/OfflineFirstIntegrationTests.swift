@@ -51,52 +51,16 @@ struct OfflineFirstIntegrationTests {
         var postedKeys: [String] { state.withLock { $0.keys } }
     }
 
-    /// The stack a process of the app opens: its folders, URLSession, a monitor it drives.
-    struct App {
-        let monitor: ManualReachabilityMonitor
-        let queue: OfflineQueueEngine
-        let client: OfflineFirstClient
-
-        init(folder: String, connected: Bool) async throws {
-            let configuration = URLSessionConfiguration.ephemeral
-            configuration.urlCache = nil
-            let engine = AsyncRequestEngine(session: URLSession(configuration: configuration))
-            monitor = ManualReachabilityMonitor(isConnected: connected)
-            let store = try await DiskQueueStore.open(directory: URL(fileURLWithPath: folder + "/queue"), lockTimeout: .seconds(10))
-            queue = OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: store)
-            let reads = CachedRequestEngine(
-                requestEngine: engine,
-                cache: try DiskResponseCache(directory: URL(fileURLWithPath: folder + "/cache"), maxBytes: 1 << 20),
-                reachabilityMonitor: monitor
-            )
-            client = OfflineFirstClient(reads: reads, queue: queue, optimisticUpdates: [appendNote])
-        }
-    }
-
-    struct Notes2: NetworkRequest {
-        let url: URL
-        var method: HTTPMethod { .get }
-        var timeout: TimeInterval = 10
-    }
-
-    struct Post: QueueableRequest {
-        let url: URL
-        let text: String
-        var method: HTTPMethod { .post }
-        var body: Data? { Data(text.utf8) }
-        var timeout: TimeInterval = 10
-    }
-
     @Test func aNoteSavedOfflineIsShownAtOnceThenDeliveredOnceAndTheListRefetched() async throws {
         let notes = try NotesServer(notes: ["a"])
         defer { notes.server.shutdown() }
         let folder = TemporaryDirectory()
-        let app = try await App(folder: folder.url.path, connected: true)
-        let list = Notes2(url: notes.server.url("/notes"))
+        let app = try await NotesApp(folder: folder.url.path, connected: true)
+        let list = NotesRead(url: notes.server.url("/notes"))
         let reader = SnapshotReader(app.client.snapshots(for: list, mode: .offlineFirst, staleTime: .http))
         await reader.waitFor { $0.source == .network && Notes.decode($0.data) == ["a"] }
         await app.monitor.setConnected(false)
-        try await app.client.mutate(Post(url: notes.server.url("/notes"), text: "b"))
+        try await app.client.mutate(NewNote(url: notes.server.url("/notes"), text: "b"))
         // Yielded before `mutate` returned; the reader's own task takes it from the stream.
         let shown = await reader.waitFor { $0.hasPendingWrites }
         #expect(Notes.decode(shown.data) == ["a", "b"])
@@ -121,19 +85,19 @@ struct OfflineFirstIntegrationTests {
         let url = notes.server.url("/notes").absoluteString
         try await ExitTests.oneAtATime {
             await #expect(processExitsWith: .signal(SIGKILL)) { [path = folder.url.path as String, url = url as String] in
-                let app = try await OfflineFirstIntegrationTests.App(folder: path, connected: true)
-                let list = OfflineFirstIntegrationTests.Notes2(url: try #require(URL(string: url)))
+                let app = try await NotesApp(folder: path, connected: true)
+                let list = NotesRead(url: try #require(URL(string: url)))
                 _ = try await app.client.snapshot(for: list, mode: .online, staleTime: .http)  // the list is stored
                 await app.monitor.setConnected(false)
-                try await app.client.mutate(OfflineFirstIntegrationTests.Post(url: try #require(URL(string: url)), text: "from A"))
+                try await app.client.mutate(NewNote(url: try #require(URL(string: url)), text: "from A"))
                 kill(getpid(), SIGKILL)
             }
         }
         #expect(notes.postedKeys.isEmpty)
         try await ExitTests.oneAtATime {
             await #expect(processExitsWith: .success) { [path = folder.url.path as String, url = url as String] in
-                let app = try await OfflineFirstIntegrationTests.App(folder: path, connected: false)
-                let list = OfflineFirstIntegrationTests.Notes2(url: try #require(URL(string: url)))
+                let app = try await NotesApp(folder: path, connected: false)
+                let list = NotesRead(url: try #require(URL(string: url)))
                 let reader = SnapshotReader(app.client.snapshots(for: list, mode: .offlineFirst, staleTime: .http))
                 // Offline, before anything is fetched: the stored list with A's note on it.
                 let first = await reader.waitFor { _ in true }

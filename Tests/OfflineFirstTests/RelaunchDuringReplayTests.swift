@@ -247,40 +247,6 @@ extension RelaunchDuringReplayTests {
 // MARK: - The children's side
 
 extension RelaunchDuringReplayTests {
-    struct NotesRead: NetworkRequest {
-        let url: URL
-        var method: HTTPMethod { .get }
-        var timeout: TimeInterval = 10
-    }
-
-    struct NewNote: QueueableRequest {
-        let url: URL
-        let text: String
-        var method: HTTPMethod { .post }
-        var body: Data? { Data(text.utf8) }
-        var timeout: TimeInterval = 10
-    }
-
-    /// The stack a launch of the app opens on the shared folders, offline at first.
-    struct App {
-        let monitor: ManualReachabilityMonitor
-        let queue: OfflineQueueEngine
-        let cache: DiskResponseCache
-        let client: OfflineFirstClient
-
-        init(folder: String) async throws {
-            let configuration = URLSessionConfiguration.ephemeral
-            configuration.urlCache = nil
-            let engine = AsyncRequestEngine(session: URLSession(configuration: configuration))
-            monitor = ManualReachabilityMonitor(isConnected: false)
-            let store = try await DiskQueueStore.open(directory: URL(fileURLWithPath: folder + "/queue"), lockTimeout: .seconds(10))
-            queue = OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: store)
-            cache = try DiskResponseCache(directory: URL(fileURLWithPath: folder + "/cache"), maxBytes: 1 << 20)
-            let reads = CachedRequestEngine(requestEngine: engine, cache: cache, reachabilityMonitor: monitor)
-            client = OfflineFirstClient(reads: reads, queue: queue, optimisticUpdates: [appendNote])
-        }
-    }
-
     /// When a launch kills itself: after the k-th event of a kind, or after a delay, or once its
     /// work is done (the queue drained).
     enum Trigger: Sendable, CustomStringConvertible {
@@ -468,7 +434,7 @@ extension RelaunchDuringReplayTests {
         watchdog(log: log, exitCode: nil)
         let plan = Plan(cycle: cycle)
         let notesURL = try #require(URL(string: url))
-        let app = try await App(folder: folder)
+        let app = try await NotesApp(folder: folder, connected: false)
         let killer = Killer(trigger: plan.trigger, log: log, cache: app.cache)
         ExitTests.append("P \(plan.trigger), \(plan.queuedOffline) notes queued offline\n", toFileAt: log)
 
@@ -525,7 +491,7 @@ extension RelaunchDuringReplayTests {
         let files = Files(directory: files)
         watchdog(log: files.log(cycle), exitCode: 3)
         let notesURL = try #require(URL(string: url))
-        let app = try await App(folder: folder)
+        let app = try await NotesApp(folder: folder, connected: false)
         let screen = LiveScreen(app.client.snapshots(for: NotesRead(url: notesURL), mode: .offlineFirst, staleTime: .http), killer: nil)
         defer { screen.task.cancel() }
         Screen(await screen.first, queued: await app.queue.items).write(to: files.screenPath(cycle))

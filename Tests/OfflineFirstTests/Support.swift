@@ -231,3 +231,40 @@ extension QuerySnapshot {
         rejectedWrites: [], overlayFailures: [], isPaused: false, isFetching: false, lastFetchError: nil
     )
 }
+
+/// The list of notes at `url` (integration tests: a real server).
+struct NotesRead: NetworkRequest {
+    let url: URL
+    var method: HTTPMethod { .get }
+    var timeout: TimeInterval = 10
+}
+
+/// A note posted to `url`.
+struct NewNote: QueueableRequest {
+    let url: URL
+    let text: String
+    var method: HTTPMethod { .post }
+    var body: Data? { Data(text.utf8) }
+    var timeout: TimeInterval = 10
+}
+
+/// The stack a process of the app opens on its folders (`queue`, `cache`): URLSession, a monitor
+/// it drives. Public API only, so the exit tests that open it keep compiling as internals change.
+struct NotesApp {
+    let monitor: ManualReachabilityMonitor
+    let queue: OfflineQueueEngine
+    let cache: DiskResponseCache
+    let client: OfflineFirstClient
+
+    init(folder: String, connected: Bool) async throws {
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.urlCache = nil
+        let engine = AsyncRequestEngine(session: URLSession(configuration: configuration))
+        monitor = ManualReachabilityMonitor(isConnected: connected)
+        let store = try await DiskQueueStore.open(directory: URL(fileURLWithPath: folder + "/queue"), lockTimeout: .seconds(10))
+        queue = OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: store)
+        cache = try DiskResponseCache(directory: URL(fileURLWithPath: folder + "/cache"), maxBytes: 1 << 20)
+        let reads = CachedRequestEngine(requestEngine: engine, cache: cache, reachabilityMonitor: monitor)
+        client = OfflineFirstClient(reads: reads, queue: queue, optimisticUpdates: [appendNote])
+    }
+}
