@@ -207,7 +207,9 @@ final class LoopbackServerState: StateLock, @unchecked Sendable {
     func respond(to request: LoopbackRequest) -> (response: LoopbackResponse, heldID: Int?) {
         let resolution = withLock { fields -> Resolution in
             fields.log.append(request)
-            if fields.log.count >= 2 * fields.logLimit, fields.logLimit < Int.max / 2 {
+            // `count - logLimit >= logLimit` is `count >= 2 × logLimit` without the overflow a
+            // limit of `.max` (keep everything) would trap on.
+            if fields.log.count - fields.logLimit >= fields.logLimit {
                 fields.log.removeFirst(fields.log.count - fields.logLimit)
             }
             fields.hitsByPath[request.path, default: 0] += 1

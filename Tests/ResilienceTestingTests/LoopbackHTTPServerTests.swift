@@ -157,6 +157,19 @@ struct LoopbackHTTPServerTests {
         #expect(server.hits("/n/*") == 8)
     }
 
+    /// `resilience-demo stress queue` keeps every request (`requestLogLimit: .max`); its first
+    /// request used to trap on `2 × logLimit` overflowing.
+    @Test func theLargestRequestLogLimitKeepsEveryRequestWithoutOverflowing() async throws {
+        let server = try LoopbackHTTPServer(requestLogLimit: .max)
+        defer { server.shutdown() }
+        server.route("/n/*", .ok("ok"))
+        let session = makeSession()
+        defer { session.finishTasksAndInvalidate() }
+        for index in 0..<5 { _ = try await fetch(server.url("/n/\(index)"), session: session) }
+        #expect(server.requestLogLimit == .max)
+        #expect(server.requestLog.map(\.path) == (0..<5).map { "/n/\($0)" })
+    }
+
     @Test func theDefaultRequestLogIsBoundedAndAZeroLimitKeepsOne() throws {
         #expect(try LoopbackHTTPServer().requestLogLimit == LoopbackHTTPServer.defaultRequestLogLimit)
         #expect(try LoopbackHTTPServer(requestLogLimit: 0).requestLogLimit == 1)
