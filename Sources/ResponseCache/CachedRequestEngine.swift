@@ -97,36 +97,6 @@ public final class CachedRequestEngine: RequestSending {
         self.wallClockOrigin = SimulationPoints.date()  // Date() but under a simulation
     }
 
-    /// The engine with its settings as separate arguments: now `init(requestEngine:cache:reachabilityMonitor:configuration:clock:)`.
-    @available(*, deprecated, message: "Use init(requestEngine:cache:reachabilityMonitor:configuration:clock:) with Configuration(partition:defaultMode:defaultStaleTime:)")
-    public convenience init(
-        requestEngine: some RequestSending = AsyncRequestEngine(),
-        cache: DiskResponseCache,
-        reachabilityMonitor: any ReachabilityMonitoring,
-        partition: String? = nil,
-        defaultMode: NetworkMode = .online,
-        defaultStaleTime: StaleTime = .http,
-        clock: some Clock<Duration> = ContinuousClock()
-    ) {
-        self.init(
-            requestEngine: requestEngine,
-            cache: cache,
-            reachabilityMonitor: reachabilityMonitor,
-            configuration: Configuration(partition: partition, defaultMode: defaultMode, defaultStaleTime: defaultStaleTime),
-            clock: clock
-        )
-    }
-
-    /// Now `configuration.partition`.
-    @available(*, deprecated, renamed: "configuration.partition")
-    public var partition: String? { configuration.partition }
-    /// Now `configuration.defaultMode`.
-    @available(*, deprecated, renamed: "configuration.defaultMode")
-    public var defaultMode: NetworkMode { configuration.defaultMode }
-    /// Now `configuration.defaultStaleTime`.
-    @available(*, deprecated, renamed: "configuration.defaultStaleTime")
-    public var defaultStaleTime: StaleTime { configuration.defaultStaleTime }
-
     /// The wall-clock time as the engine sees it (the moment it was made plus the time elapsed on
     /// its clock, so a `ManualClock` ages stored responses in tests).
     public var now: Date { wallClockOrigin.addingTimeInterval(time.now().seconds) }

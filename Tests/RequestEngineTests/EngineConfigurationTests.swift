@@ -44,28 +44,4 @@ struct EngineConfigurationTests {
         #expect(String(decoding: data, as: UTF8.self) == "second")
         #expect(session.callCount == 2)
     }
-
-    @available(*, deprecated, message: "tests the deprecated spellings")
-    @Test func theDeprecatedInitializerMeansWhatItMeant() {
-        let breaker = CircuitBreaker()
-        let registry = CircuitBreakerRegistry()
-        let engine = AsyncRequestEngine(
-            session: ScriptedNetworkSession([]),
-            retryBudget: RetryBudget(),
-            circuitBreaker: breaker,
-            circuitBreakers: registry,
-            options: .init(maximumRetryAfter: .seconds(5), honorsRetryAfter: true, totalDeadline: .seconds(9), maxConcurrentPerHost: 2, maxWaitingPerHost: 7),
-            clock: ManualClock()
-        )
-        guard case .perHost(let used) = engine.configuration.circuitBreaker else { Issue.record("not per host"); return }
-        #expect(used === registry)  // the registry wins over the single breaker, as before
-        #expect(engine.configuration.retry.budget != nil)
-        #expect(engine.configuration.retry.retryAfter == .honored(atMost: .seconds(5)))
-        #expect(engine.configuration.deadline == .seconds(9))
-        #expect(engine.configuration.limits.concurrencyPerHost == 2 && engine.configuration.limits.waitingPerHost == 7)
-        #expect(engine.options.totalDeadline == .seconds(9) && engine.options.maxWaitingPerHost == 7)
-        let ignoring = AsyncRequestEngine(session: ScriptedNetworkSession([]), options: .init(honorsRetryAfter: false), clock: ManualClock())
-        #expect(ignoring.configuration.retry.retryAfter == .ignored)
-        #expect(ignoring.options.honorsRetryAfter == false)
-    }
 }

@@ -90,19 +90,4 @@ struct CachedEngineConfigurationTests {
         #expect(engine.configuration.defaultMode == .online)
         #expect(engine.configuration.defaultStaleTime == .http)
     }
-
-    @available(*, deprecated, message: "tests the deprecated spellings")
-    @Test func theDeprecatedInitializerMeansWhatItMeant() throws {
-        let directory = TemporaryDirectory()
-        let engine = CachedRequestEngine(
-            cache: try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20),
-            reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
-            partition: "user-7",
-            defaultMode: .offlineFirst,
-            defaultStaleTime: .seconds(5)
-        )
-        #expect(engine.configuration.partition == "user-7" && engine.partition == "user-7")
-        #expect(engine.configuration.defaultMode == .offlineFirst && engine.defaultMode == .offlineFirst)
-        #expect(engine.configuration.defaultStaleTime == .seconds(5) && engine.defaultStaleTime == .seconds(5))
-    }
 }

@@ -34,16 +34,6 @@ public struct DrainLifecycleService: Service {
         self.onShutdown = onShutdown
     }
 
-    /// Now `init(_:onShutdown:)`.
-    @available(*, deprecated, message: "use init(_:onShutdown: .interruptingCycle)")
-    public init(_ drainService: DrainService, interruptingCycleOnShutdown: Bool) {
-        self.init(drainService, onShutdown: interruptingCycleOnShutdown ? .interruptingCycle : .lettingCycleFinish)
-    }
-
-    /// Now `onShutdown`.
-    @available(*, deprecated, message: "use onShutdown")
-    public var interruptingCycleOnShutdown: Bool { onShutdown == .interruptingCycle }
-
     public func run() async throws {
         await drainService.start()
         let mode: DrainService.StopMode

@@ -407,20 +407,6 @@ public actor OfflineQueueEngine {
         await runPass(.flush, ignoringReachability: mode == .ignoringReachability)
     }
 
-    /// Like `flush()`; with `ignoringReachability: true`, `flush(.ignoringReachability)`.
-    @available(*, deprecated, message: "Use flush(.ignoringReachability) or flush()")
-    @discardableResult
-    public func flush(ignoringReachability: Bool) async -> FlushReport {
-        await runPass(.flush, ignoringReachability: ignoringReachability)
-    }
-
-    /// Like `enqueue(_:)`; with `attemptFirst: false`, `enqueue(_:sending: .onNextDrain)`.
-    @available(*, deprecated, message: "Use enqueue(_:sending: .onNextDrain) or enqueue(_:)")
-    @discardableResult
-    public func enqueue(_ request: some QueueableRequest, attemptFirst: Bool) async throws -> EnqueueResult {
-        try await enqueue(request, sending: attemptFirst ? .atOnce : .onNextDrain)
-    }
-
     /// Starts draining automatically: a pass now if connected, one on every reconnect, and one when
     /// the earliest backoff ends. Calling it again while started does nothing.
     public func start() {
