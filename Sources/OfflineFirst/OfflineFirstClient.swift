@@ -251,12 +251,6 @@ public final class OfflineFirstClient: Sendable {
         )
     }
 
-    /// `snapshot(for:mode:staleTime:)` with a `Duration`: the app's own stale time.
-    @_disfavoredOverload
-    public func snapshot(for request: some NetworkRequest, mode: NetworkMode, staleTime: Duration) async throws -> QuerySnapshot {
-        try await snapshot(for: request, mode: mode, staleTime: .duration(staleTime))
-    }
-
     /// A live read: a snapshot at once — what the cache holds, with the overlays of every matching
     /// pending write, without waiting for anything — and again on every change beneath it: a
     /// fetch landing or failing, a matching write offered, stored, coalesced, delivered, rejected
@@ -273,12 +267,6 @@ public final class OfflineFirstClient: Sendable {
             let task = Task { await read.run(continuation) }
             continuation.onTermination = { _ in task.cancel() }
         }
-    }
-
-    /// `snapshots(for:mode:staleTime:)` with a `Duration`: the app's own stale time.
-    @_disfavoredOverload
-    public func snapshots(for request: some NetworkRequest, mode: NetworkMode, staleTime: Duration) -> AsyncThrowingStream<QuerySnapshot, any Error> {
-        snapshots(for: request, mode: mode, staleTime: .duration(staleTime))
     }
 
     // MARK: - Internals
