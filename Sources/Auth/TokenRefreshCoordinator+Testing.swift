@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// Observation for tests (reached with `@testable import Auth`): the coordinator's state, and
 /// waits for a condition on it without polling.

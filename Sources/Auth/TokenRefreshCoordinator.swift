@@ -1,6 +1,6 @@
 import Foundation
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// Hands out access tokens and runs at most one `TokenProvider.refreshToken()` at a time, shared
 /// by every request that needs a new token. `AuthenticatedRequestEngine` uses it; share one

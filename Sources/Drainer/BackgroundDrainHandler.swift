@@ -1,6 +1,6 @@
 import Foundation
 import OfflineQueue
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 /// The logic of `BackgroundQueueDrainer`, free of BackgroundTasks so it builds and is tested on

@@ -1,6 +1,6 @@
 import Foundation
 import OfflineQueue
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 /// One drain cycle: a queue pass bounded by a time budget. Shared by `DrainService` and

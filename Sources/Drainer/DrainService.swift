@@ -1,6 +1,6 @@
 import Foundation
 import OfflineQueue
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 /// Drains an `OfflineQueueEngine` on a timer, each cycle bounded by a time budget — the stand-in,

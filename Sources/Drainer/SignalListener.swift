@@ -1,6 +1,6 @@
 import Dispatch
 import Foundation
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 /// Turns process signals (SIGTERM, SIGINT) into something a service can `await`, so it can stop

@@ -1,6 +1,6 @@
 import Foundation
 import OfflineQueue
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResponseCache
 
 /// The delivered writes a stored read does not hold yet, kept with it in the response cache

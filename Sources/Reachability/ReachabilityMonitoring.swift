@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 /// Tells the offline queue whether the network is usable, and when that changes.

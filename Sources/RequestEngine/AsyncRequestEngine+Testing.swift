@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// The engine's one testing seam: callbacks a test sets (with `@testable import RequestEngine`)
 /// to observe paths that have no other visible effect. Each is read only on its own path.

@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// Observation for tests (reached with `@testable import RequestEngine`).
 extension DeadlineWatchdog {

@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 /// Times out attempts at deadlines on an injected clock, with **one** sleeping task per engine

@@ -1,5 +1,5 @@
 import Foundation
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 #if canImport(FoundationNetworking)
@@ -55,7 +55,7 @@ public final class FaultInjectingSession: NetworkSession {
 
     private struct State: Sendable {
         var isEnabled = true
-        var generator: SplitMix64
+        var generator: SeededGenerator
     }
 
     /// What the faults decided for one call.
@@ -80,7 +80,7 @@ public final class FaultInjectingSession: NetworkSession {
     ) {
         self.wrapped = session
         self.faults = faults
-        self.state = Locked(State(generator: SplitMix64(seed: seed)))
+        self.state = Locked(State(generator: SeededGenerator(seed: seed)))
         self.time = TimeSource(clock)
     }
 

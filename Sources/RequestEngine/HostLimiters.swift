@@ -1,5 +1,5 @@
 import Foundation
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 /// One limiter per authority (`CircuitBreakerRegistry.authority(of:)`: host lower-cased, with its

@@ -1,6 +1,6 @@
 import Dispatch
 import Foundation
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 #if canImport(FoundationNetworking)

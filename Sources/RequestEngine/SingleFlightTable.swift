@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 /// The shared calls in flight, by request identity (deduplicated methods only).

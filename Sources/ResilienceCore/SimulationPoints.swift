@@ -41,7 +41,7 @@ package enum SimulationPoints {
         disk.withLock { $0 = on ? fileSystem : nil }
         wallClock.withLock { $0 = on ? date : nil }
         pauser.withLock { $0 = on ? pause : nil }
-        identifiers.withLock { $0 = SplitMix64(seed: seed ^ 0x1D_E471_F1E5) }
+        identifiers.withLock { $0 = SeededGenerator(seed: seed ^ 0x1D_E471_F1E5) }
         active.store(on, ordering: .relaxed)
         if !on {
             waiters.withLock { $0 = [:] }
@@ -86,7 +86,7 @@ package enum SimulationPoints {
     }
 
     private static let wallClock = Mutex<(@Sendable () -> Date)?>(nil)
-    private static let identifiers = Mutex(SplitMix64(seed: 0))
+    private static let identifiers = Mutex(SeededGenerator(seed: 0))
 
     /// A new random identifier: `UUID()`, or one drawn from the simulation's seed while one runs.
     package static func uuid() -> UUID {

@@ -26,15 +26,15 @@
 /// - a `resumeFirst` while the earliest arrival is still pending: the value is handed to that
 ///   ticket, so first come is first served and no value is lost in the gap.
 ///
-/// `public` and `@inlinable` (in a target that is not a product) so the shared call on every
-/// request's path gets it specialised: Swift 6.3 does not specialise `@inlinable` package
-/// declarations across modules, and the generic code cost the engine about 10 µs of CPU per
-/// request in the benchmark harness (metadata look-ups and value-witness copies under the lock).
+/// SPI (`@_spi(ResilienceCore) public`) and `@inlinable`, as `Locked` is and for the same reason:
+/// the shared call on every request's path gets it specialised. Swift 6.3 does not specialise
+/// `@inlinable` package declarations across modules, and the generic code costs the engine
+/// thousands of instructions a request (metadata look-ups and value-witness copies under the lock).
 ///
 /// Costs: `issue` appends to an array; `cancel` and `claim` find their ticket by binary search
 /// (tickets are increasing); a cancelled waiter leaves a hole that is compacted once holes are
 /// half the storage, so cancelling any number of waiters stays linear overall.
-public struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
+@_spi(ResilienceCore) public struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
     public typealias Continuation = UnsafeContinuation<Value, Never>
 
     /// A waiter's place in line. Increasing in arrival order.
@@ -320,7 +320,7 @@ public struct WaiterList<Value: Sendable, Tag: Sendable>: Sendable {
 /// With a `WaiterList`: `install` is `claim` then `park` (or a ready value and `withdraw`);
 /// `onCancel` is `cancel(_:with:)` and a resume of what it returns.
 @inlinable
-public func suspendCancellably<Value: Sendable>(
+@_spi(ResilienceCore) public func suspendCancellably<Value: Sendable>(
     install: (UnsafeContinuation<Value, Never>) -> Value?,
     onCancel: @Sendable () -> Void,
     site: StaticString = #fileID,
@@ -349,7 +349,7 @@ public func suspendCancellably<Value: Sendable>(
 
 /// A lock around a state value: `Locked`, or an owner with a lock of its own (an `NSCondition`,
 /// say) that wants `wait(on:tag:cancelled:until:)` for the waiter lists in its state.
-public protocol StateLock<State>: AnyObject, Sendable {
+@_spi(ResilienceCore) public protocol StateLock<State>: AnyObject, Sendable {
     associatedtype State
     func withLock<R>(_ body: (inout State) throws -> R) rethrows -> R
 }
@@ -363,7 +363,7 @@ extension StateLock {
     /// `ready` runs under the lock: once before joining the line, and again as the caller
     /// suspends, so a change made in between (and the resumes it would have done) is not missed.
     @inlinable
-    public func wait<Value: Sendable, Tag: Sendable>(
+    @_spi(ResilienceCore) public func wait<Value: Sendable, Tag: Sendable>(
         on list: WritableKeyPath<State, WaiterList<Value, Tag>> & Sendable,
         tag: Tag,
         cancelled: Value,
@@ -386,7 +386,7 @@ extension StateLock {
     /// to the ticket, or `cancelled` when the task is cancelled (or already was). `ready`, when
     /// given, is checked again as the caller suspends, as in `wait(on:tag:cancelled:until:)`.
     @inlinable
-    public func wait<Value: Sendable, Tag: Sendable>(
+    @_spi(ResilienceCore) public func wait<Value: Sendable, Tag: Sendable>(
         for ticket: WaiterList<Value, Tag>.Ticket,
         on list: WritableKeyPath<State, WaiterList<Value, Tag>> & Sendable,
         cancelled: Value,
@@ -416,7 +416,7 @@ extension StateLock {
 }
 
 /// How `wait(on:tag:cancelled:until:)` starts: with a value at once, or with a ticket in line.
-@usableFromInline
+@_spi(ResilienceCore) @usableFromInline
 enum WaitStart<Value: Sendable, Tag: Sendable> {
     case ready(Value)
     case issued(WaiterList<Value, Tag>.Ticket)

@@ -1,5 +1,5 @@
 import Foundation
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 #if canImport(Glibc)
 import Glibc
@@ -68,7 +68,7 @@ public final class SimulatedDisk: Sendable {
     private typealias Tree = [String: [String: Int]]  // folder → name → file
 
     private struct State {
-        var generator: SplitMix64
+        var generator: SeededGenerator
         var faults = Faults.none
         var folders: Set<String> = ["/"]
         var tree: Tree = ["/": [:]]
@@ -91,7 +91,7 @@ public final class SimulatedDisk: Sendable {
     private let trace: Locked<(@Sendable (String) -> Void)?> = Locked(nil)
 
     init(seed: UInt64) {
-        state = Locked(State(generator: SplitMix64(seed: seed ^ 0xD15C_0FF1_CE00_0001)))
+        state = Locked(State(generator: SeededGenerator(seed: seed ^ 0xD15C_0FF1_CE00_0001)))
     }
 
     func attach(to simulation: Simulation) {

@@ -1,6 +1,6 @@
 import Foundation
 import Reachability
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResilienceTesting
 
 /// One seeded, deterministic world for the package's layers to run in: a virtual clock, a
@@ -37,7 +37,7 @@ public final class Simulation: Sendable {
     public let disk: SimulatedDisk
 
     private struct State {
-        var generator: SplitMix64
+        var generator: SeededGenerator
         var trace: [String] = []
         var offline = false
     }
@@ -49,7 +49,7 @@ public final class Simulation: Sendable {
         self.seed = seed
         clock = ManualClock()
         connectivity = ManualReachabilityMonitor(isConnected: true)
-        state = Locked(State(generator: SplitMix64(seed: seed)))
+        state = Locked(State(generator: SeededGenerator(seed: seed)))
         origin = SimulatedOrigin()
         network = SimulatedNetwork()
         disk = SimulatedDisk(seed: seed)

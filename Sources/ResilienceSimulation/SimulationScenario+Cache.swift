@@ -1,6 +1,6 @@
 import Foundation
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResponseCache
 
 /// The cache scenario: two users' `CachedRequestEngine`s (partitions `alice` and `bob`) on one

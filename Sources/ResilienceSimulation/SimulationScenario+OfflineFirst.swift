@@ -2,7 +2,7 @@ import Foundation
 import OfflineFirst
 import OfflineQueue
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResponseCache
 
 /// The offline-first scenario: an app's `OfflineFirstClient` (a `CachedRequestEngine` on a

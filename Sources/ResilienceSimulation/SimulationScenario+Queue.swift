@@ -2,7 +2,7 @@ import Drainer
 import Foundation
 import OfflineQueue
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// The queue scenario: writers enqueue through `OfflineQueueEngine` on a `DiskQueueStore` (its
 /// files on the simulation's disk), drained by the queue's own passes or by a `DrainService`

@@ -1,7 +1,7 @@
 import Auth
 import Foundation
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 /// A whole client stack built on a ``Simulation``, a random workload driven through it, and the

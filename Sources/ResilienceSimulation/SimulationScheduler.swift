@@ -1,5 +1,5 @@
 import Foundation
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResilienceTesting
 
 #if canImport(Glibc)
@@ -52,7 +52,7 @@ final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
 
     private let lock = NSLock()
     private var jobs: [UnownedJob] = []
-    private var generator: SplitMix64
+    private var generator: SeededGenerator
     /// Jobs run so far.
     private(set) var steps = 0
 
@@ -64,7 +64,7 @@ final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
 
     init(seed: UInt64) {
         self.seed = seed
-        generator = SplitMix64(seed: seed)
+        generator = SeededGenerator(seed: seed)
     }
 
     /// The thread running the simulation.

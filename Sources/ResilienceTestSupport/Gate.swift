@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// A one-shot async gate: `wait()` suspends until `open()`; after that it returns at once.
 package final class Gate: Sendable {

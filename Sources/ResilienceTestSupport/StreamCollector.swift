@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// Collects an async stream's elements and lets a test wait for a number of them.
 package final class StreamCollector<Element: Sendable>: Sendable {

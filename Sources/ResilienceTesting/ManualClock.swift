@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 /// A clock whose time moves only when a test calls `advance(by:)` or `advance(to:)`.

@@ -1,7 +1,7 @@
 import Foundation
 import Reachability
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 #if canImport(FoundationNetworking)

@@ -1,6 +1,6 @@
 import Foundation
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Retry
 
 /// One network exchange per key at a time, shared by every reader that asks while it runs (so a

@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// Which share of a limiter's places a request may take. Interactive requests (a user waits for
 /// them) keep a guaranteed share; background work (queue replays, drain cycles, prefetch, hedges)

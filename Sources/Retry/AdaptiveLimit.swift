@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// How an `AdaptiveConcurrencyLimiter` finds its limit: from the latency and the drops of the
 /// operations it lets through.

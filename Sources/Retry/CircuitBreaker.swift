@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// Stops calling a dependency that keeps failing, so it can recover and callers fail fast.
 ///

@@ -1,5 +1,5 @@
 import Foundation
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// One `CircuitBreaker` per authority (lower-cased `host[:port]`), so one failing host does not
 /// stop calls to the others; with one stream of every breaker's state changes and manual control

@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// A bulkhead: at most `maxConcurrent` operations run at once, at most `maxWaiting` more wait for
 /// a place in arrival order, and anything beyond that is refused at once.

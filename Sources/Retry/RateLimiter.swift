@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// A token bucket: at most `burst` calls at once after a quiet period, and `permitsPerSecond` calls
 /// per second on average after that.

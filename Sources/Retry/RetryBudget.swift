@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// A token bucket that bounds how much extra load retries may add, shared by every request of an
 /// engine (the scheme of Finagle's RetryBudget and gRPC's retry throttling).

@@ -1,4 +1,4 @@
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// Retry throttling in gRPC's form (proposal A6), per server: a token count that starts at
 /// `maxTokens`; each failed attempt takes one token, each success gives `tokenRatio` back (never

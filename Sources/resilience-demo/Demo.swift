@@ -1,6 +1,6 @@
 import Foundation
 import Resilience
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResilienceTesting
 
 #if canImport(FoundationNetworking)

@@ -1,7 +1,7 @@
 import Dispatch
 import Foundation
 import Resilience
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResilienceTesting
 
 #if canImport(FoundationNetworking)

@@ -1,7 +1,7 @@
 import Dispatch
 import Foundation
 import OfflineQueue
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResilienceTesting
 import Retry
 import Testing

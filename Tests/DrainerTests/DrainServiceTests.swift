@@ -1,7 +1,7 @@
 import Foundation
 import OfflineQueue
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
 import Retry

@@ -2,7 +2,7 @@ import Foundation
 import OfflineQueue
 import Reachability
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
 import ResponseCache

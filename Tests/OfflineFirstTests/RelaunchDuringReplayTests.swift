@@ -3,7 +3,7 @@ import OfflineFirst
 import OfflineQueue
 import Reachability
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
 import ResponseCache

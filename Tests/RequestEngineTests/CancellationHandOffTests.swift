@@ -1,6 +1,6 @@
 import Dispatch
 import Foundation
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
 import Retry

@@ -1,6 +1,6 @@
 import Foundation
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 import Testing
 
 /// The one request value the layers pass down: each property read once, headers set without

@@ -2,7 +2,7 @@ import ResilienceTestSupport
 import ResilienceTesting
 import Testing
 
-@testable import ResilienceCore
+@_spi(ResilienceCore) @testable import ResilienceCore
 
 /// A latch a test opens by hand, and that tells when someone waits on it.
 private final class Latch: Sendable {

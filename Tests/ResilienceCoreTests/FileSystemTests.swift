@@ -2,7 +2,7 @@ import Foundation
 import ResilienceTestSupport
 import Testing
 
-@testable import ResilienceCore
+@_spi(ResilienceCore) @testable import ResilienceCore
 
 #if canImport(Glibc)
 import Glibc

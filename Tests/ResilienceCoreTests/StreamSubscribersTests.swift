@@ -1,6 +1,6 @@
 import Testing
 
-@testable import ResilienceCore
+@_spi(ResilienceCore) @testable import ResilienceCore
 
 @Suite("StreamSubscribers: the streams one publisher hands out", .timeLimit(.minutes(1)))
 struct StreamSubscribersTests {

@@ -2,7 +2,7 @@ import Foundation
 import ResilienceTesting
 import Testing
 
-@testable import ResilienceCore
+@_spi(ResilienceCore) @testable import ResilienceCore
 
 @Suite("TimeSource: a type-erased clock", .timeLimit(.minutes(1)))
 struct TimeSourceTests {

@@ -1,6 +1,6 @@
 import Testing
 
-@testable import ResilienceCore
+@_spi(ResilienceCore) @testable import ResilienceCore
 
 /// A minimal owner of a waiting line: callers wait for a value `resumeFirst` or `open` gives them.
 private final class Line: Sendable {

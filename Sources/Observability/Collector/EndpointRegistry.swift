@@ -1,5 +1,5 @@
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// An endpoint's identity in labels and snapshots.
 struct EndpointKey: Hashable, Sendable {

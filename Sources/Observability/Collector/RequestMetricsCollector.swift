@@ -1,6 +1,6 @@
 import Foundation
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// Counts `AsyncRequestEngine`'s events into totals, per-endpoint statistics, duration
 /// percentiles and Prometheus text, at a cost of about 50 ns of its own per event (figures in

@@ -1,6 +1,6 @@
 import Foundation
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// The engine on a `QueueStorage` other than `DiskQueueStore` — storage that several engines (a
 /// service's replicas) may consume at once, such as `PostgresQueueStore`. A pass takes one entry at

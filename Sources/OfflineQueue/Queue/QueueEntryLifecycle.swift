@@ -1,6 +1,6 @@
 import Foundation
 import RequestEngine
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// How one send of a queued request ended, classified by the outcome table of
 /// Sources/OfflineQueue/OfflineQueue.docc/OfflineQueueGuide.md.

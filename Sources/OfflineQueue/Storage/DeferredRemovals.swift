@@ -1,5 +1,5 @@
 import Foundation
-import ResilienceCore
+@_spi(ResilienceCore) import ResilienceCore
 
 /// Deletes the files of entries whose work is done (delivered, failed for good, expired,
 /// superseded) on a pool thread, so a replay pass sends its next entry while the last one's

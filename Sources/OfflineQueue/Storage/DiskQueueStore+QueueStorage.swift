@@ -1,4 +1,5 @@
 import Foundation
+@_spi(ResilienceCore) import ResilienceCore
 
 /// `DiskQueueStore` as a `QueueStorage`: one engine owns a folder (its lock says so), so a claim is
 /// an in-memory mark with no lease (`leaseEnds` is `nil`, `renew` only checks it), and a crash
