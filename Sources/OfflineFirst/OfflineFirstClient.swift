@@ -57,6 +57,8 @@ public final class OfflineFirstClient: Sendable {
     let settlement: SettlementTracker
     /// Ends the tracker's view of the queue's changes.
     private let stopSettlementFeed: @Sendable () -> Void
+    /// Whether the queue's replay still has to be started (once, at the client's first use).
+    private let queueStartPending: Locked<Bool>
 
     /// - Parameters:
     ///   - reads: the engine the client reads through, with its cache.
@@ -65,12 +67,30 @@ public final class OfflineFirstClient: Sendable {
     ///     other storage is a programming error, stopped here.
     ///   - optimisticUpdates: how queued writes show in the reads they change.
     ///   - invalidations: which reads a delivered write makes stale.
-    public init(
+    ///
+    /// The client starts the queue's replay (`queue.start()`) the first time it is used — a read,
+    /// a write, a wait — so a forgotten `start()` cannot leave writes, and the reads and waits
+    /// that follow them, waiting for ever. Once only: a queue the app stops afterwards stays
+    /// stopped until the app starts it again.
+    public convenience init(
         reads: CachedRequestEngine,
         queue: OfflineQueueEngine,
         optimisticUpdates: [OptimisticUpdate] = [],
         invalidations: [Invalidation] = []
     ) {
+        self.init(reads: reads, queue: queue, optimisticUpdates: optimisticUpdates, invalidations: invalidations, startsQueue: true)
+    }
+
+    /// With `startsQueue: false`, the queue replays only when its owner starts or flushes it: for
+    /// tests that drive the passes themselves.
+    init(
+        reads: CachedRequestEngine,
+        queue: OfflineQueueEngine,
+        optimisticUpdates: [OptimisticUpdate],
+        invalidations: [Invalidation],
+        startsQueue: Bool
+    ) {
+        queueStartPending = Locked(startsQueue)
         self.reads = reads
         self.queue = queue
         self.optimisticUpdates = optimisticUpdates
@@ -129,6 +149,7 @@ public final class OfflineFirstClient: Sendable {
     ///   failure); live reads then show it in `rejectedWrites`.
     @discardableResult
     public func mutate(_ request: some QueueableRequest) async throws -> EnqueueResult {
+        await startQueueOnFirstUse()
         let result: EnqueueResult
         do {
             result = try await queue.enqueue(request)
@@ -146,6 +167,7 @@ public final class OfflineFirstClient: Sendable {
     ///
     /// - Throws: `NetworkError.cancelled` when the calling task is cancelled.
     public func waitForPendingWrites() async throws {
+        await startQueueOnFirstUse()
         let start = queue.store.sequencedChangesWithStart()  // stored and offered, with the feed from then on
         var waiting = Set(start.entries.map(\.id))
         guard !waiting.isEmpty else { return }
@@ -211,6 +233,7 @@ public final class OfflineFirstClient: Sendable {
     ///
     /// - Throws: what the read throws when no body can be had (`NetworkError`).
     public func snapshot(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) async throws -> QuerySnapshot {
+        await startQueueOnFirstUse()
         // Writes delivered before now have made their reads stale before this one reads.
         let started = queue.store.changeSequence
         await progress.waitForListener(through: started)
@@ -271,6 +294,16 @@ public final class OfflineFirstClient: Sendable {
 
     // MARK: - Internals
 
+    /// Starts the queue's replay at the client's first use (see `init`); later calls do nothing.
+    func startQueueOnFirstUse() async {
+        let pending = queueStartPending.withLock { pending in
+            defer { pending = false }
+            return pending
+        }
+        guard pending else { return }
+        await queue.start()
+    }
+
     /// One live read's loop: its own view of the queue (a mirror fed by the change feed from the
     /// moment it starts), connectivity, and its fetches, all handled one event at a time.
     private struct LiveRead: Sendable {
@@ -286,6 +319,7 @@ public final class OfflineFirstClient: Sendable {
         }
 
         func run(_ continuation: AsyncThrowingStream<QuerySnapshot, any Error>.Continuation) async {
+            await client.startQueueOnFirstUse()
             let url = request.url
             let rules = client.optimisticUpdates.filter { $0.reads(url) }
             let invalidations = client.invalidations.filter { $0.reads(url) }

@@ -260,6 +260,38 @@ struct OfflineFirstClientTests {
         await reader.cancel()
     }
 
+    // MARK: The queue's replay
+
+    /// Nobody called `queue.start()`: the client starts the replay at its first use, so a write
+    /// made offline is delivered on reconnect and a wait for it returns.
+    @Test func aForgottenStartDoesNotLeaveAWaitForPendingWritesHanging() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"], connected: false, startsQueue: true)
+        #expect(await h.queue.isStarted == false)
+        try await h.client.mutate(CreateNote("b"))
+        #expect(await h.queue.isStarted)
+        await h.monitor.setConnected(true)
+        try await h.client.waitForPendingWrites()
+        #expect(h.origin.notes == ["a", "b"])
+        #expect(await h.queue.pendingCount() == 0)
+    }
+
+    /// A live read is a first use too; and the start happens once: a queue the app stopped stays
+    /// stopped through later reads and writes.
+    @Test func theClientStartsItsQueueOnceAndAStoppedQueueStaysStopped() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"], connected: false, startsQueue: true)
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http))
+        _ = await reader.waitFor { $0.isPaused }
+        #expect(await h.queue.isStarted)
+        await h.queue.stop()
+        try await h.client.mutate(CreateNote("b"))
+        await h.monitor.setConnected(true)  // a started queue would replay now
+        let shot = try await h.client.snapshot(for: NotesList(), mode: .online, staleTime: .http)
+        #expect(Notes.decode(shot.data) == ["a", "b"] && shot.hasPendingWrites)
+        #expect(await h.queue.isStarted == false)
+        #expect(await h.queue.pendingCount() == 1 && h.origin.notes == ["a"])
+        await reader.cancel()
+    }
+
     // MARK: Live reads, waits, pending lists
 
     @Test func cancellingALiveReadEndsItAndMutateNoLongerWaitsForIt() async throws {

@@ -266,7 +266,7 @@ struct SettlementTests {
         let engine = AsyncRequestEngine(session: origin, clock: clock)
         let queue = OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: store, clock: clock)
         let reads = CachedRequestEngine(requestEngine: engine, cache: cache, reachabilityMonitor: monitor, clock: clock)
-        return (queue, OfflineFirstClient(reads: reads, queue: queue, optimisticUpdates: [appendNote]))
+        return (queue, OfflineFirstClient(reads: reads, queue: queue, optimisticUpdates: [appendNote], invalidations: [], startsQueue: false))
     }
 
     /// The first snapshot of a live read, and a one-shot snapshot, of the relaunched stack.

@@ -171,7 +171,8 @@ final class OfflineFirstHarness: Sendable {
 
     init(
         notes: [String] = [], session: (any NetworkSession)? = nil, connected: Bool = true, updates: [OptimisticUpdate] = [appendNote], invalidations: [Invalidation] = [],
-        configuration: OfflineQueueEngine.Configuration = .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10))
+        configuration: OfflineQueueEngine.Configuration = .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10)),
+        startsQueue: Bool = false
     ) throws {
         origin = NotesOrigin(notes: notes)
         monitor = ManualReachabilityMonitor(isConnected: connected)
@@ -180,7 +181,9 @@ final class OfflineFirstHarness: Sendable {
         let engine = AsyncRequestEngine(session: session ?? origin, clock: clock)
         queue = OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: store, configuration: configuration, clock: clock)
         reads = CachedRequestEngine(requestEngine: engine, cache: cache, reachabilityMonitor: monitor, clock: clock)
-        client = OfflineFirstClient(reads: reads, queue: queue, optimisticUpdates: updates, invalidations: invalidations)
+        // Most tests drive the queue's passes (flush) themselves: it is not started for them unless
+        // they ask (`startsQueue: true`, what the public initializer does).
+        client = OfflineFirstClient(reads: reads, queue: queue, optimisticUpdates: updates, invalidations: invalidations, startsQueue: startsQueue)
     }
 }
 
