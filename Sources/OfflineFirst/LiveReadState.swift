@@ -46,15 +46,12 @@ struct LiveReadState: Sendable {
     private var rejections: [RejectedWrite] = []
     private(set) var connected: Bool
     private var fetchesStarted = 0
-    /// The number of the fetch in flight.
-    private(set) var fetching: Int?
-    private(set) var needsFetch: Bool
+    /// Whether a fetch is due, the one in flight, and whether the next must reach the origin.
+    private(set) var phase: FetchPhase
     private var lastFetchError: NetworkError?
-    /// A delivered write made this read stale since the loop last asked (`takeDeliveryInvalidation`).
+    /// A delivered write made this read stale since the loop last asked: not a phase of the read
+    /// but an instruction to its loop, taken once (`takeDeliveryInvalidation`).
     private var deliveredSinceAsked = false
-    /// The next fetch follows a delivery: it must reach the origin, past every cache and shared
-    /// call on the way (see `fetchStarted`).
-    private var nextFetchFollowsDelivery = false
 
     init(
         rules: [OptimisticUpdate], invalidatedBy: @escaping @Sendable (QueueEntry) -> Bool, entries: [QueueEntry],
@@ -72,7 +69,7 @@ struct LiveReadState: Sendable {
             classify(entry).map { (QueueMirror.Item(entry: entry, rules: $0), 0) }
         }
         baseIsStale = stored?.isStale ?? false
-        needsFetch = stored == nil || stored?.isStale == true || fetchAtOnce
+        phase = FetchPhase(fetchDue: stored == nil || stored?.isStale == true || fetchAtOnce)
         self.connected = connected
     }
 
@@ -93,7 +90,10 @@ struct LiveReadState: Sendable {
     }
 
     /// Whether a fetch should start now.
-    var shouldFetch: Bool { needsFetch && connected && fetching == nil }
+    var shouldFetch: Bool {
+        guard connected, case .due = phase else { return false }
+        return true
+    }
 
     /// Applies one queue change; returns whether the snapshot may have changed.
     mutating func apply(_ change: QueueChange) -> Bool {
@@ -112,9 +112,8 @@ struct LiveReadState: Sendable {
                     settling.append((QueueMirror.Item(entry: entry, rules: matching), fetchesStarted))
                 }
                 if invalidates {
-                    needsFetch = true
+                    phase.deliveryInvalidated()
                     deliveredSinceAsked = true
-                    nextFetchFollowsDelivery = true
                     if base != nil { baseIsStale = true }
                 }
                 return overlays || invalidates
@@ -135,7 +134,7 @@ struct LiveReadState: Sendable {
         guard connected != self.connected else { return false }
         let wasPaused = isPaused
         self.connected = connected
-        if connected, base?.isStale == true || baseIsStale { needsFetch = true }
+        if connected, base?.isStale == true || baseIsStale { phase.fetchAskedFor() }
         return wasPaused != isPaused || shouldFetch
     }
 
@@ -145,16 +144,12 @@ struct LiveReadState: Sendable {
     /// with the state from before the write.
     mutating func fetchStarted() -> (number: Int, followsDelivery: Bool) {
         fetchesStarted += 1
-        fetching = fetchesStarted
-        needsFetch = false
-        defer { nextFetchFollowsDelivery = false }
-        return (fetchesStarted, nextFetchFollowsDelivery)
+        return (fetchesStarted, phase.start(fetchesStarted))
     }
 
     /// The fetch numbered `number` answered.
     mutating func fetchLanded(_ number: Int, _ response: CachedResponse) {
-        guard fetching == number else { return }
-        fetching = nil
+        guard phase.fetchingNumber == number else { return }
         base = response
         baseVersion += 1
         baseIsStale = response.isStale
@@ -166,25 +161,21 @@ struct LiveReadState: Sendable {
     /// nothing showed the server has them — marked with the error. The next reconnect (or the
     /// next change that asks for a fetch) tries again.
     mutating func fetchFailed(_ number: Int, _ error: NetworkError) {
-        guard fetching == number else { return }
-        fetching = nil
+        guard phase.fetchingNumber == number else { return }
         lastFetchError = error
         if base != nil { baseIsStale = true }
-        if !settling.isEmpty { nextFetchFollowsDelivery = true }
+        phase.ended(landed: false, stillSettling: !settling.isEmpty)
     }
 
     /// Drops the delivered writes the fetch numbered `number` accounts for (delivered before it
     /// started); those delivered since need another fetch.
     private mutating func settle(after number: Int) {
         settling.removeAll { $0.fetchesStartedBefore < number }
-        if !settling.isEmpty {
-            needsFetch = true
-            nextFetchFollowsDelivery = true
-        }
-        if needsFetch, base != nil { baseIsStale = true }
+        phase.ended(landed: true, stillSettling: !settling.isEmpty)
+        if phase.isDue, base != nil { baseIsStale = true }
     }
 
-    var isPaused: Bool { needsFetch && !connected }
+    var isPaused: Bool { phase.isDue && !connected }
 
     /// The snapshot to show now (it remembers the overlays it applied, for the next one).
     mutating func snapshot() -> QuerySnapshot {
@@ -223,7 +214,7 @@ struct LiveReadState: Sendable {
             rejectedWrites: rejections,
             overlayFailures: settled.failures + pending.failures,
             isPaused: isPaused,
-            isFetching: fetching != nil,
+            isFetching: phase.fetchingNumber != nil,
             lastFetchError: lastFetchError
         )
     }
