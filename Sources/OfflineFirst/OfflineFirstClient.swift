@@ -59,6 +59,14 @@ public final class OfflineFirstClient: Sendable {
     private let stopSettlementFeed: @Sendable () -> Void
     /// Whether the queue's replay still has to be started (once, at the client's first use).
     private let queueStartPending: Locked<Bool>
+    /// The live reads running, so that `close()` can end them; and whether it was called.
+    private let liveReads = Locked(LiveReads())
+
+    private struct LiveReads: Sendable {
+        var closed = false
+        var tasks: [UInt64: Task<Void, Never>] = [:]
+        var next: UInt64 = 0
+    }
 
     /// - Parameters:
     ///   - reads: the engine the client reads through, with its cache.
@@ -149,6 +157,7 @@ public final class OfflineFirstClient: Sendable {
     ///   failure); live reads then show it in `rejectedWrites`.
     @discardableResult
     public func mutate(_ request: some QueueableRequest) async throws -> EnqueueResult {
+        if isClosed { throw OfflineQueueError.closed }
         await startQueueOnFirstUse()
         let result: EnqueueResult
         do {
@@ -167,6 +176,7 @@ public final class OfflineFirstClient: Sendable {
     ///
     /// - Throws: `NetworkError.cancelled` when the calling task is cancelled.
     public func waitForPendingWrites() async throws {
+        try throwIfClosed()
         await startQueueOnFirstUse()
         let start = queue.store.sequencedChangesWithStart()  // stored and offered, with the feed from then on
         var waiting = Set(start.entries.map(\.id))
@@ -233,6 +243,7 @@ public final class OfflineFirstClient: Sendable {
     ///
     /// - Throws: what the read throws when no body can be had (`NetworkError`).
     public func snapshot(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) async throws -> QuerySnapshot {
+        try throwIfClosed()
         await startQueueOnFirstUse()
         // Writes delivered before now have made their reads stale before this one reads.
         let started = queue.store.changeSequence
@@ -287,9 +298,59 @@ public final class OfflineFirstClient: Sendable {
     public func snapshots(for request: some NetworkRequest, mode: NetworkMode, staleTime: StaleTime) -> AsyncThrowingStream<QuerySnapshot, any Error> {
         let read = LiveRead(request: PreparedRequest(request), mode: mode, staleTime: staleTime, client: self)
         return AsyncThrowingStream(bufferingPolicy: .bufferingNewest(1)) { continuation in
-            let task = Task { await read.run(continuation) }
+            // Registered before it runs (and taken out when it ends), so `close()` finds it.
+            let task = liveReads.withLock { reads -> Task<Void, Never>? in
+                guard !reads.closed else { return nil }
+                let number = reads.next
+                reads.next += 1
+                let task = Task { [liveReads] in
+                    await read.run(continuation)
+                    liveReads.withLock { _ = $0.tasks.removeValue(forKey: number) }
+                }
+                reads.tasks[number] = task
+                return task
+            }
+            guard let task else { return continuation.finish(throwing: NetworkError.cancelled) }  // closed
             continuation.onTermination = { _ in task.cancel() }
         }
+    }
+
+    // MARK: - Closing
+
+    /// Ends the client, so that another (the next user's, after a switch) can open the same
+    /// folders at once: cancels every live read and the fetches they started, stops the queue's
+    /// replay, and closes the queue's store and the cache (`OfflineQueueEngine.close()`,
+    /// `DiskResponseCache.close()`), which finish the writes in progress and let go of their
+    /// folders. Returns when both folders are free.
+    ///
+    /// Afterwards a live read ends at once and a one-shot read or `waitForPendingWrites()` throws,
+    /// as cancelled ones do (`NetworkError.cancelled`); `mutate` throws `OfflineQueueError.closed`.
+    /// What was queued stays in the folder for the next client on it. A call in flight while
+    /// `close()` runs ends as its layer says (a write either stored before the store closed, or
+    /// refused); a replay pass the app started itself (`queue.flush()`) finishes its entry in
+    /// flight, whose completion the closed store may not record: it is sent again by the next
+    /// owner, with its `Idempotency-Key` (at-least-once). Closing twice is closing once.
+    public func close() async {
+        let running = liveReads.withLock { reads in
+            reads.closed = true
+            return Array(reads.tasks.values)
+        }
+        for task in running { task.cancel() }
+        for task in running { await task.value }
+        listener.cancel()
+        await listener.value
+        stopSettlementFeed()
+        queue.stopObservingSends(by: settlement)
+        reads.stopObservingExchanges(by: settlement)
+        await queue.close()
+        await reads.cache.close()
+    }
+
+    /// Whether `close()` was called.
+    public var isClosed: Bool { liveReads.withLock { $0.closed } }
+
+    private func throwIfClosed() throws {
+        if isClosed { throw NetworkError.cancelled }
     }
 
     // MARK: - Internals

@@ -30,6 +30,9 @@ public enum OfflineQueueError: Error, Sendable, Equatable {
     /// claimed the entry, or the entry was cancelled. Nothing was changed; the delivery the claim
     /// covered must stop (see `QueueStorage`).
     case claimLost(id: UUID)
+    /// The queue or its store was closed (`OfflineQueueEngine.close()`, `DiskQueueStore.close()`):
+    /// it has let go of its folder, sends and writes nothing more.
+    case closed
 }
 
 extension OfflineQueueError: CustomStringConvertible {
@@ -44,6 +47,7 @@ extension OfflineQueueError: CustomStringConvertible {
         case .unstorable(let reason): return "offline queue cannot store the request: \(reason)"
         case .folderInUse(let path): return "offline queue folder \(path) is in use by another store (this process or another)"
         case .claimLost(let id): return "offline queue entry \(id) is no longer claimed by this consumer"
+        case .closed: return "offline queue was closed"
         }
     }
 

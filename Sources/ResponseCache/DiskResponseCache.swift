@@ -36,8 +36,8 @@ import Darwin
 ///   (`statistics.storeFailures`, `lastStoreFailure`).
 /// - **No secrets on disk.** File names are digests; a partition is stored only as a digest, and so
 ///   are the request header values a response varies on (the engine decides what may be stored).
-/// - **One owner.** The cache holds an exclusive `flock` on its folder while it lives; a second cache
-///   on the same folder gets `ResponseCacheError.folderInUse`.
+/// - **One owner.** The cache holds an exclusive `flock` on its folder while it lives, or until
+///   `close()`; a second cache on the same folder gets `ResponseCacheError.folderInUse`.
 /// - **Fast open.** Only each file's small summary is read when the cache opens (in parallel); the
 ///   body is read, and its checksum checked, on the first hit. Files are mode 0600, the folder 0700.
 public final class DiskResponseCache: Sendable {
@@ -137,6 +137,12 @@ public final class DiskResponseCache: Sendable {
         var memoryIndex = CacheIndex()
         var statistics = Statistics()
         var idleWaiters = WaiterList<Void, Void>()
+        /// `close()` was called: nothing new touches the folder (see `admit`).
+        var closed = false
+        /// Reads of files and `clear()`s in progress (`admit`): `close()` waits for them.
+        var operations = 0
+        /// `close()` let go of the folder's descriptor (`deinit` must not close it again).
+        var released = false
     }
 
     /// The most variants (`Vary`) kept for one URL; storing another drops the oldest.
@@ -193,7 +199,51 @@ public final class DiskResponseCache: Sendable {
     }
 
     deinit {
-        FileSystem.closeDescriptor(folder)
+        if !state.withLock({ $0.released }) { FileSystem.closeDescriptor(folder) }
+    }
+
+    // MARK: - Closing
+
+    /// Lets go of the folder, so that another cache (another user's, after a switch) can open it
+    /// at once: the writes stored so far are finished first, then the folder's lock is released.
+    /// From the call on, the cache reads no file and stores nothing (a read is a miss, a store is
+    /// refused, `clear()` throws `ResponseCacheError.closed`); what it holds in memory may still
+    /// answer. Closing twice is closing once. Returns when the folder is free, whether or not the
+    /// calling task is cancelled (the wait is for disk I/O, which always ends).
+    public func close() async {
+        state.withLock { $0.closed = true }
+        let idle: @Sendable (State) -> Bool = { $0.fileOwners.isEmpty && $0.operations == 0 }
+        await Task { [state] in
+            while !state.withLock({ idle($0) }) {
+                await state.wait(on: \.idleWaiters, tag: (), cancelled: ()) { idle($0) ? () : nil }
+            }
+        }.value
+        let release = state.withLock { state in
+            defer { state.released = true }
+            return !state.released
+        }
+        if release { FileSystem.closeDescriptor(folder) }
+    }
+
+    /// Whether `close()` was called.
+    public var isClosed: Bool { state.withLock { $0.closed } }
+
+    /// Admits an operation that touches the folder outside the file loops (a read of a file, a
+    /// `clear()`); false once the cache is closed. Call `leave()` after.
+    private func admit() -> Bool {
+        state.withLock { state in
+            guard !state.closed else { return false }
+            state.operations += 1
+            return true
+        }
+    }
+
+    private func leave() {
+        let waiters = state.withLock { state in
+            state.operations -= 1
+            return state.operations == 0 && state.fileOwners.isEmpty ? state.idleWaiters.takeAll() : []
+        }
+        for waiter in waiters { waiter.resume(returning: ()) }
     }
 
     // MARK: - Inspecting and managing
@@ -218,6 +268,8 @@ public final class DiskResponseCache: Sendable {
     /// writes still in flight. Throws `ResponseCacheError.storage` for a file it cannot delete (the
     /// response is gone from the cache either way).
     public func clear() throws {
+        guard admit() else { throw ResponseCacheError.closed }
+        defer { leave() }
         state.withLock { state in
             state.latest = [:]
             state.written = [:]
@@ -412,7 +464,7 @@ public final class DiskResponseCache: Sendable {
     enum StoreOutcome: Equatable {
         /// Queued to be written, as this version of its key.
         case queued(version: UInt64)
-        /// Not stored: larger than `maxBytes`, or past the file format's limits.
+        /// Not stored: larger than `maxBytes`, past the file format's limits, or the cache is closed.
         case refused
         /// Not stored: another store or removal of the key came first (`ifUnchangedSince`), or
         /// nothing was stored to change (`update`).
@@ -538,6 +590,8 @@ public final class DiskResponseCache: Sendable {
     }
 
     private func readFile(_ key: CacheDigest, expectedSize: Int) -> StoredResponse? {
+        guard admit() else { return nil }  // closed: the folder may be another cache's now
+        defer { leave() }
         var buffer: [UInt8] = []
         var info = stat()
         let name = CacheFolder.fileName(key)
@@ -593,7 +647,8 @@ public final class DiskResponseCache: Sendable {
             state.withLock { $0.statistics.tooLargeToStore += 1 }
             return .refused
         }
-        let (startWriter, dropped, version) = state.withLock { state -> (Bool, [CacheDigest], UInt64?) in
+        let admitted = state.withLock { state -> (Bool, [CacheDigest], UInt64?)? in
+            guard !state.closed else { return nil }
             if let expected, Self.version(of: response.key, in: state) != expected { return (false, [], nil) }
             // At most `maxVariants` per URL: a server that varies on a header whose value changes
             // with every request must not fill the cache with one URL's variants. Oldest stored
@@ -620,6 +675,7 @@ public final class DiskResponseCache: Sendable {
             state.queued[response.key] = .write(WriteJob(response: response, data: data, version: version))
             return (state.fileOwners.insert(response.key).inserted, dropped.filter { Self.claimFileDeletion($0, in: &state) }, version)
         }
+        guard let (startWriter, dropped, version) = admitted else { return .refused }  // closed
         deleteFiles(dropped)
         if startWriter { pool.submit { [self] in fileLoop(response.key) } }
         return version.map { .queued(version: $0) } ?? .overtaken
@@ -746,6 +802,8 @@ public final class DiskResponseCache: Sendable {
     /// unless it is writing, or has queued, a current response of the key, whose file replaces the
     /// old one. So a deletion decided before a store never removes the file that store writes.
     private static func claimFileDeletion(_ key: CacheDigest, in state: inout State) -> Bool {
+        // Closed: no new owner; the file stays for whoever opens the folder next (who indexes it).
+        if state.closed, !state.fileOwners.contains(key) { return false }
         guard !state.fileOwners.insert(key).inserted else { return true }
         let current = version(of: key, in: state)
         let currentWriteQueued = if case .write(let job) = state.queued[key] { job.version == current } else { false }
@@ -780,6 +838,7 @@ public final class DiskResponseCache: Sendable {
     private func retryUndeleted() {
         let claimed = state.withLock { state -> [CacheDigest] in
             guard !state.undeleted.isEmpty else { return [] }
+            guard !state.closed else { return [] }
             return state.undeleted.sorted { $0.hex < $1.hex }.filter { state.index[$0] == nil && state.fileOwners.insert($0).inserted }
         }
         deleteFiles(claimed)

@@ -8,6 +8,8 @@ public enum ResponseCacheError: Error, Sendable, Equatable {
     case storage(operation: String, path: String, errno: Int32)
     /// Another `DiskResponseCache` — in this process or another — holds the folder.
     case folderInUse(path: String)
+    /// The cache was closed (`DiskResponseCache.close()`): it has let go of its folder.
+    case closed
 }
 
 extension ResponseCacheError: CustomStringConvertible {
@@ -17,6 +19,8 @@ extension ResponseCacheError: CustomStringConvertible {
             return "response cache storage: \(operation) failed for \(path): \(String(cString: strerror(code))) (errno \(code))"
         case .folderInUse(let path):
             return "response cache folder \(path) is in use by another cache (this process or another)"
+        case .closed:
+            return "response cache was closed"
         }
     }
 }

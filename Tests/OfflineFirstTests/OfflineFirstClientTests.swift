@@ -292,6 +292,39 @@ struct OfflineFirstClientTests {
         await reader.cancel()
     }
 
+    // MARK: Closing
+
+    /// A user switch: `close()` ends the live reads, stops the queue and frees both folders, so a
+    /// new client opens them at once and finds the first one's queued write; the closed client
+    /// does nothing more.
+    @Test func closeFreesBothFoldersAtOnceForTheNextClient() async throws {
+        let h = try OfflineFirstHarness(notes: ["a"], connected: false, startsQueue: true)
+        let reader = SnapshotReader(h.client.snapshots(for: NotesList(), mode: .offlineFirst, staleTime: .http))
+        let id = try #require(try await h.client.mutate(CreateNote("b")).queuedID)
+        _ = await reader.waitFor { $0.pendingEntryIDs == [id] }
+        await h.client.close()
+        #expect(h.client.isClosed && h.cache.isClosed && h.store.isClosed)
+        #expect(await h.queue.isStarted == false)
+        await reader.waitUntilFinished()
+        #expect(await h.monitor.subscriberCount == 0)  // nothing of the client is left running
+        await #expect(throws: OfflineQueueError.closed) { try await h.client.mutate(CreateNote("c")) }
+        let closedRead = await #expect(throws: NetworkError.self) { try await h.client.snapshot(for: NotesList(), mode: .online, staleTime: .http) }
+        guard case .cancelled = closedRead else { Issue.record("a read of a closed client: \(String(describing: closedRead))"); return }
+        // The next client, on the same folders, opens at once.
+        let store = try DiskQueueStore(directory: h.directory.url.appendingPathComponent("queue"))
+        let cache = try DiskResponseCache(directory: h.directory.url.appendingPathComponent("cache"), maxBytes: 1 << 20)
+        let engine = AsyncRequestEngine(session: h.origin, clock: h.clock)
+        let next = OfflineFirstClient(
+            reads: CachedRequestEngine(requestEngine: engine, cache: cache, reachabilityMonitor: h.monitor, clock: h.clock),
+            queue: OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: h.monitor, store: store, clock: h.clock),
+            optimisticUpdates: [appendNote]
+        )
+        await h.monitor.setConnected(true)
+        try await next.waitForPendingWrites()
+        #expect(h.origin.notes == ["a", "b"])
+        await next.close()
+    }
+
     // MARK: Live reads, waits, pending lists
 
     @Test func cancellingALiveReadEndsItAndMutateNoLongerWaitsForIt() async throws {

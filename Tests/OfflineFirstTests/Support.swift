@@ -226,6 +226,11 @@ final class SnapshotReader: Sendable {
         task.cancel()
         await task.value
     }
+
+    /// Returns once the stream has ended by itself (nothing cancels it here).
+    func waitUntilFinished() async {
+        await task.value
+    }
 }
 
 extension QuerySnapshot {

@@ -116,6 +116,8 @@ public actor OfflineQueueEngine {
     /// One drain pass at a time, whoever triggers it; FIFO; a cancelled waiter leaves the line.
     private let passGate = AdmissionGate(limit: 1)
     private var loopTask: Task<Void, Never>?
+    /// `close()` was called: nothing is enqueued, sent or started any more.
+    private var closed = false
     private var timerTask: Task<Void, Never>?
     private var timerDeadline: Date?
     /// Numbers the timers, so that one replaced after its sleep ended does not fire.
@@ -231,6 +233,7 @@ public actor OfflineQueueEngine {
     /// Like `enqueue(_:)`, sending the request at once or leaving it to the next drain.
     @discardableResult
     public func enqueue(_ request: some QueueableRequest, sending: SendTiming) async throws -> EnqueueResult {
+        guard !closed else { throw OfflineQueueError.closed }
         let attemptFirst = sending == .atOnce
         // Refuses invalid requests and URLs with credentials; strips the fragment, and secret
         // headers from what is stored.
@@ -410,7 +413,7 @@ public actor OfflineQueueEngine {
     /// Starts draining automatically: a pass now if connected, one on every reconnect, and one when
     /// the earliest backoff ends. Calling it again while started does nothing.
     public func start() {
-        guard loopTask == nil else { return }
+        guard loopTask == nil, !closed else { return }
         let stream = Task { await reachability.connectivity }
         loopTask = Task { [weak self] in
             for await connected in await stream.value {
@@ -445,6 +448,15 @@ public actor OfflineQueueEngine {
 
     /// Whether `start()` is in effect.
     public var isStarted: Bool { loopTask != nil }
+
+    /// `stop()`, then closes the storage (`QueueStorage.close()`: a `DiskQueueStore` lets go of its
+    /// folder, so another store, another user's after a switch, can open it at once). The engine
+    /// sends nothing afterwards; an `enqueue` throws the storage's `closed` error.
+    public func close() async {
+        closed = true
+        await stop()
+        await storage.close()
+    }
 
     /// Tells `observer` of every send it observes from now on (replacing an observer installed
     /// before): on the disk path only (a `DiskQueueStore`); such an entry's file is then deleted at
@@ -643,6 +655,7 @@ public actor OfflineQueueEngine {
 
     func runPass(_ trigger: FlushReport.Trigger, ignoringReachability: Bool = false) async -> FlushReport {
         var report = FlushReport(trigger: trigger)
+        guard !closed else { return report }
         do {
             try await passGate.enter()
         } catch {
@@ -652,6 +665,7 @@ public actor OfflineQueueEngine {
             return report
         }
         defer { passGate.leave() }
+        guard !closed else { return report }  // closed while this pass waited its turn
         let connected: Bool
         if ignoringReachability { connected = true } else { connected = await reachability.isConnected }
         report.endedOffline = !connected

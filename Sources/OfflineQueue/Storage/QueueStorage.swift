@@ -98,10 +98,17 @@ public protocol QueueStorage: Sendable {
     /// than at its next poll. The default never yields: an engine on storage it alone writes learns
     /// of every entry from its own `enqueue`.
     func arrivals() -> AsyncStream<Void>
+
+    /// Lets go of what this process holds of the storage (`DiskQueueStore`: its folder's lock), so
+    /// another owner can take it at once; afterwards the storage writes nothing. The default does
+    /// nothing: storage many consumers share has nothing to let go of.
+    func close() async
 }
 
 extension QueueStorage {
     public func arrivals() -> AsyncStream<Void> { AsyncStream { _ in } }
+
+    public func close() async {}
 }
 
 /// An entry held by one consumer until its lease ends: what `QueueStorage.claim(upTo:now:lease:)`
