@@ -115,22 +115,12 @@ public actor OfflineQueueEngine {
     var learnedOffline = false
     /// One drain pass at a time, whoever triggers it; FIFO; a cancelled waiter leaves the line.
     private let passGate = AdmissionGate(limit: 1)
-    private var loopTask: Task<Void, Never>?
-    /// `close()` was called: nothing is enqueued, sent or started any more.
-    private var closed = false
-    private var timerTask: Task<Void, Never>?
-    private var timerDeadline: Date?
-    /// Numbers the timers, so that one replaced after its sleep ended does not fire.
-    private var timerGeneration: UInt64 = 0
-    /// Timer tasks whose pass runs or waits for its turn now, by number: `timerTask` is cleared as
-    /// one fires (its pass schedules the next timer, which may fire while the first still waits),
-    /// so `stop()` finds them here, cancels them and waits for them.
-    private var firingTimers: [UInt64: Task<Void, Never>] = [:]
+    /// Stopped, started (its tasks, its timer idle or armed, timers firing) or closed: see
+    /// `QueueEngineLifecycle`.
+    private var life = QueueEngineLifecycle()
     private nonisolated let subscribers = StreamSubscribers<QueueEntryResult>()
     /// `pendingCounts` on storage other than a disk store: the count after this engine's changes.
     nonisolated let sharedCountSubscribers = StreamSubscribers<Int>()
-    /// While started on storage other than a disk store: the pass on each of its `arrivals()`.
-    private var arrivalsTask: Task<Void, Never>?
     /// Told of each send on the disk path (`observeSends(with:)`).
     private nonisolated let sendObserver = Locked<(any QueueSendObserver)?>(nil)
     /// Observed entries that may be in the server's state — on the wire now, or sent without an
@@ -233,7 +223,7 @@ public actor OfflineQueueEngine {
     /// Like `enqueue(_:)`, sending the request at once or leaving it to the next drain.
     @discardableResult
     public func enqueue(_ request: some QueueableRequest, sending: SendTiming) async throws -> EnqueueResult {
-        guard !closed else { throw OfflineQueueError.closed }
+        guard !life.isClosed else { throw OfflineQueueError.closed }
         let attemptFirst = sending == .atOnce
         // Refuses invalid requests and URLs with credentials; strips the fragment, and secret
         // headers from what is stored.
@@ -413,48 +403,38 @@ public actor OfflineQueueEngine {
     /// Starts draining automatically: a pass now if connected, one on every reconnect, and one when
     /// the earliest backoff ends. Calling it again while started does nothing.
     public func start() {
-        guard loopTask == nil, !closed else { return }
-        let stream = Task { await reachability.connectivity }
-        loopTask = Task { [weak self] in
-            for await connected in await stream.value {
-                guard let self, !Task.isCancelled else { return }
-                await self.connectivityChanged(connected)
+        _ = life.start {
+            let stream = Task { await reachability.connectivity }
+            let loop = Task { [weak self] in
+                for await connected in await stream.value {
+                    guard let self, !Task.isCancelled else { return }
+                    await self.connectivityChanged(connected)
+                }
             }
+            return (loop, disk == nil ? followArrivals() : nil)
         }
-        if disk == nil { arrivalsTask = followArrivals() }
     }
 
     /// Stops automatic draining and waits for a pass in flight to end (its entry in flight stays
     /// queued). `start()` may be called again afterwards.
     public func stop() async {
-        let loop = loopTask
-        let timer = timerTask
-        let firing = firingTimers.sorted { $0.key < $1.key }.map(\.value)
-        let arrivals = arrivalsTask
-        arrivalsTask = nil
-        loopTask = nil
-        timerTask = nil
-        timerDeadline = nil
-        firingTimers = [:]
-        loop?.cancel()
-        timer?.cancel()
-        for task in firing { task.cancel() }
-        arrivals?.cancel()
-        await arrivals?.value
-        await loop?.value
-        await timer?.value
-        for task in firing { await task.value }
+        await end(life.stop())
+    }
+
+    /// Cancels the tasks a stop or close took out of `life`, then waits for each.
+    private func end(_ tasks: [Task<Void, Never>]) async {
+        for task in tasks { task.cancel() }
+        for task in tasks { await task.value }
     }
 
     /// Whether `start()` is in effect.
-    public var isStarted: Bool { loopTask != nil }
+    public var isStarted: Bool { life.isStarted }
 
     /// `stop()`, then closes the storage (`QueueStorage.close()`: a `DiskQueueStore` lets go of its
     /// folder, so another store, another user's after a switch, can open it at once). The engine
     /// sends nothing afterwards; an `enqueue` throws the storage's `closed` error.
     public func close() async {
-        closed = true
-        await stop()
+        await end(life.close())
         await storage.close()
     }
 
@@ -655,7 +635,7 @@ public actor OfflineQueueEngine {
 
     func runPass(_ trigger: FlushReport.Trigger, ignoringReachability: Bool = false) async -> FlushReport {
         var report = FlushReport(trigger: trigger)
-        guard !closed else { return report }
+        guard !life.isClosed else { return report }
         do {
             try await passGate.enter()
         } catch {
@@ -665,7 +645,7 @@ public actor OfflineQueueEngine {
             return report
         }
         defer { passGate.leave() }
-        guard !closed else { return report }  // closed while this pass waited its turn
+        guard !life.isClosed else { return report }  // closed while this pass waited its turn
         let connected: Bool
         if ignoringReachability { connected = true } else { connected = await reachability.isConnected }
         report.endedOffline = !connected
@@ -715,7 +695,7 @@ public actor OfflineQueueEngine {
         // The pass's deletions ran beside its sends; when it returns its finished files are gone.
         store.finishRemovals()
         report.remaining = store.entryCount
-        if loopTask != nil {
+        if life.isStarted {
             if !connected {
                 // The monitor will say when it is back; no timer while offline.
             } else if learnedOffline {
@@ -841,9 +821,7 @@ public actor OfflineQueueEngine {
             learnedOffline = false
             _ = await runPass(.reconnect)
         } else {
-            timerTask?.cancel()
-            timerTask = nil
-            timerDeadline = nil
+            life.disarm()?.cancel()
         }
     }
 
@@ -854,28 +832,23 @@ public actor OfflineQueueEngine {
     }
 
     func scheduleTimerIfNeeded(for deadline: Date?) {
-        guard loopTask != nil, let deadline else { return }
-        if let current = timerDeadline, current <= deadline, timerTask != nil { return }
-        timerTask?.cancel()
-        timerDeadline = deadline
+        guard let deadline else { return }
         let wait = Duration.clamped(seconds: deadline.timeIntervalSince(now), upperBound: .seconds(86_400))
         let time = self.time
-        timerGeneration &+= 1
-        let generation = timerGeneration
-        timerTask = Task { [weak self] in
-            do { try await time.sleep(wait) } catch { return }
-            guard let self else { return }
-            await self.timerFired(generation)
+        let replaced = life.arm(at: deadline) { number in
+            Task { [weak self] in
+                do { try await time.sleep(wait) } catch { return }
+                guard let self else { return }
+                await self.timerFired(number)
+            }
         }
+        replaced?.cancel()
     }
 
-    private func timerFired(_ generation: UInt64) async {
+    private func timerFired(_ number: UInt64) async {
         // Replaced, or stopped, after its sleep ended: no pass (a stopped queue sends nothing).
-        guard generation == timerGeneration, let task = timerTask else { return }
-        firingTimers[generation] = task
-        timerTask = nil
-        timerDeadline = nil
-        defer { firingTimers[generation] = nil }
+        guard life.timerFired(number) else { return }
+        defer { life.firingEnded(number) }
         guard await reachability.isConnected else { return }
         _ = await runPass(.timer)
     }
@@ -886,9 +859,7 @@ public actor OfflineQueueEngine {
 
     deinit {
         subscribers.finishAll()
-        loopTask?.cancel()
-        timerTask?.cancel()
-        arrivalsTask?.cancel()
+        for task in life.tasks { task.cancel() }
         deadlines.shutdown()
         sharedCountSubscribers.finishAll()
     }
