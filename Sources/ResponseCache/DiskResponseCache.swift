@@ -137,10 +137,8 @@ public final class DiskResponseCache: Sendable {
         var memoryIndex = CacheIndex()
         var statistics = Statistics()
         var idleWaiters = WaiterList<Void, Void>()
-        /// `close()` was called: nothing new touches the folder (see `admit`).
+        /// `close()` was called: no new owner of a file, no new store.
         var closed = false
-        /// Reads of files and `clear()`s in progress (`admit`): `close()` waits for them.
-        var operations = 0
         /// `close()` let go of the folder's descriptor (`deinit` must not close it again).
         var released = false
     }
@@ -149,6 +147,9 @@ public final class DiskResponseCache: Sendable {
     static let maxVariants = 8
 
     private let state: Locked<State>
+    /// Admits the reads of files and `clear()`s until `close()`, which waits for them (and, on
+    /// its own, for the file loops).
+    private let gate = ClosingGate()
     /// The folder's descriptor: holds the `flock`, and files are opened relative to it.
     private let folder: Int32
     private let path: String
@@ -211,11 +212,13 @@ public final class DiskResponseCache: Sendable {
     /// answer. Closing twice is closing once. Returns when the folder is free, whether or not the
     /// calling task is cancelled (the wait is for disk I/O, which always ends).
     public func close() async {
+        // Reads and clears first: a clear admitted before the close deletes every file it meant
+        // to (its deletions need owners, which the closed cache no longer gives).
+        await gate.close()
         state.withLock { $0.closed = true }
-        let idle: @Sendable (State) -> Bool = { $0.fileOwners.isEmpty && $0.operations == 0 }
         await Task { [state] in
-            while !state.withLock({ idle($0) }) {
-                await state.wait(on: \.idleWaiters, tag: (), cancelled: ()) { idle($0) ? () : nil }
+            while !state.withLock({ $0.fileOwners.isEmpty }) {
+                await state.wait(on: \.idleWaiters, tag: (), cancelled: ()) { $0.fileOwners.isEmpty ? () : nil }
             }
         }.value
         let release = state.withLock { state in
@@ -226,25 +229,7 @@ public final class DiskResponseCache: Sendable {
     }
 
     /// Whether `close()` was called.
-    public var isClosed: Bool { state.withLock { $0.closed } }
-
-    /// Admits an operation that touches the folder outside the file loops (a read of a file, a
-    /// `clear()`); false once the cache is closed. Call `leave()` after.
-    private func admit() -> Bool {
-        state.withLock { state in
-            guard !state.closed else { return false }
-            state.operations += 1
-            return true
-        }
-    }
-
-    private func leave() {
-        let waiters = state.withLock { state in
-            state.operations -= 1
-            return state.operations == 0 && state.fileOwners.isEmpty ? state.idleWaiters.takeAll() : []
-        }
-        for waiter in waiters { waiter.resume(returning: ()) }
-    }
+    public var isClosed: Bool { gate.isClosed }
 
     // MARK: - Inspecting and managing
 
@@ -268,8 +253,8 @@ public final class DiskResponseCache: Sendable {
     /// writes still in flight. Throws `ResponseCacheError.storage` for a file it cannot delete (the
     /// response is gone from the cache either way).
     public func clear() throws {
-        guard admit() else { throw ResponseCacheError.closed }
-        defer { leave() }
+        guard gate.enter() else { throw ResponseCacheError.closed }
+        defer { gate.leave() }
         state.withLock { state in
             state.latest = [:]
             state.written = [:]
@@ -590,8 +575,8 @@ public final class DiskResponseCache: Sendable {
     }
 
     private func readFile(_ key: CacheDigest, expectedSize: Int) -> StoredResponse? {
-        guard admit() else { return nil }  // closed: the folder may be another cache's now
-        defer { leave() }
+        guard gate.enter() else { return nil }  // closed: the folder may be another cache's now
+        defer { gate.leave() }
         var buffer: [UInt8] = []
         var info = stat()
         let name = CacheFolder.fileName(key)

@@ -30,6 +30,33 @@ struct CacheCloseTests {
         #expect(second.count == 2 && directory.fileNames.filter { $0.hasSuffix(".rc") }.count == 2)
     }
 
+    /// A `clear()` at log-out racing `close()`: either it was refused (`closed`) or it deleted
+    /// every file — never half a clear whose responses the next user's cache would read back.
+    @Test func aClearRacingCloseEitherDeletesEveryFileOrIsRefused() async throws {
+        var generator = SplitMix64(seed: 46)
+        var cleared = 0
+        for round in 0..<40 {
+            let directory = TemporaryDirectory()
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20, memoryBytes: 0)
+            for index in 0..<8 { cache.store(storedResponse("/r/\(round)/\(index)")) }
+            await cache.waitForWrites()
+            let yields = Int.random(in: 0..<8, using: &generator)
+            async let closing: Void = cache.close()
+            for _ in 0..<yields { await Task.yield() }
+            let clearing = Result { try cache.clear() }
+            await closing
+            let next = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+            switch clearing {
+            case .success:
+                cleared += 1
+                #expect(next.count == 0, "round \(round)")
+            case .failure(let error):
+                #expect(error as? ResponseCacheError == .closed && next.count == 8, "round \(round)")
+            }
+        }
+        #expect(cleared > 0 && cleared < 40, "cleared in \(cleared) of 40 rounds")
+    }
+
     /// Stores racing `close()`: what the next owner finds when `close()` returns is exactly what
     /// was stored before it (every write finished), and no file appears after.
     @Test func storesRacingCloseAreAllInTheFolderWhenItIsFree() async throws {
@@ -40,7 +67,8 @@ struct CacheCloseTests {
             let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20, memoryBytes: 0)
             let responses = (0..<16).map { storedResponse("/r/\(round)/\($0)") }
             let stored = Log<CacheDigest>()
-            let yields = Int.random(in: 0..<24, using: &generator)
+            let yields = Int.random(in: 0..<16, using: &generator)
+            let delays = responses.map { _ in Int.random(in: 0..<64, using: &generator) }
             let found = await withTaskGroup(of: Set<CacheDigest>?.self) { group in
                 group.addTask {
                     for _ in 0..<yields { await Task.yield() }
@@ -48,8 +76,9 @@ struct CacheCloseTests {
                     let next = try? DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
                     return Set(responses.map(\.key).filter { next?.response(for: $0) != nil })
                 }
-                for response in responses {
+                for (response, delay) in zip(responses, delays) {
                     group.addTask {
+                        for _ in 0..<delay { await Task.yield() }
                         if case .queued = cache.store(response) { stored.append(response.key) }
                         return nil
                     }

@@ -109,11 +109,6 @@ public final class DiskQueueStore: Sendable {
         /// Observers told of each change as it is published (`observeChanges`).
         var changeObservers: [UInt64: @Sendable (UInt64, QueueChange) -> Void] = [:]
         var nextObserver: UInt64 = 0
-        /// `close()` was called: nothing new touches the folder (see `admit`).
-        var closed = false
-        /// Operations on the folder's files in progress (`admit`): `close()` waits for them.
-        var operations = 0
-        var closeWaiters = WaiterList<Void, Void>()
     }
 
     private let state: Locked<State>
@@ -131,6 +126,8 @@ public final class DiskQueueStore: Sendable {
     private let deletions = Locked(DeletionCount())
     /// The descriptor holding the folder's `flock`; nil once released.
     private let lock: Locked<Int32?>
+    /// Admits each operation on the folder's files until `close()`, which waits for them.
+    private let gate = ClosingGate()
     /// Entries claimed through `QueueStorage` (by id: the claim's token), and coalescing holders
     /// being replaced by an `add` (`nil` token): neither is offered by `claim`. In memory only: one
     /// engine uses a folder, and a crash drops its claims with it (see DiskQueueStore+QueueStorage.swift).
@@ -231,8 +228,8 @@ public final class DiskQueueStore: Sendable {
     /// whose sends a layer above observes (OfflineFirst) notes them. A failure to write it is
     /// ignored: the next launch then knows less (an entry with a counted attempt is known anyway).
     package func noteSending(_ ids: Set<UUID>) async {
-        guard admit() else { return }
-        defer { leave() }
+        guard gate.enter() else { return }
+        defer { gate.leave() }
         let path = directoryPath + "/" + Self.sendingNoteName
         let text = ids.map(\.uuidString).sorted().joined(separator: "\n")
         try? await pool.run { try FileSystem.writeFile(Data(text.utf8), to: path, via: path + ".tmp", sync: false) }
@@ -260,35 +257,12 @@ public final class DiskQueueStore: Sendable {
     /// (`OfflineQueueEngine.close()` does both). Closing twice is closing once. Returns when the
     /// folder is free, whether or not the calling task is cancelled.
     public func close() async {
-        state.withLock { $0.closed = true }
-        await Task { [state] in
-            while state.withLock({ $0.operations > 0 }) {
-                await state.wait(on: \.closeWaiters, tag: (), cancelled: ()) { $0.operations == 0 ? () : nil }
-            }
-        }.value
+        await gate.close()
         releaseLock()
     }
 
     /// Whether `close()` was called.
-    public var isClosed: Bool { state.withLock { $0.closed } }
-
-    /// Admits an operation on the folder's files; false once the store is closed. Call `leave()`
-    /// after.
-    private func admit() -> Bool {
-        state.withLock { state in
-            guard !state.closed else { return false }
-            state.operations += 1
-            return true
-        }
-    }
-
-    private func leave() {
-        let waiters = state.withLock { state in
-            state.operations -= 1
-            return state.operations == 0 ? state.closeWaiters.takeAll() : []
-        }
-        for waiter in waiters { waiter.resume(returning: ()) }
-    }
+    public var isClosed: Bool { gate.isClosed }
 
     /// Gives up the folder's lock (another store may then open it) — what the end of the process
     /// does. For tests that simulate a crash and a restart in one process; the store must not be
@@ -600,8 +574,8 @@ public final class DiskQueueStore: Sendable {
     /// durability notes), so it runs inline — and synchronously: an `async` function here would
     /// make the queue's actor hop off and back for every delivered entry.
     func remove(id: UUID) throws {
-        guard admit() else { throw OfflineQueueError.closed }
-        defer { leave() }
+        guard gate.enter() else { throw OfflineQueueError.closed }
+        defer { gate.leave() }
         guard let removed = forget(id, reason: .cancelled) else { return }
         do {
             try removals.runNow(filePath(id))
@@ -625,8 +599,8 @@ public final class DiskQueueStore: Sendable {
     /// overtakes, is left for the next open, which may replay it once more with the same
     /// `Idempotency-Key` (at-least-once).
     func discard(id: UUID, reason: QueueRemovalReason) {
-        guard admit() else { return }
-        defer { leave() }
+        guard gate.enter() else { return }
+        defer { gate.leave() }
         guard forget(id, reason: reason) != nil else { return }
         noteDeletion()
         removals.remove(filePath(id))
@@ -634,8 +608,8 @@ public final class DiskQueueStore: Sendable {
 
     /// `discard`, returning once the file is deleted (on the I/O pool, not in a batch).
     func discardPromptly(id: UUID, reason: QueueRemovalReason) async {
-        guard admit() else { return }
-        defer { leave() }
+        guard gate.enter() else { return }
+        defer { gate.leave() }
         guard forget(id, reason: reason) != nil else { return }
         noteDeletion()
         let (removals, path) = (self.removals, filePath(id))
@@ -764,8 +738,8 @@ public final class DiskQueueStore: Sendable {
     /// leaving no dead letter, when the entry was removed (cancelled) before or while it moved.
     @discardableResult
     func moveToDeadLetter(_ entry: QueueEntry) async throws -> Bool {
-        guard admit() else { throw OfflineQueueError.closed }
-        defer { leave() }
+        guard gate.enter() else { throw OfflineQueueError.closed }
+        defer { gate.leave() }
         guard self.entry(id: entry.id) != nil else { return false }
         let data = try encode(entry)
         let target = deadLetterDirectory.path + "/\(entry.id.uuidString).json"
@@ -815,8 +789,8 @@ public final class DiskQueueStore: Sendable {
         andThen: @escaping @Sendable () throws -> Void = {},
         commit: @escaping @Sendable (inout State) -> Void = { _ in }
     ) async throws -> Bool {
-        guard admit() else { throw OfflineQueueError.closed }
-        defer { leave() }
+        guard gate.enter() else { throw OfflineQueueError.closed }
+        defer { gate.leave() }
         let started = state.withLock { state -> (ticket: QueueEntryLifecycle.FileWrites.Ticket, counter: UInt64, turn: UInt64)? in
             if onlyIfQueued, state.index[id] == nil { return nil }
             state.writeCounter += 1
