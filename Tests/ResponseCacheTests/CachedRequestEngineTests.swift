@@ -97,6 +97,25 @@ struct CachedRequestEngineTests {
         #expect(h.session.callCount == 2)
     }
 
+    /// `invalidate(where:)` deletes what matches (by method and URL as stored) and nothing else:
+    /// the next read of a deleted one goes to the network, the others are still served from the
+    /// cache. Millisecond stale times (`StaleTime.milliseconds`) count like seconds.
+    @Test func invalidateWhereDeletesOnlyTheMatchingStoredResponses() async throws {
+        let fresh = ["Cache-Control": "max-age=600"]
+        let h = try CacheHarness([.ok("feed", headers: fresh), .ok("item", headers: fresh), .ok("feed again", headers: fresh)])
+        _ = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .milliseconds(60_000))
+        _ = try await h.engine.response(for: Read("/items/1"), mode: .online, staleTime: .milliseconds(60_000))
+        #expect(h.engine.invalidate { method, url in method == .get && url.path == "/feed" } == 1)
+        #expect(h.engine.invalidate { _, url in url.path == "/nothing" } == 0)
+        let item = try await h.engine.response(for: Read("/items/1"), mode: .online, staleTime: .milliseconds(60_000))
+        #expect(item.source == .cache && h.body(item) == "item")
+        let feed = try await h.engine.response(for: Read("/feed"), mode: .online, staleTime: .milliseconds(60_000))
+        #expect(feed.source == .network && h.body(feed) == "feed again")
+        h.clock.advance(by: .milliseconds(60_001))
+        #expect(h.engine.storedResponse(for: Read("/items/1"), staleTime: .milliseconds(60_000))?.isStale == true)
+        #expect(h.session.callCount == 3)
+    }
+
     @Test func aStaleResponseIsRevalidatedAndA304ServesTheStoredBodyWithoutTransferringIt() async throws {
         let h = try CacheHarness([
             .ok("big body", headers: ["ETag": "\"v1\"", "Last-Modified": "Tue, 24 Nov 2026 10:00:00 GMT"]),
