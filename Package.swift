@@ -61,7 +61,7 @@ let package = Package(
             ]
         ),
         // Helpers for this package's own tests and demo (package access, not a product).
-        .target(name: "ResilienceTestSupport", dependencies: ["Retry", "RequestEngine", "ResilienceCore"]),
+        .target(name: "ResilienceTestSupport", dependencies: ["Retry", "RequestEngine", "ResilienceCore", "OfflineQueue"]),
         .executableTarget(name: "resilience-demo", dependencies: ["Resilience", "ResilienceTesting", "ResilienceSimulation", "ResilienceTestSupport", "ResilienceCore"]),
 
         .testTarget(name: "ResilienceCoreTests", dependencies: ["ResilienceCore", "ResilienceTestSupport", "ResilienceTesting"]),

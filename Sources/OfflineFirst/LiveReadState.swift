@@ -147,14 +147,16 @@ struct LiveReadState: Sendable {
         return (fetchesStarted, phase.start(fetchesStarted))
     }
 
-    /// The fetch numbered `number` answered.
-    mutating func fetchLanded(_ number: Int, _ response: CachedResponse) {
+    /// The fetch numbered `number` answered. `deliveredBefore` says which writes were delivered
+    /// before its request was sent (it may have waited for their sends): those are in its body,
+    /// even when the fetch was asked for before their delivery was known here.
+    mutating func fetchLanded(_ number: Int, _ response: CachedResponse, deliveredBefore: (UUID) -> Bool = { _ in false }) {
         guard phase.fetchingNumber == number else { return }
         base = response
         baseVersion += 1
         baseIsStale = response.isStale
         lastFetchError = nil
-        settle(after: number)
+        settle(after: number, deliveredBefore: deliveredBefore)
     }
 
     /// The fetch numbered `number` failed: what is shown stays — delivered writes included, since
@@ -169,8 +171,8 @@ struct LiveReadState: Sendable {
 
     /// Drops the delivered writes the fetch numbered `number` accounts for (delivered before it
     /// started); those delivered since need another fetch.
-    private mutating func settle(after number: Int) {
-        settling.removeAll { $0.fetchesStartedBefore < number }
+    private mutating func settle(after number: Int, deliveredBefore: (UUID) -> Bool) {
+        settling.removeAll { $0.fetchesStartedBefore < number || deliveredBefore($0.item.entry.id) }
         phase.ended(landed: true, stillSettling: !settling.isEmpty)
         if phase.isDue, base != nil { baseIsStale = true }
     }

@@ -48,6 +48,8 @@ import FoundationNetworking
 public final class OfflineFirstClient: Sendable {
     public let reads: CachedRequestEngine
     public let queue: OfflineQueueEngine
+    /// The queue storage's change feed, which the client follows (any `QueueStorage`).
+    let feed: QueueChangeFeed
     public let optimisticUpdates: [OptimisticUpdate]
     public let invalidations: [Invalidation]
 
@@ -70,9 +72,9 @@ public final class OfflineFirstClient: Sendable {
 
     /// - Parameters:
     ///   - reads: the engine the client reads through, with its cache.
-    ///   - queue: an engine over a `DiskQueueStore`: the client follows that store's change feed,
-    ///     which storage many replicas share (`PostgresQueueStore`) has not. Passing an engine over
-    ///     other storage is a programming error, stopped here.
+    ///   - queue: the engine writes go through, over any `QueueStorage`: the client follows its
+    ///     storage's `changeFeed` (a `DiskQueueStore` on a phone; `PostgresQueueStore` shows in a
+    ///     live read the writes other replicas store).
     ///   - optimisticUpdates: how queued writes show in the reads they change.
     ///   - invalidations: which reads a delivered write makes stale.
     ///
@@ -103,24 +105,24 @@ public final class OfflineFirstClient: Sendable {
         self.queue = queue
         self.optimisticUpdates = optimisticUpdates
         self.invalidations = invalidations
-        precondition(queue.storage is DiskQueueStore, "OfflineFirstClient follows a DiskQueueStore's change feed: make its queue over one")
         // Delivered writes are recorded in the notes of the stored reads they change, and reads
         // that may hold a write of unknown fate are not stored (see `SettlementTracker`).
-        let store = queue.store
+        let feed = queue.storage.changeFeed
+        self.feed = feed
         let settlement = SettlementTracker(
-            rules: optimisticUpdates, deadlines: queue.deadlines, isQueued: { [weak store] id in store?.entry(id: id) != nil }
+            rules: optimisticUpdates, deadlines: queue.deadlines, isQueued: { [weak feed] id in feed?.contains(id: id) == true }
         ) { [weak reads] entry, matching in
             _ = await reads?.annotateStored(where: { url in matching.contains { $0.reads(url) } }) { note in
                 SettlingNote.adding(entry, to: note)
             }
         }
-        let feed = queue.store.observeChanges { _, change in settlement.queueChanged(change) }
-        settlement.seed(feed.entries, sendingAtOpen: queue.store.sendingAtOpen)
+        let observed = feed.observe { _, change in settlement.queueChanged(change) }
+        settlement.seed(observed.entries, sendingAtOpen: feed.sendingAtOpen)
         self.settlement = settlement
-        stopSettlementFeed = feed.stop
+        stopSettlementFeed = observed.stop
         reads.observeExchanges(with: settlement)
         queue.observeSends(with: settlement)
-        let start = queue.store.sequencedChangesWithStart()
+        let start = feed.sequencedChangesWithStart()
         let progress = Progress(entries: start.entries, sequence: start.sequence, rules: optimisticUpdates)
         self.progress = progress
         listener = Task { [reads, optimisticUpdates, invalidations] in
@@ -163,10 +165,10 @@ public final class OfflineFirstClient: Sendable {
         do {
             result = try await queue.enqueue(request)
         } catch {
-            await progress.waitForLiveReads(through: queue.store.changeSequence)
+            await progress.waitForLiveReads(through: feed.sequence)
             throw error
         }
-        await progress.waitForLiveReads(through: queue.store.changeSequence)
+        await progress.waitForLiveReads(through: feed.sequence)
         return result
     }
 
@@ -178,7 +180,7 @@ public final class OfflineFirstClient: Sendable {
     public func waitForPendingWrites() async throws {
         try throwIfClosed()
         await startQueueOnFirstUse()
-        let start = queue.store.sequencedChangesWithStart()  // stored and offered, with the feed from then on
+        let start = feed.sequencedChangesWithStart()  // stored and offered, with the feed from then on
         var waiting = Set(start.entries.map(\.id))
         guard !waiting.isEmpty else { return }
         for await (_, change) in start.changes {
@@ -200,7 +202,7 @@ public final class OfflineFirstClient: Sendable {
     /// its attempts, next attempt time and last error): at once, then on every change. A slow
     /// consumer sees the latest list. Ends when the consuming task is cancelled.
     public var pendingWrites: AsyncStream<[PendingWrite]> {
-        let start = queue.store.sequencedChangesWithStart()
+        let start = feed.sequencedChangesWithStart()
         return AsyncStream(bufferingPolicy: .bufferingNewest(1)) { continuation in
             let task = Task {
                 var mirror = QueueMirror(start.entries)
@@ -246,7 +248,7 @@ public final class OfflineFirstClient: Sendable {
         try throwIfClosed()
         await startQueueOnFirstUse()
         // Writes delivered before now have made their reads stale before this one reads.
-        let started = queue.store.changeSequence
+        let started = feed.sequence
         await progress.waitForListener(through: started)
         let answer = try await reads.response(for: request, mode: mode, staleTime: staleTime)
         let reading = Set(optimisticUpdates.indices.filter { optimisticUpdates[$0].reads(request.url) })
@@ -376,7 +378,8 @@ public final class OfflineFirstClient: Sendable {
         enum Event: Sendable {
             case change(UInt64, QueueChange)
             case connectivity(Bool)
-            case fetched(Int, Result<CachedResponse, NetworkError>)
+            /// A fetch ended; with the deliveries finished when its request took its turn, if known.
+            case fetched(Int, Result<CachedResponse, NetworkError>, deliveriesBefore: UInt64?)
         }
 
         func run(_ continuation: AsyncThrowingStream<QuerySnapshot, any Error>.Continuation) async {
@@ -386,7 +389,7 @@ public final class OfflineFirstClient: Sendable {
             let invalidations = client.invalidations.filter { $0.reads(url) }
             let (events, inbox) = AsyncStream<Event>.makeStream()
             // Queue changes go straight into the inbox as they are published (no forwarding task).
-            let start = client.queue.store.observeChanges { sequence, change in inbox.yield(.change(sequence, change)) }
+            let start = client.feed.observe { sequence, change in inbox.yield(.change(sequence, change)) }
             defer { start.stop() }
             let monitor = client.reads.reachabilityMonitor
             let connectivity = await monitor.connectivity
@@ -421,10 +424,11 @@ public final class OfflineFirstClient: Sendable {
                         sequence = number
                     case .connectivity(let connected):
                         changed = state.setConnected(connected)
-                    case .fetched(let number, .success(let response)):
-                        state.fetchLanded(number, response)
+                    case .fetched(let number, .success(let response), let deliveries):
+                        let settlement = client.settlement
+                        state.fetchLanded(number, response) { id in deliveries.map { settlement.wasDelivered(id, within: $0) } ?? false }
                         changed = true
-                    case .fetched(let number, .failure(let error)):
+                    case .fetched(let number, .failure(let error), _):
                         state.fetchFailed(number, error)
                         changed = true
                     }
@@ -449,17 +453,20 @@ public final class OfflineFirstClient: Sendable {
             let (reads, staleTime) = (client.reads, staleTime)
             let request = followsDelivery ? request.revalidating() : request
             group.addTask {
+                let admission = SettlementTracker.FetchAdmission()
                 do {
                     // `.always`: the fetch is decided here (stale, invalidated, or asked for); the
                     // store must not answer it, nor the monitor hold it.
-                    let response = try await reads.response(for: request, mode: .always, staleTime: staleTime)
+                    let response = try await SettlementTracker.FetchAdmission.$current.withValue(admission) {
+                        try await reads.response(for: request, mode: .always, staleTime: staleTime)
+                    }
                     // An error status is not the read's body: what is shown stays.
                     guard (200...299).contains(response.response.statusCode) else {
                         throw NetworkError.httpError(statusCode: response.response.statusCode, data: response.data)
                     }
-                    inbox.yield(.fetched(number, .success(response)))
+                    inbox.yield(.fetched(number, .success(response), deliveriesBefore: admission.deliveriesBefore))
                 } catch {
-                    inbox.yield(.fetched(number, .failure(NetworkError(mapping: error))))
+                    inbox.yield(.fetched(number, .failure(NetworkError(mapping: error)), deliveriesBefore: nil))
                 }
             }
         }

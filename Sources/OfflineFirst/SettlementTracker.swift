@@ -55,7 +55,27 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
     /// What waits for its turn, or holds it.
     private enum Turn: Sendable {
         case send(QueueEntry)
-        case exchange(URL)
+        case exchange(URL, FetchAdmission?)
+    }
+
+    /// Where a live read's fetch learns how many deliveries had finished when its exchange took
+    /// its turn (`FetchAdmission.current`, set around the fetch): every write delivered by then
+    /// is in what the fetch brings, even when the fetch was asked for before the delivery (it
+    /// waited for the write's send, `A read and a write of it take turns`), so its landing settles
+    /// those writes rather than overlaying them a second time on a body that holds them.
+    final class FetchAdmission: Sendable {
+        @TaskLocal static var current: FetchAdmission?
+        private let admitted = Locked<UInt64?>(nil)
+
+        init() {}
+
+        /// The number of deliveries finished when the exchange took its turn; nil until it did
+        /// (or when the fetch joined an exchange another reader began).
+        var deliveriesBefore: UInt64? { admitted.withLock { $0 } }
+
+        fileprivate func admit(after deliveries: UInt64) {
+            admitted.withLock { $0 = $0 ?? deliveries }
+        }
     }
 
     private struct State: Sendable {
@@ -82,6 +102,11 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
         var nextToken: UInt64 = 0
         /// Until `seed`: the queue's changes seen since observing began, applied after the seed.
         var early: [QueueChange]? = []
+        /// Deliveries finished so far (`deliveryFinished`), and the number of each of the last few
+        /// thousand, oldest forgotten first (`FetchAdmission`).
+        var deliveries: UInt64 = 0
+        var deliveryNumbers: [UUID: UInt64] = [:]
+        var deliveryOrder: [UUID] = []
     }
 
     /// The last few thousand ids, oldest forgotten first.
@@ -150,7 +175,7 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
 
     private func conflict(_ a: Turn, _ b: Turn) -> Bool {
         switch (a, b) {
-        case (.send(let entry), .exchange(let url)), (.exchange(let url), .send(let entry)): changes(entry, url)
+        case (.send(let entry), .exchange(let url, _)), (.exchange(let url, _), .send(let entry)): changes(entry, url)
         case (.send, .send), (.exchange, .exchange): false
         }
     }
@@ -159,7 +184,7 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
     private func blockedByHolders(_ turn: Turn, _ state: State) -> Bool {
         switch turn {
         case .send(let entry): state.exchanges.values.contains { changes(entry, $0.url) }
-        case .exchange(let url): state.sending.values.contains { changes($0, url) }
+        case .exchange(let url, _): state.sending.values.contains { changes($0, url) }
         }
     }
 
@@ -172,8 +197,9 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
             for (other, exchange) in state.exchanges where !exchange.tainted && changes(entry, exchange.url) {
                 state.exchanges[other]?.tainted = true
             }
-        case .exchange(let url):
+        case .exchange(let url, let admission):
             state.exchanges[token] = (url, state.unknown.values.contains { changes($0, url) })
+            admission?.admit(after: state.deliveries)
         }
     }
 
@@ -257,7 +283,7 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
 
     func exchangeBegins(url: URL, storedNote: Data) async -> UInt64? {
         learn(from: storedNote)
-        return await take(.exchange(url))
+        return await take(.exchange(url, FetchAdmission.current))
     }
 
     func mayStore(_ token: UInt64) -> Bool {
@@ -312,7 +338,16 @@ final class SettlementTracker: ExchangeObserver, QueueSendObserver {
             state.unknown[entry.id] = nil
             state.knownDelivered.remove(entry.id)
             state.leftWhileSending.remove(entry.id)
+            state.deliveries += 1
+            if state.deliveryNumbers.updateValue(state.deliveries, forKey: entry.id) == nil { state.deliveryOrder.append(entry.id) }
+            if state.deliveryOrder.count > RecentIDs.capacity { state.deliveryNumbers[state.deliveryOrder.removeFirst()] = nil }
         }
+    }
+
+    /// Whether `id` was delivered (its delivery finished) before an exchange admitted after
+    /// `deliveries` deliveries: then what that exchange brought holds it.
+    func wasDelivered(_ id: UUID, within deliveries: UInt64) -> Bool {
+        state.withLock { state in state.deliveryNumbers[id].map { $0 <= deliveries } ?? false }
     }
 
     func sendEnded(_ entry: QueueEntry, mayHaveReachedServer: Bool) {

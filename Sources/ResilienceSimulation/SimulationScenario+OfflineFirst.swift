@@ -169,7 +169,7 @@ struct OfflineFirstWorkload {
                 return current
             }
             await old?.queue.stop()
-            weakStore = old?.queue.store
+            weakStore = old?.queue.disk
             weakCache = old?.reads.cache
             undeleted = old?.reads.cache.statistics.undeletedFiles ?? 0
         }
@@ -196,7 +196,7 @@ struct OfflineFirstWorkload {
         do {
             let client = try await launch()
             let pending = await client.queue.pendingCount()
-            if !client.queue.store.openReport.quarantined.isEmpty { return "relaunching quarantined \(client.queue.store.openReport.quarantined.count) entry files" }
+            if let quarantined = client.queue.disk?.openReport.quarantined, !quarantined.isEmpty { return "relaunching quarantined \(quarantined.count) entry files" }
             app.withLock { $0 = client }
             simulation.record("app relaunched\(crashing ? " after a power cut" : "")\(undeleted > 0 ? " with \(undeleted) cache files undeleted" : ""): \(pending) edits pending")
             return nil

@@ -75,7 +75,7 @@ struct QueueWorkload {
                 await drainer?.stop()
                 drainer = nil
                 await engine.stop()
-                weak let oldStore = engine.store
+                weak let oldStore = engine.disk
                 engine = nil
                 var waited = Duration.zero
                 while oldStore != nil, waited < .seconds(600) {
@@ -89,7 +89,7 @@ struct QueueWorkload {
                 guard let reopened = try? makeEngine(folder, reopening: true, violations: &violations) else { return violations }
                 engine = reopened
                 drainer = await start(reopened, drains: drains)
-                simulation.record("restart: \(reopened.store.entryCount) entries on disk, old store gone after \(waited)")
+                simulation.record("restart: \(reopened.disk?.entryCount ?? 0) entries on disk, old store gone after \(waited)")
             }
         }
         // Online for good, a healthy host and disk: everything acknowledged must now reach the origin.
@@ -187,8 +187,8 @@ struct QueueWorkload {
     private func makeEngine(_ folder: URL, reopening: Bool, violations: inout [String]) throws -> OfflineQueueEngine {
         do {
             let engine = try makeEngine(folder)
-            if !engine.store.openReport.quarantined.isEmpty {
-                violations.append("reopening quarantined \(engine.store.openReport.quarantined.count) entry files")
+            if let quarantined = engine.disk?.openReport.quarantined, !quarantined.isEmpty {
+                violations.append("reopening quarantined \(quarantined.count) entry files")
             }
             return engine
         } catch {
@@ -272,7 +272,7 @@ struct QueueWorkload {
         )
         request.deadline = entry.deadline
         do {
-            try await engine.store.save(QueueEntry(request, id: entry.id, enqueuedAt: entry.enqueuedAt))
+            try await engine.disk?.save(QueueEntry(request, id: entry.id, enqueuedAt: entry.enqueuedAt))
             simulation.record("\(entry.headers["X-Sim-Mutation"] ?? "?") moved to priority \(priority)")
         } catch {
             simulation.record("moving \(entry.headers["X-Sim-Mutation"] ?? "?") failed: \(error)")

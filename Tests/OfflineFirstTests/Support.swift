@@ -172,14 +172,16 @@ final class OfflineFirstHarness: Sendable {
     init(
         notes: [String] = [], session: (any NetworkSession)? = nil, connected: Bool = true, updates: [OptimisticUpdate] = [appendNote], invalidations: [Invalidation] = [],
         configuration: OfflineQueueEngine.Configuration = .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10)),
-        startsQueue: Bool = false
+        startsQueue: Bool = false, queueStorage: (any QueueStorage)? = nil
     ) throws {
         origin = NotesOrigin(notes: notes)
         monitor = ManualReachabilityMonitor(isConnected: connected)
         cache = try DiskResponseCache(directory: directory.url.appendingPathComponent("cache"), maxBytes: 1 << 20)
         store = try DiskQueueStore(directory: directory.url.appendingPathComponent("queue"))
         let engine = AsyncRequestEngine(session: session ?? origin, clock: clock)
-        queue = OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: store, configuration: configuration, clock: clock)
+        // `queueStorage`, when given, stands in for the disk store (which is then left unused).
+        let storage: any QueueStorage = queueStorage ?? store
+        queue = OfflineQueueEngine(requestEngine: engine, reachabilityMonitor: monitor, store: storage, configuration: configuration, clock: clock)
         reads = CachedRequestEngine(requestEngine: engine, cache: cache, reachabilityMonitor: monitor, clock: clock)
         // Most tests drive the queue's passes (flush) themselves: it is not started for them unless
         // they ask (`startsQueue: true`, what the public initializer does).

@@ -108,7 +108,7 @@ struct OfflineQueueIntegrationTests {
             clock: clock
         )
         let id = try #require(try await engine.enqueue(QueuedRequest(method: .put, url: server.url("/busy"))).queuedID)
-        #expect(engine.store.entry(id: id)?.nextAttemptAt == engine.now.addingTimeInterval(30))
+        #expect(engine.disk?.entry(id: id)?.nextAttemptAt == engine.now.addingTimeInterval(30))
         clock.advance(by: .seconds(29))
         #expect(await engine.flush().results.isEmpty)
         clock.advance(by: .seconds(1))

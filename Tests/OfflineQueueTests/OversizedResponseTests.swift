@@ -45,7 +45,7 @@ struct OversizedResponseTests {
     @Test func aServerErrorWithAHugeBodyOnEnqueueIsQueuedForRetry() async throws {
         let (h, engine) = try Self.harness([Self.oversized(503)])
         let id = try #require(try await engine.enqueue(Mutation("/a")).queuedID)
-        #expect(engine.store.entry(id: id)?.attempts == 1)
+        #expect(engine.disk?.entry(id: id)?.attempts == 1)
         #expect(h.session.callCount == 1)
     }
 
@@ -72,11 +72,11 @@ struct OversizedResponseTests {
         var roomy = Mutation("/a")
         roomy.maximumResponseBodySize = 2_000
         let id = try #require(try await engine.enqueue(roomy).queuedID)  // 503: kept
-        #expect(engine.store.entry(id: id)?.maximumResponseBodySize == 2_000)
+        #expect(engine.disk?.entry(id: id)?.maximumResponseBodySize == 2_000)
         h.clock.advance(by: .seconds(10))
         let report = await engine.flush()
         #expect(report.delivered == [id])  // 1 500 bytes: within the request's own limit
-        engine.store.releaseLock()
+        engine.disk?.releaseLock()
         let reopened = try DiskQueueStore(directory: h.directory.url)
         #expect(reopened.openReport.loaded == 0)
     }
@@ -86,7 +86,7 @@ struct OversizedResponseTests {
         var roomy = Mutation("/a")
         roomy.maximumResponseBodySize = 2_000
         let id = try #require(try await engine.enqueue(roomy).queuedID)
-        engine.store.releaseLock()
+        engine.disk?.releaseLock()
         let reopened = try DiskQueueStore(directory: h.directory.url)
         #expect(reopened.entry(id: id)?.maximumResponseBodySize == 2_000)
         #expect(reopened.openReport.quarantined.isEmpty)

@@ -87,7 +87,7 @@ struct QueueChangesTests {
         var configuration = OfflineQueueEngine.Configuration(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10))
         configuration.maxAttempts = 1
         let h = try QueueHarness([.status(422), .status(503)], connected: false, configuration: configuration)
-        let start = h.store.sequencedChangesWithStart()
+        let start = h.store.changeFeed.sequencedChangesWithStart()
         var changes = start.changes.makeAsyncIterator()
         _ = try await h.engine.enqueue(Mutation("/rejected"))
         _ = try await h.engine.enqueue(Mutation("/dead"))
@@ -105,6 +105,6 @@ struct QueueChangesTests {
             if case .removed(let entry, let reason) = change { removals.append("\(entry.url.path) \(reason)") }
         }
         #expect(removals == ["/rejected rejected(statusCode: Optional(422))", "/dead deadLettered(attempts: 1)", "/expired expired"])
-        #expect(h.store.changeSequence == last)  // the expiry was the last change: no attempt follows it
+        #expect(h.store.changeFeed.sequence == last)  // the expiry was the last change: no attempt follows it
     }
 }

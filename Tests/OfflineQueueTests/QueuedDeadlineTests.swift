@@ -55,7 +55,7 @@ struct QueuedDeadlineTests {
         var request = Mutation("/a")
         request.deadline = .seconds(5)
         let id = try #require(try await engine.enqueue(request).queuedID)  // 503: kept
-        #expect(engine.store.entry(id: id)?.deadline == .seconds(5))
+        #expect(engine.disk?.entry(id: id)?.deadline == .seconds(5))
         clock.advance(by: .seconds(10))
         #expect(await engine.flush().kept == [id])
         clock.advance(by: .seconds(10))
@@ -99,7 +99,7 @@ struct QueuedDeadlineTests {
         let (engine, directory) = try Self.queue(over: sender, clock: clock)
         defer { withExtendedLifetime(directory) {} }
         let id = try #require(try await engine.enqueue(Mutation("/a")).queuedID)
-        #expect(engine.store.entry(id: id)?.deadline == nil)
+        #expect(engine.disk?.entry(id: id)?.deadline == nil)
         clock.advance(by: .seconds(10))
         #expect(await engine.flush().delivered == [id])
         #expect(sender.requests.map(\.deadline) == [nil, nil])

@@ -321,7 +321,7 @@ struct SharedStorageEngineTests {
         let disk = try DiskQueueStore(directory: directory.url)
         let storage: any QueueStorage = disk
         let engine = OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: storage)
-        #expect(engine.store === disk)
+        #expect(engine.disk === disk && engine.store as? DiskQueueStore === disk)
         _ = try await engine.enqueue(Mutation("/a"))
         #expect(directory.fileNames.count == 1)
     }

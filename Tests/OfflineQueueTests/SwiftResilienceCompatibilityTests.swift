@@ -205,7 +205,7 @@ struct SwiftResilienceCompatibilityTests {
                 setenv("XDG_DATA_HOME", path, 1)
                 let queue = try OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor(isConnected: false))
                 let expected = URL(fileURLWithPath: path).appendingPathComponent("Resilience/OfflineQueue").standardizedFileURL.path
-                guard queue.store.directory.standardizedFileURL.path == expected else { exit(1) }
+                guard queue.disk?.directory.standardizedFileURL.path == expected else { exit(1) }
                 guard try await queue.enqueue(Mutation("/a")).queuedID != nil else { exit(2) }
                 guard FileManager.default.fileExists(atPath: expected + "/quarantine") else { exit(3) }
                 // A second queue on the default folder is refused, not silently given a store that loses entries.

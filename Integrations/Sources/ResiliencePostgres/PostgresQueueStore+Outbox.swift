@@ -62,7 +62,7 @@ extension PostgresQueueStore {
                 throw PostgresQueueStoreError.notInTransaction  // no_active_sql_transaction
             }
             do {
-                _ = try await insert(entry, json: json, limit: nil, on: connection)
+                _ = try await insert(entry, json: json, limit: nil, on: connection)  // not on `changeFeed`: the caller's transaction may roll back
                 try await connection.query("RELEASE SAVEPOINT resilience_outbox", logger: logger)
             } catch {
                 _ = try? await connection.query("ROLLBACK TO SAVEPOINT resilience_outbox", logger: logger)

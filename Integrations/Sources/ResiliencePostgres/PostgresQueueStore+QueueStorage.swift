@@ -68,9 +68,11 @@ extension PostgresQueueStore: QueueStorage {
     ///   delivered like any other.
     public func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
         let json = try Self.encodeEntry(entry)
-        return try await transaction("add") { [self] connection in
+        let (stored, replaced) = try await transaction("add") { [self] connection in
             try await insert(entry, json: json, limit: limit, on: connection)
         }
+        changeFeed.publish(.stored(stored, replacing: replaced))
+        return stored
     }
 
     /// One statement: the claimable rows are locked (`FOR UPDATE SKIP LOCKED`, so consumers never
@@ -141,6 +143,7 @@ extension PostgresQueueStore: QueueStorage {
         try await settle(claim, "complete") {
             "DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id"
         }
+        changeFeed.publish(.removed(claim.entry, reason: reason))
     }
 
     /// Writes `entry` (attempts, next attempt time, last error) into the claim's row and clears its
@@ -157,6 +160,8 @@ extension PostgresQueueStore: QueueStorage {
             RETURNING id
             """
         }
+        let kept = entry.placed(at: claim.entry.sequence)
+        if kept != claim.entry { changeFeed.publish(.updated(kept)) }
     }
 
     /// Moves the claim's row to `<table>_dead_letter` as `entry`, in one statement (both or
@@ -175,12 +180,15 @@ extension PostgresQueueStore: QueueStorage {
             RETURNING id
             """
         }
+        changeFeed.publish(.removed(entry.placed(at: claim.entry.sequence), reason: .deadLettered(attempts: entry.attempts)))
     }
 
     public func cancel(id: UUID) async throws -> Bool {
-        try await perform("cancel") {
-            try await rowsReturned(by: "DELETE FROM \(unescaped: names.queue) WHERE id = \(id) RETURNING id") > 0
+        let removed = try await perform("cancel") {
+            try await Self.entries(from: client.query("DELETE FROM \(unescaped: names.queue) WHERE id = \(id) RETURNING seq, entry::text", logger: logger))
         }
+        for entry in removed { changeFeed.publish(.removed(entry, reason: .cancelled)) }
+        return !removed.isEmpty
     }
 
     /// Runs `statement`, which changes `claim`'s row only while the claim is live (it matches the
@@ -199,9 +207,10 @@ extension PostgresQueueStore: QueueStorage {
     /// Deletes every row of the table: every replica's entries, claimed ones included (their
     /// claims then end as lost). The dead letters are kept.
     public func removeAll() async throws {
-        try await perform("removeAll") {
-            _ = try await client.query("DELETE FROM \(unescaped: names.queue)", logger: logger)
+        let removed = try await perform("removeAll") {
+            try await Self.entries(from: client.query("DELETE FROM \(unescaped: names.queue) RETURNING seq, entry::text", logger: logger))
         }
+        for entry in removed { changeFeed.publish(.removed(entry, reason: .cancelled)) }
     }
 
     /// Deletes the rows expired at `now` that nobody holds: unleased, or whose lease ran out (its
@@ -230,6 +239,7 @@ extension PostgresQueueStore: QueueStorage {
                 removed.append((priority, entry))
             }
             removed.sort { ($0.priority, $1.entry.sequence) > ($1.priority, $0.entry.sequence) }
+            for (_, entry) in removed { changeFeed.publish(.removed(entry, reason: .expired)) }
             return removed.map(\.entry)
         }
     }
@@ -263,7 +273,7 @@ extension PostgresQueueStore {
     /// Adds `entry` (as `json`) inside the transaction open on `connection`: the key locks, the
     /// coalescing replacement or the limit check, the insert, and the notification (sent when the
     /// transaction commits).
-    func insert(_ entry: QueueEntry, json: String, limit: Int?, on connection: PostgresConnection) async throws -> QueueEntry {
+    func insert(_ entry: QueueEntry, json: String, limit: Int?, on connection: PostgresConnection) async throws -> (QueueEntry, replaced: UUID?) {
         // A limit of `Int.max` bounds nothing: no count, and no table-wide lock.
         let limit = limit == Int.max ? nil : limit
         // Advisory locks, held to the end of the transaction, in one order for every transaction
@@ -280,9 +290,9 @@ extension PostgresQueueStore {
                 """, logger: logger)
         }
 
-        if let key = entry.coalescingKey, let placed = try await replaceHolder(of: key, with: entry, json: json, on: connection) {
+        if let key = entry.coalescingKey, let (placed, holder) = try await replaceHolder(of: key, with: entry, json: json, on: connection) {
             try await notify(on: connection)
-            return entry.placed(at: UInt64(placed))
+            return (entry.placed(at: UInt64(placed)), holder)
         }
 
         if let limit {
@@ -313,7 +323,7 @@ extension PostgresQueueStore {
         guard let placed else {
             throw PostgresQueueStoreError.database(operation: "add", sqlState: nil, message: "the insert returned no row")
         }
-        return entry.placed(at: UInt64(placed))
+        return (entry.placed(at: UInt64(placed)), nil)
     }
 
     /// Replaces the newest row of coalescing key `key` with `entry`, in its place (its `seq`), and
@@ -328,23 +338,25 @@ extension PostgresQueueStore {
     /// the replica sending that row would wait for it to renew, complete or release its claim. The
     /// `UPDATE` locks only a row it changes (an unleased one); should a claim take the row
     /// meanwhile, it waits for that claim's statement, then sees the lease and changes nothing.
-    private func replaceHolder(of key: String, with entry: QueueEntry, json: String, on connection: PostgresConnection) async throws -> Int64? {
-        var placed: Int64?
+    private func replaceHolder(of key: String, with entry: QueueEntry, json: String, on connection: PostgresConnection) async throws -> (Int64, UUID)? {
+        var placed: (Int64, UUID)?
         let replaced = try await connection.query(
             """
-            UPDATE \(unescaped: names.queue)
+            WITH holder AS (
+                SELECT id FROM \(unescaped: names.queue)
+                WHERE coalescing_key = \(key) AND id <> \(entry.id)
+                ORDER BY seq DESC LIMIT 1)
+            UPDATE \(unescaped: names.queue) AS t
             SET id = \(entry.id), priority = \(Int32(clamping: entry.priority)), ordering_key = \(entry.orderingKey),
                 coalescing_key = \(entry.coalescingKey), next_attempt_at = \(entry.nextAttemptAt), expires_at = \(entry.expiresAt),
                 lease_token = NULL, lease_until = NULL, entry = \(json)::jsonb
-            WHERE id = (
-                    SELECT id FROM \(unescaped: names.queue)
-                    WHERE coalescing_key = \(key) AND id <> \(entry.id)
-                    ORDER BY seq DESC LIMIT 1)
-                AND lease_token IS NULL AND ordering_key IS NOT DISTINCT FROM \(entry.orderingKey)
-                AND NOT EXISTS (SELECT 1 FROM \(unescaped: names.queue) WHERE id = \(entry.id))
-            RETURNING seq
+            FROM holder
+            WHERE t.id = holder.id
+                AND t.lease_token IS NULL AND t.ordering_key IS NOT DISTINCT FROM \(entry.orderingKey)
+                AND NOT EXISTS (SELECT 1 FROM \(unescaped: names.queue) x WHERE x.id = \(entry.id))
+            RETURNING t.seq, holder.id
             """, logger: logger)
-        for try await seq in replaced.decode(Int64.self) { placed = seq }
+        for try await (seq, holder) in replaced.decode((Int64, UUID).self) { placed = (seq, holder) }
         return placed
     }
 

@@ -73,6 +73,12 @@ public final class PostgresQueueStore: Sendable {
     /// the same policy.
     public let secretPolicy: QueueSecretPolicy
 
+    /// This store's own changes (`add`, and the settlements, cancels and sweeps it makes), kept
+    /// only once someone follows the feed (it then reads the table once). Other replicas'
+    /// changes, and entries an outbox `enqueue` adds in a caller's transaction, reach it only
+    /// through that first read: it does not follow `NOTIFY` yet.
+    public let changeFeed: QueueChangeFeed
+
     let names: TableNames
     let logger: Logger
     /// How long `arrivals()` waits before listening again after its connection failed.
@@ -106,6 +112,18 @@ public final class PostgresQueueStore: Sendable {
         self.names = TableNames(tableName)
         self.logger = logger
         self.reconnectDelay = reconnectDelay
+        let names = self.names
+        changeFeed = QueueChangeFeed { feed in
+            Task {
+                let queued = try? await client.query(
+                    "SELECT seq, entry::text FROM \(unescaped: names.queue) ORDER BY priority DESC, seq", logger: logger)
+                guard let queued, let entries = try? await Self.entries(from: queued) else {
+                    logger.debug("the change feed could not read the queue table", metadata: ["table": "\(names.plain)"])
+                    return
+                }
+                for entry in entries { feed.publishFromElsewhere(.stored(entry, replacing: nil)) }
+            }
+        }
     }
 
     /// Whether `name` may name the queue table.

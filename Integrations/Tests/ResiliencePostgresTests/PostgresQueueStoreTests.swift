@@ -152,6 +152,32 @@ struct PostgresQueueStoreTests {
         }
     }
 
+    /// The change feed: once followed, it reads the table once (an entry another store added
+    /// shows), then publishes this store's own changes — a coalesced edit replacing its holder in
+    /// one step, a completion with its reason, a cancel.
+    @Test func theChangeFeedStartsFromTheTableAndFollowsThisStoresChanges() async throws {
+        try await PostgresTestDatabase.withStore { store, client in
+            let before = try await PostgresQueueStore(client: client, tableName: store.tableName).add(entry(request("/before")), limit: nil)
+            #expect(store.changeFeed.count == 0)  // nothing kept until followed: this read starts it
+            while store.changeFeed.count < 1 { await Task.yield() }
+            #expect(store.changeFeed.entries().map(\.id) == [before.id])
+
+            var changes = store.changeFeed.changes.makeAsyncIterator()
+            let holder = try await store.add(entry(request("/profile", coalescingKey: "profile", body: "v1")), limit: nil)
+            let edit = try await store.add(entry(request("/profile", coalescingKey: "profile", body: "v2")), limit: nil)
+            #expect(await changes.next() == .stored(holder, replacing: nil))
+            #expect(await changes.next() == .stored(edit, replacing: holder.id))
+            #expect(store.changeFeed.entries().map(\.id) == [before.id, edit.id])
+
+            let claim = try #require(try await store.claim(upTo: 1, now: at(1), lease: .seconds(30)).first)
+            try await store.complete(claim, reason: .delivered(statusCode: 201))
+            #expect(await changes.next() == .removed(claim.entry, reason: .delivered(statusCode: 201)))
+            #expect(try await store.cancel(id: edit.id))
+            #expect(await changes.next()?.entryID == edit.id)
+            #expect(store.changeFeed.count == 0 && store.changeFeed.entries().isEmpty)
+        }
+    }
+
     @Test func anEntryQueuedAlreadyIsUpdatedInItsRowNeverMovedIntoAnotherHolders() async throws {
         // The newest row of the key (another entry, replaceable by the rules) must not take the id
         // of an entry that has a row of its own: `add` updates that row instead.

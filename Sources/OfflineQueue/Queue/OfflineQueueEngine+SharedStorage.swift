@@ -37,31 +37,7 @@ extension OfflineQueueEngine {
             nextAttemptAt: nextAttemptAt,
             lastError: lastError
         )
-        let stored = try await storage.add(entry, limit: maxQueueSize)
-        await publishSharedCount()
-        return stored
-    }
-
-    func cancelShared(id: UUID) async -> Bool {
-        let cancelled = (try? await storage.cancel(id: id)) ?? false
-        if cancelled {
-            await publishSharedCount()
-            // The entries behind it may be claimable now (they waited for it, or for its backoff).
-            scheduleTimerIfNeeded(for: now)
-        }
-        return cancelled
-    }
-
-    nonisolated func sharedCounts() -> AsyncStream<Int> {
-        let stream = sharedCountSubscribers.stream(bufferingPolicy: .bufferingNewest(1))
-        Task { [weak self] in await self?.publishSharedCount() }
-        return stream
-    }
-
-    /// Reads the count for `pendingCounts`, only while someone listens (a storage read each time).
-    func publishSharedCount() async {
-        guard sharedCountSubscribers.count > 0, let count = try? await storage.queuedCount() else { return }
-        sharedCountSubscribers.yield(count)
+        return try await storage.add(entry, limit: maxQueueSize)
     }
 
     /// One pass over shared storage: sweep the expired, then claim and send one entry at a time
@@ -85,7 +61,6 @@ extension OfflineQueueEngine {
             if Task.isCancelled { report.wasCancelled = true } else { report.storageError = error }
         }
         report.remaining = await settled { await self.pendingCount() }
-        await settled { await self.publishSharedCount() }
         guard isStarted, connected else { return }
         if learnedOffline {
             scheduleTimerIfNeeded(for: offlineRecheckDate())
@@ -135,18 +110,39 @@ extension OfflineQueueEngine {
             return .outcome(.permanent(.invalidRequest(reason: "unknown method \(entry.method)")))
         }
         let prepared = await request.addingReplayHeaders(for: entry, from: configuration.replayHeaders)
+        // A layer above (OfflineFirst) may hold the replay while a read of what it changes is
+        // being fetched: cancelled meanwhile, it is not sent and the claim goes back untouched.
+        let observer = observer(of: entry)
+        if let observer, !(await observer.sendBegins(entry, waits: true)) {
+            try await settled { try await storage.release(claim, keeping: entry) }
+            return .outcome(.stop)
+        }
+        storage.changeFeed.publish(.attemptStarted(id: entry.id))
+        defer { storage.changeFeed.publish(.attemptEnded(id: entry.id)) }  // after the outcome is settled
         let send = await sendHolding(claim, prepared)
         guard case .outcome(let outcome) = send else {
             // Cut because the lease could not be kept: it is another consumer's already, or its
             // lease ends within a tenth of it (a storage that cannot renew may not answer a release
             // either, so none is asked for).
+            observer?.sendEnded(entry, mayHaveReachedServer: true)
             return send
         }
+        // Told once the outcome is settled, unless a delivery told it already.
+        var observed = observer != nil
+        defer { if observed { observer?.sendEnded(entry, mayHaveReachedServer: outcome.mayHaveReachedServer) } }
         let end = lifecycle.replayEnded(entry, outcome, stillQueued: true, supersededBy: nil, maxAttempts: configuration.maxAttempts, now: now)
         do {
             switch end {
             case .remove(let reason, let result):
-                try await settled { try await storage.complete(claim, reason: reason) }
+                if reason.isDelivered, let observer {
+                    // Recorded with the reads it changes before the storage forgets it.
+                    await observer.delivered(entry)
+                    observed = false
+                    defer { observer.deliveryFinished(entry) }
+                    try await settled { try await storage.complete(claim, reason: reason) }
+                } else {
+                    try await settled { try await storage.complete(claim, reason: reason) }
+                }
                 if let result { record(result, in: &report) }
             case .keep(let updated, let error, let next):
                 try await settled { try await storage.release(claim, keeping: updated) }

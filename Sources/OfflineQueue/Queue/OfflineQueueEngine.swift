@@ -86,15 +86,12 @@ public actor OfflineQueueEngine {
     /// that many consumers share (`PostgresQueueStore`, from the Integrations package).
     public nonisolated let storage: any QueueStorage
     /// `storage` when it is a `DiskQueueStore`: the engine then takes its own path for the disk
-    /// (the change feed, deferred deletions, durable deletions before a coalesced edit goes).
-    nonisolated let disk: DiskQueueStore?
-    /// The disk store of an engine made over one (every engine made with a `DiskQueueStore`, or
-    /// with the default folder). An engine over another `QueueStorage` has none: reading this
-    /// property there is a programming error (use `storage`).
-    public nonisolated var store: DiskQueueStore {
-        guard let disk else { preconditionFailure("this OfflineQueueEngine's storage is not a DiskQueueStore: use `storage`") }
-        return disk
-    }
+    /// (deferred deletions, durable deletions before a coalesced edit goes).
+    package nonisolated let disk: DiskQueueStore?
+    /// SwiftResilience's name for `storage` (`engine.store.load()`, `engine.store.count()` read
+    /// it on every storage). The disk store's own API is `storage as? DiskQueueStore`, or the
+    /// store the app made and kept.
+    public nonisolated var store: any QueueStorage { storage }
     public nonisolated let configuration: Configuration
 
     private let sender: any RequestSending
@@ -119,10 +116,8 @@ public actor OfflineQueueEngine {
     /// `QueueEngineLifecycle`.
     private var life = QueueEngineLifecycle()
     private nonisolated let subscribers = StreamSubscribers<QueueEntryResult>()
-    /// `pendingCounts` on storage other than a disk store: the count after this engine's changes.
-    nonisolated let sharedCountSubscribers = StreamSubscribers<Int>()
     /// Told of each send on the disk path (`observeSends(with:)`).
-    private nonisolated let sendObserver = Locked<(any QueueSendObserver)?>(nil)
+    nonisolated let sendObserver = Locked<(any QueueSendObserver)?>(nil)
     /// Observed entries that may be in the server's state — on the wire now, or sent without an
     /// answer that says otherwise — and still queued: noted in the folder before each observed
     /// replay, so that the next launch knows them (`DiskQueueStore.sendingAtOpen`).
@@ -135,9 +130,8 @@ public actor OfflineQueueEngine {
     /// On storage other than a disk store, entries are claimed under `configuration.claimLease`,
     /// renewed while their request is in flight; while started, the engine also looks for work every
     /// `configuration.storagePollInterval` (an expired lease, an entry another consumer added),
-    /// besides the storage's `arrivals()`. `items` and `pendingCount()` read the storage,
-    /// `pendingCounts` follows this engine's own changes, and `changes` is empty (the change feed is
-    /// the disk store's).
+    /// besides the storage's `arrivals()`. `items` and `pendingCount()` read the storage;
+    /// `pendingCounts` and `changes` follow its `changeFeed`.
     ///
     /// - Parameters:
     ///   - requestEngine: sends the first attempt and every replay; any `RequestSending`
@@ -258,22 +252,22 @@ public actor OfflineQueueEngine {
             keyed?.requestPriority = request.requestPriority  // the caller's own: someone waits for it
             if let keyed {
                 offered = entry
-                disk?.announce(.offered(entry))
-                let observer = disk == nil ? nil : sendObserver.withLock { $0 }.flatMap { $0.observes(entry) ? $0 : nil }
+                storage.changeFeed.publish(.offered(entry))
+                let observer = observer(of: entry)
                 _ = await observer?.sendBegins(entry, waits: false)
                 let outcome = await firstAttempt(keyed, timeout: request.timeout, deadline: request.deadline)
                 switch QueueEntryLifecycle.firstAttemptEnded(outcome) {
                 case .sent(let status):
                     await observer?.delivered(entry)
-                    disk?.announce(.removed(entry, reason: .delivered(statusCode: status)))
+                    storage.changeFeed.publish(.removed(entry, reason: .delivered(statusCode: status)))
                     observer?.deliveryFinished(entry)
                     return .sent(statusCode: status)
                 case .rejected(let error):
-                    disk?.announce(.removed(entry, reason: .rejected(statusCode: error.statusCode)))
+                    storage.changeFeed.publish(.removed(entry, reason: .rejected(statusCode: error.statusCode)))
                     observer?.sendEnded(entry, mayHaveReachedServer: false)
                     throw error
                 case .cancelled:
-                    disk?.announce(.removed(entry, reason: .cancelled))
+                    storage.changeFeed.publish(.removed(entry, reason: .cancelled))
                     observer?.sendEnded(entry, mayHaveReachedServer: true)
                     throw NetworkError.cancelled
                 case .store(let counted, let retryAfter, let error):
@@ -289,7 +283,7 @@ public actor OfflineQueueEngine {
         do {
             entry = try await persist(request, id: id, key: key, attempts: attempts, nextAttemptAt: nextAttemptAt, lastError: lastError)
         } catch {
-            if let offered { disk?.announce(.removed(offered, reason: .notStored)) }
+            if let offered { storage.changeFeed.publish(.removed(offered, reason: .notStored)) }
             throw error
         }
         // While started, a stored entry is replayed without waiting for the next reconnect: when
@@ -305,62 +299,47 @@ public actor OfflineQueueEngine {
 
     // MARK: - Inspect and manage
 
-    /// Entries in replay order (priority descending, FIFO within a priority).
-    /// On storage other than a `DiskQueueStore`, a storage that cannot be read gives none
-    /// (`storage.queuedEntries()` throws its error).
+    /// Entries in replay order (priority descending, FIFO within a priority): none when the
+    /// storage cannot be read (`storage.queuedEntries()` throws its error).
     public var items: [QueueEntry] {
-        get async {
-            guard let disk else { return (try? await storage.queuedEntries()) ?? [] }
-            return disk.orderedEntries()
-        }
+        get async { (try? await storage.queuedEntries()) ?? [] }
     }
 
-    /// The number of queued entries (expired ones included until a pass sweeps them).
-    /// On storage other than a `DiskQueueStore`, 0 when the storage cannot be read
-    /// (`storage.queuedCount()` throws its error).
+    /// The number of queued entries (expired ones included until a pass sweeps them): 0 when the
+    /// storage cannot be read (`storage.queuedCount()` throws its error).
     public func pendingCount() async -> Int {
-        guard let disk else { return (try? await storage.queuedCount()) ?? 0 }
-        return disk.entryCount
+        (try? await storage.queuedCount()) ?? 0
     }
 
     /// A new stream for each access: the number of queued entries at once, then every change (as
-    /// entries are queued, delivered, failed, expired, dead-lettered or cancelled). Built for an
-    /// "offline · 3 pending" indicator; combine it with the monitor's `connectivity` (see
-    /// Sources/OfflineQueue/OfflineQueue.docc/OfflineQueueGuide.md). A slow consumer sees the latest count.
-    public nonisolated var pendingCounts: AsyncStream<Int> {
-        guard let disk else { return sharedCounts() }
-        return disk.entryCounts
-    }
+    /// entries are queued, delivered, failed, expired, dead-lettered or cancelled), on any storage
+    /// (`storage.changeFeed.counts`). Built for an "offline · 3 pending" indicator; combine it with
+    /// the monitor's `connectivity` (see Sources/OfflineQueue/OfflineQueue.docc/OfflineQueueGuide.md).
+    /// A slow consumer sees the latest count.
+    public nonisolated var pendingCounts: AsyncStream<Int> { storage.changeFeed.counts }
 
     /// Removes an entry without sending it. Returns whether it was removed: `false` when it was not
     /// queued, or when its file could not be deleted (a read-only folder) — it then stays queued.
     /// An entry being sent at this moment cannot be recalled; its outcome is then discarded.
     @discardableResult
     public func cancel(id: UUID) async -> Bool {
-        guard let store = disk else { return await cancelShared(id: id) }
-        guard let cancelled = store.entry(id: id) else { return false }
-        do {
-            try store.remove(id: id)
-            // The first entry of an ordering key holds its followers back, and the backoff timer
-            // counts only first entries: a follower with no wait of its own would otherwise wait
-            // for the cancelled one's backoff, or for the next reconnect. A pass now decides.
-            if cancelled.orderingKey != nil { scheduleTimerIfNeeded(for: now) }
-            return true
-        } catch {
-            return false  // the file could not be deleted: it would come back at the next open
-        }
+        guard let cancelled = try? await storage.queuedEntry(id: id), (try? await storage.cancel(id: id)) == true else { return false }
+        // The first entry of an ordering or coalescing key holds its followers back, and the
+        // backoff timer counts only first entries: a follower with no wait of its own would
+        // otherwise wait for the cancelled one's backoff, or for the next reconnect. A pass now
+        // decides.
+        if cancelled.orderingKey != nil || cancelled.coalescingKey != nil { scheduleTimerIfNeeded(for: now) }
+        return true
     }
 
     /// Removes every entry.
     public func clear() async throws {
         try await storage.removeAll()
-        if disk == nil { await publishSharedCount() }
     }
 
-    /// `store.changes`: every change to the entries, in order (stored, updated, attempts
-    /// starting and ending, removed and why).
-    /// Empty on storage other than a `DiskQueueStore`.
-    public nonisolated var changes: AsyncStream<QueueChange> { disk?.changes ?? AsyncStream { $0.finish() } }
+    /// `storage.changeFeed.changes`: every change to the entries, in order (stored, updated,
+    /// attempts starting and ending, removed and why), on any storage.
+    public nonisolated var changes: AsyncStream<QueueChange> { storage.changeFeed.changes }
 
     /// A new stream of per-entry results for each access; it ends when the engine is deinitialised.
     public var results: AsyncStream<QueueEntryResult> {
@@ -411,7 +390,7 @@ public actor OfflineQueueEngine {
                     await self.connectivityChanged(connected)
                 }
             }
-            return (loop, disk == nil ? followArrivals() : nil)
+            return (loop, followArrivals())
         }
     }
 
@@ -439,10 +418,15 @@ public actor OfflineQueueEngine {
     }
 
     /// Tells `observer` of every send it observes from now on (replacing an observer installed
-    /// before): on the disk path only (a `DiskQueueStore`); such an entry's file is then deleted at
-    /// once when it is delivered.
+    /// before); on a `DiskQueueStore`, such an entry's file is then deleted at once when it is
+    /// delivered, and the entries that may be on the wire are noted for the next launch.
     package nonisolated func observeSends(with observer: any QueueSendObserver) {
         sendObserver.withLock { $0 = observer }
+    }
+
+    /// The observer of `entry`'s sends, if one is installed and observes it.
+    func observer(of entry: QueueEntry) -> (any QueueSendObserver)? {
+        sendObserver.withLock { $0 }.flatMap { $0.observes(entry) ? $0 : nil }
     }
 
     /// Stops telling `observer` (if it is still the one installed).
@@ -674,7 +658,7 @@ public actor OfflineQueueEngine {
                     record(.expired(id: entry.id), in: &report)
                 case .replay:
                     let result: ReplayPass.SendResult
-                    switch await replay(entry, report: &report) {
+                    switch await replay(entry, on: store, report: &report) {
                     case .delivered, .permanent:
                         result = .removed
                     case .retry:
@@ -707,7 +691,7 @@ public actor OfflineQueueEngine {
         return report
     }
 
-    private func replay(_ entry: QueueEntry, report: inout FlushReport) async -> QueueAttemptOutcome {
+    private func replay(_ entry: QueueEntry, on store: DiskQueueStore, report: inout FlushReport) async -> QueueAttemptOutcome {
         guard let request = entry.replayRequest else {
             store.discard(id: entry.id, reason: .rejected(statusCode: nil))
             record(.failedPermanently(id: entry.id, statusCode: nil), in: &report)
@@ -724,8 +708,8 @@ public actor OfflineQueueEngine {
         }
         let outcome: QueueAttemptOutcome
         let sends = unsafeToSend == nil
-        defer { if sends { store.announce(.attemptEnded(id: entry.id)) } }  // after the outcome is applied
-        let observer = sendObserver.withLock { $0 }.flatMap { $0.observes(entry) ? $0 : nil }
+        defer { if sends { storage.changeFeed.publish(.attemptEnded(id: entry.id)) } }  // after the outcome is applied
+        let observer = observer(of: entry)
         // Told once the outcome is applied (the entry forgotten and its file deleted, or updated),
         // unless a delivery already told it (`deliveryFinished`).
         var observed = false
@@ -748,7 +732,7 @@ public actor OfflineQueueEngine {
                 possiblySent = possiblySent.filter { store.entry(id: $0) != nil }
                 await store.noteSending(possiblySent)
             }
-            store.announce(.attemptStarted(id: entry.id))
+            storage.changeFeed.publish(.attemptStarted(id: entry.id))
             outcome = await attempt(request.addingReplayHeaders(for: entry, from: configuration.replayHeaders), previousAttempts: entry.attempts)
         }
         // What became of the entry while the attempt was away decides with its outcome: it may have
@@ -861,6 +845,5 @@ public actor OfflineQueueEngine {
         subscribers.finishAll()
         for task in life.tasks { task.cancel() }
         deadlines.shutdown()
-        sharedCountSubscribers.finishAll()
     }
 }

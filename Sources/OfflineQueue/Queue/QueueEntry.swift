@@ -117,7 +117,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
 
     /// This entry without the headers no entry may keep (`storableHeaders`): an entry decoded by a
     /// caller, or built by hand, may carry them; the store never writes them.
-    func withStorableHeaders() -> QueueEntry {
+    package func withStorableHeaders() -> QueueEntry {
         var copy = self
         copy.headers = Self.storableHeaders(headers)
         return copy

@@ -99,21 +99,11 @@ public final class DiskQueueStore: Sendable {
         var writes = QueueEntryLifecycle.FileWrites()
         /// Makes every temp file name unique, so two writes of one id never collide.
         var writeCounter: UInt64 = 0
-        /// The count last sent to `countSubscribers`.
-        var publishedCount = 0
-        /// How many changes have been published on `changes`.
-        var changeSequence: UInt64 = 0
-        /// Requests `enqueue` is offering at once (announced `offered`, not yet stored or
-        /// removed): part of what a change feed starts from.
-        var offered: [UUID: QueueEntry] = [:]
-        /// Observers told of each change as it is published (`observeChanges`).
-        var changeObservers: [UInt64: @Sendable (UInt64, QueueChange) -> Void] = [:]
-        var nextObserver: UInt64 = 0
     }
 
     private let state: Locked<State>
-    private let countSubscribers = StreamSubscribers<Int>()
-    private let changeSubscribers = StreamSubscribers<(sequence: UInt64, change: QueueChange)>()
+    /// Every change to the entries, published under the state lock in the step that makes it.
+    public let changeFeed: QueueChangeFeed
     private let directoryPath: String
     private let syncer: DirectorySyncer
     private let pool: BlockingIOPool
@@ -204,14 +194,16 @@ public final class DiskQueueStore: Sendable {
         }
         let index = QueueIndex(loading: loaded.entries)
         let counters = max(index.maxSequence, UInt64(clamping: loaded.entries.map(\.revision).max() ?? 0))
-        state = Locked(State(index: index, nextSequence: counters + 1, publishedCount: index.count))
+        state = Locked(State(index: index, nextSequence: counters + 1))
         openReport = OpenReport(
             loaded: index.count,
             quarantined: loaded.quarantined,
             removedTemporaryFiles: loaded.removedTemporaryFiles,
             removedSupersededEntries: loaded.removedSuperseded
         )
-        sendingAtOpen = Self.readSendingNote(directory.path).filter { index[$0] != nil }
+        let sendingAtOpen = Self.readSendingNote(directory.path).filter { index[$0] != nil }
+        self.sendingAtOpen = sendingAtOpen
+        changeFeed = QueueChangeFeed(entries: index.ordered(), sendingAtOpen: sendingAtOpen)
         for path in loaded.supersededFiles {
             removals.deleteNow(path)
             noteDeletion()
@@ -303,95 +295,21 @@ public final class DiskQueueStore: Sendable {
 
     /// A new stream for each access: the number of entries at once, then every change (a slow
     /// consumer sees the latest count, never a stale one last). For a "N pending" indicator.
-    public var entryCounts: AsyncStream<Int> { entryCounts(bufferingPolicy: .bufferingNewest(1)) }
+    public var entryCounts: AsyncStream<Int> { changeFeed.counts }
 
     /// `entryCounts` with another buffering (tests keep every value).
     func entryCounts(bufferingPolicy: AsyncStream<Int>.Continuation.BufferingPolicy) -> AsyncStream<Int> {
-        state.withLock { state in
-            countSubscribers.stream(bufferingPolicy: bufferingPolicy, first: state.index.count)
-        }
-    }
-
-    /// Sends the count to the streams if it changed. Called under the state lock, so counts go out
-    /// in the order the changes happened.
-    private func publishCount(_ state: inout State) {
-        guard state.index.count != state.publishedCount else { return }
-        state.publishedCount = state.index.count
-        countSubscribers.yield(state.publishedCount)
+        changeFeed.counts(bufferingPolicy: bufferingPolicy)
     }
 
     /// A new stream for each access: every change to the entries from now on (stored, updated,
-    /// sent, removed and why), in the order they happened. Nothing is dropped: read it promptly.
-    /// `orderedEntries()` gives the state the changes start from.
-    public var changes: AsyncStream<QueueChange> {
-        let sequenced = sequencedChanges()
-        return AsyncStream { continuation in
-            let task = Task {
-                for await (_, change) in sequenced { continuation.yield(change) }
-                continuation.finish()
-            }
-            continuation.onTermination = { _ in task.cancel() }
-        }
-    }
+    /// sent, removed and why), in the order they happened (`changeFeed.changes`). Nothing is
+    /// dropped: read it promptly. `orderedEntries()` gives the state the changes start from.
+    public var changes: AsyncStream<QueueChange> { changeFeed.changes }
 
-    /// `changes` with each change's number (1, 2, …), and the pending entries (stored, then
-    /// offered at once) and the number of the last change at the moment the stream began, taken
-    /// together: applying the stream's changes to those entries follows the store exactly.
-    package func sequencedChanges() -> AsyncStream<(sequence: UInt64, change: QueueChange)> {
-        sequencedChangesWithStart().changes
-    }
-
-    package func sequencedChangesWithStart() -> (entries: [QueueEntry], sequence: UInt64, changes: AsyncStream<(sequence: UInt64, change: QueueChange)>) {
-        state.withLock { state in
-            (Self.pending(state), state.changeSequence, changeSubscribers.stream(bufferingPolicy: .unbounded))
-        }
-    }
-
-    /// The stored entries in replay order, then the requests being offered at once (oldest
-    /// offer first): the state a change feed starts from.
-    private static func pending(_ state: State) -> [QueueEntry] {
-        state.index.ordered() + state.offered.values.sorted { $0.enqueuedAt < $1.enqueuedAt }
-    }
-
-    /// Calls `observer` with each change from now on, as it is published (under the store's
-    /// lock, in order: it must only hand the change on, as an `AsyncStream` continuation's `yield`
-    /// does), until `stop` is called; returns the entries and the number of the last change at
-    /// the moment observing began. One hop fewer than a stream for a consumer with an inbox of
-    /// its own.
-    package func observeChanges(_ observer: @escaping @Sendable (UInt64, QueueChange) -> Void) -> (entries: [QueueEntry], sequence: UInt64, stop: @Sendable () -> Void) {
-        state.withLock { state in
-            let id = state.nextObserver
-            state.nextObserver += 1
-            state.changeObservers[id] = observer
-            return (
-                Self.pending(state), state.changeSequence,
-                { [weak self] in
-                    self?.state.withLock { _ = $0.changeObservers.removeValue(forKey: id) }
-                }
-            )
-        }
-    }
-
-    /// The number of the last change published.
-    package var changeSequence: UInt64 { state.withLock { $0.changeSequence } }
-
-    /// Publishes a change of the engine's (an attempt starting or ending), in order with the
-    /// store's own.
-    package func announce(_ change: QueueChange) {
-        state.withLock { publish(change, &$0) }
-    }
-
-    /// Sends a change to the `changes` streams. Called under the state lock, so changes go out
-    /// in the order they happened.
+    /// Publishes a change, under the state lock: the feed and the index never disagree.
     private func publish(_ change: QueueChange, _ state: inout State) {
-        switch change {
-        case .offered(let entry): state.offered[entry.id] = entry
-        case .stored(let entry, _), .removed(let entry, _): state.offered[entry.id] = nil
-        case .updated, .attemptStarted, .attemptEnded: break
-        }
-        state.changeSequence += 1
-        changeSubscribers.yield((state.changeSequence, change))
-        for observer in state.changeObservers.values { observer(state.changeSequence, change) }
+        changeFeed.publish(change)
     }
 
     /// The entry with this id, if queued.
@@ -537,7 +455,6 @@ public final class DiskQueueStore: Sendable {
                     removals.register(filePath(old))
                     noteDeletion()
                 }
-                publishCount(&state)
                 publish(.stored(entry, replacing: replaced ? old : nil), &state)
             })
         guard stands else { return }  // removed while it was written (a `save` raced a `delete`)
@@ -587,7 +504,6 @@ public final class DiskQueueStore: Sendable {
                     state.index.upsert(removed)
                     publish(.stored(removed, replacing: nil), &state)
                 }
-                publishCount(&state)
             }
             throw error
         }
@@ -710,7 +626,6 @@ public final class DiskQueueStore: Sendable {
     private func forget(_ id: UUID, reason: QueueRemovalReason) -> QueueEntry? {
         state.withLock { state -> QueueEntry? in
             let removed = Self.forget(id, in: &state)
-            publishCount(&state)
             if let removed {
                 removals.register(filePath(id))
                 publish(.removed(removed, reason: reason), &state)

@@ -99,6 +99,14 @@ public protocol QueueStorage: Sendable {
     /// of every entry from its own `enqueue`.
     func arrivals() -> AsyncStream<Void>
 
+    /// What the storage holds, change by change: the storage publishes each change it makes
+    /// (`stored`, `updated`, `removed` and why) in the step that makes it, and the changes other
+    /// consumers make as they come to be known (`QueueChangeFeed.publishFromElsewhere(_:)`); the
+    /// engine adds its own (`offered`, attempts starting and ending). `OfflineQueueEngine`'s
+    /// `changes` and `pendingCounts`, and `OfflineFirstClient`, follow it. Return the same feed on
+    /// every access.
+    var changeFeed: QueueChangeFeed { get }
+
     /// Lets go of what this process holds of the storage (`DiskQueueStore`: its folder's lock), so
     /// another owner can take it at once; afterwards the storage writes nothing. The default does
     /// nothing: storage many consumers share has nothing to let go of.
@@ -107,6 +115,17 @@ public protocol QueueStorage: Sendable {
 
 extension QueueStorage {
     public func arrivals() -> AsyncStream<Void> { AsyncStream { _ in } }
+
+    /// The queued entries that have not expired by the system clock, in claim order; none when
+    /// the storage cannot be read (SwiftResilience's `store.load()`; `queuedEntries()` throws).
+    public func load() async -> [QueueEntry] {
+        let now = Date()
+        return ((try? await queuedEntries()) ?? []).filter { !$0.isExpired(at: now) }
+    }
+
+    /// The number of queued entries; 0 when the storage cannot be read (SwiftResilience's
+    /// `store.count()`; `queuedCount()` throws).
+    public func count() async -> Int { (try? await queuedCount()) ?? 0 }
 
     public func close() async {}
 }

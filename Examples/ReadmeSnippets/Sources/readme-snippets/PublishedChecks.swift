@@ -39,27 +39,31 @@ import ResilienceTesting
     while await sink.seen.filter({ $0.hasPrefix("deduplicated") }).count < 2 { await Task.yield() }
     server.releaseHeld("/feed")
     let responses = try await feeds.value
-    check("published: three concurrent identical GETs make one network call", responses.count == 3
-          && responses.allSatisfy { $0.1.statusCode == 200 && $0.0 == Data("feed".utf8) } && server.hits("/feed") == 1,
-          "\(server.hits("/feed")) upstream call(s)")
+    check(
+        "published: three concurrent identical GETs make one network call",
+        responses.count == 3
+            && responses.allSatisfy { $0.1.statusCode == 200 && $0.0 == Data("feed".utf8) } && server.hits("/feed") == 1,
+        "\(server.hits("/feed")) upstream call(s)")
 
     // Offline Queue: the default folder (here under XDG_DATA_HOME = scratch), sent or queued, then
     // delivered with the request's own Idempotency-Key
     server.route("/orders", .status(201))
     let (queue, monitor) = try await offlineQueueSnippet()
     let expectedFolder = scratch.appendingPathComponent("Resilience/OfflineQueue").standardizedFileURL.path
-    check("published: OfflineQueueEngine(reachabilityMonitor:) uses the default folder",
-          queue.store.directory.standardizedFileURL.path == expectedFolder, queue.store.directory.path)
+    check(
+        "published: OfflineQueueEngine(reachabilityMonitor:) uses the default folder",
+        (queue.store as? DiskQueueStore)?.directory.standardizedFileURL.path == expectedFolder, (queue.store as? DiskQueueStore)?.directory.path ?? "")
     if await queue.pendingCount() > 0 {
         // Queued (this machine's monitor said offline): drain it as the background drainer would.
         _ = await queue.flush(.ignoringReachability)
     }
     let order = server.requestLog.last { $0.path == "/orders" }
     let stillPending = await queue.pendingCount()
-    check("published: the order is delivered once, POST with Idempotency-Key: order-abc-123",
-          server.hits("/orders") == 1 && order?.method == "POST" && order?.header("Idempotency-Key") == "order-abc-123"
-          && order?.body == Data(#"{"item":"book","quantity":1}"#.utf8) && stillPending == 0,
-          "\(server.hits("/orders")) call(s), key \(order?.header("Idempotency-Key") ?? "none")")
+    check(
+        "published: the order is delivered once, POST with Idempotency-Key: order-abc-123",
+        server.hits("/orders") == 1 && order?.method == "POST" && order?.header("Idempotency-Key") == "order-abc-123"
+            && order?.body == Data(#"{"item":"book","quantity":1}"#.utf8) && stillPending == 0,
+        "\(server.hits("/orders")) call(s), key \(order?.header("Idempotency-Key") ?? "none")")
     do {
         _ = try OfflineQueueEngine(reachabilityMonitor: ManualReachabilityMonitor())
         check("published: a second queue on the default folder is refused", false, "it opened")
@@ -76,14 +80,17 @@ import ResilienceTesting
         request.header("Authorization") == "Bearer fresh-token" ? .ok("profile") : .status(401)
     }
     let (profile, authEngine) = try await concurrencySafetySnippet()
-    check("published: a 401 refreshes once and retries with the new token", profile == Data("profile".utf8)
-          && server.hits("/token") == 1 && server.hits("/profile") == 2, "\(server.hits("/token")) refresh(es), \(server.hits("/profile")) calls")
+    check(
+        "published: a 401 refreshes once and retries with the new token",
+        profile == Data("profile".utf8)
+            && server.hits("/token") == 1 && server.hits("/profile") == 2, "\(server.hits("/token")) refresh(es), \(server.hits("/profile")) calls")
 
     // …and a second 401 after the refresh is NetworkError.httpError(401, _): the login screen
     server.route("/profile", .status(401))
     try await sessionExpiredSnippet(engine: authEngine)
-    check("published: a 401 after the refresh reaches `catch NetworkError.httpError(401, _)`", SnippetContext.loginScreensShown == 1,
-          "\(SnippetContext.loginScreensShown) login screen(s)")
+    check(
+        "published: a 401 after the refresh reaches `catch NetworkError.httpError(401, _)`", SnippetContext.loginScreensShown == 1,
+        "\(SnippetContext.loginScreensShown) login screen(s)")
 
     // Deliberate difference: a failed refresh is AuthError.refreshFailed(underlying:), matched as the table says
     SnippetContext.failRefresh(true)
@@ -101,16 +108,20 @@ import ResilienceTesting
     let tokensBefore = server.hits("/token")
     _ = try await concurrencySafetySnippet()
     let unauthenticated = server.requestLog.filter { $0.path == "/profile" && $0.header("Authorization") == nil }.count
-    check("difference: a nil token refreshes first; nothing goes out without one", server.hits("/profile") == profilesBefore + 1
-          && server.hits("/token") == tokensBefore + 1 && unauthenticated == 0,
-          "\(server.hits("/profile") - profilesBefore) profile call(s), \(server.hits("/token") - tokensBefore) refresh(es)")
+    check(
+        "difference: a nil token refreshes first; nothing goes out without one",
+        server.hits("/profile") == profilesBefore + 1
+            && server.hits("/token") == tokensBefore + 1 && unauthenticated == 0,
+        "\(server.hits("/profile") - profilesBefore) profile call(s), \(server.hits("/token") - tokensBefore) refresh(es)")
 
     // Advanced Observability: the snippet prints an empty snapshot; its engine then counts a request
     let (metrics, observedEngine) = await advancedObservabilitySnippet()
     try await observedEngine.send(FetchUser(url: server.url("/user")))
     let stats = await metrics.snapshot()
-    check("published: RequestMetricsCollector counts the engine's requests", stats.requestsStarted == 1 && stats.requestsSucceeded == 1
-          && stats.successRate == 1, "started \(stats.requestsStarted), succeeded \(stats.requestsSucceeded)")
+    check(
+        "published: RequestMetricsCollector counts the engine's requests",
+        stats.requestsStarted == 1 && stats.requestsSucceeded == 1
+            && stats.successRate == 1, "started \(stats.requestsStarted), succeeded \(stats.requestsSucceeded)")
     Migration.recordDirectly(metrics)
 
     let logged = customSinkSnippet()
@@ -119,12 +130,14 @@ import ResilienceTesting
 
     // The published public API beyond the README
     let store = try await PublishedAPI.diskQueueStore(in: scratch.appendingPathComponent("store"))
-    check("published: DiskQueueStore save / load (unexpired only) / count (expired too) / deleteExpired / delete",
-          store.loadedIDs == [store.savedID] && store.countWithExpired == 2 && store.expiredDeleted == 1 && store.countAfterDelete == 0,
-          "load \(store.loadedIDs.count), count \(store.countWithExpired), swept \(store.expiredDeleted), then \(store.countAfterDelete)")
+    check(
+        "published: DiskQueueStore save / load (unexpired only) / count (expired too) / deleteExpired / delete",
+        store.loadedIDs == [store.savedID] && store.countWithExpired == 2 && store.expiredDeleted == 1 && store.countAfterDelete == 0,
+        "load \(store.loadedIDs.count), count \(store.countWithExpired), swept \(store.expiredDeleted), then \(store.countAfterDelete)")
     let entry = PublishedAPI.queueEntry()
-    check("published: QueueEntry(_:id:enqueuedAt:), isExpired, asURLRequest() with Idempotency-Key",
-          entry.expired && !entry.freshExpired && entry.method == "POST" && entry.key == "order-entry-1" && entry.priority == 1, "\(entry)")
+    check(
+        "published: QueueEntry(_:id:enqueuedAt:), isExpired, asURLRequest() with Idempotency-Key",
+        entry.expired && !entry.freshExpired && entry.method == "POST" && entry.key == "order-entry-1" && entry.priority == 1, "\(entry)")
     let collected = try await PublishedAPI.metricsCollector(server.url("/user"))
     check("published: RequestMetricsCollector snapshot() and reset()", collected.before == 1 && collected.after == 0 && collected.successRate == 1, "\(collected)")
     let pending = try await PublishedAPI.offlineQueueEngine(in: scratch.appendingPathComponent("queue"))
@@ -141,8 +154,9 @@ import ResilienceTesting
     try await offlineQueue.enqueue(QueuedRequest(method: .post, url: server.url("/queued")))
     let respected = await offlineQueue.flush()
     let forced = await Migration.forcedFlush(queue: offlineQueue)
-    check("difference: flush() follows the monitor; flush(.ignoringReachability) sends anyway",
-          respected.delivered.isEmpty && respected.endedOffline && forced == 1 && server.hits("/queued") == 1, "forced delivered \(forced)")
+    check(
+        "difference: flush() follows the monitor; flush(.ignoringReachability) sends anyway",
+        respected.delivered.isEmpty && respected.endedOffline && forced == 1 && server.hits("/queued") == 1, "forced delivered \(forced)")
 }
 
 @MainActor func runMigrationTableChecks(_ server: LoopbackHTTPServer, scratch: URL) async {

@@ -1,14 +1,14 @@
 import Foundation
+import OfflineQueue
 @_spi(ResilienceCore) import ResilienceCore
-
-@testable import OfflineQueue
 
 /// A `QueueStorage` in memory with real leases, standing in for storage many consumers share
 /// (`PostgresQueueStore`): the engine's shared-storage path is tested against it with a manual
 /// clock, and the same rule checks run against `DiskQueueStore` (`QueueStorageRuleTests`). Like
 /// postgres-nio, which will not lease a connection to a cancelled task, it refuses every call
-/// from a cancelled task with `CancellationError`.
-final class InMemoryQueueStorage: QueueStorage, Sendable {
+/// from a cancelled task with `CancellationError`. Its `changeFeed` follows every change, as
+/// `QueueStorage` asks (OfflineFirst runs over it in `OfflineFirstStorageTests`).
+package final class InMemoryQueueStorage: QueueStorage, Sendable {
     private struct Row: Sendable {
         var entry: QueueEntry
         var token: UUID?
@@ -27,36 +27,39 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
 
     private let state = Locked(State())
     private let arrivalSubscribers = StreamSubscribers<Void>()
+    package let changeFeed = QueueChangeFeed()
 
-    var deadLetters: [QueueEntry] { state.withLock { $0.deadLetters } }
-    var renewals: Int { state.withLock { $0.renewals } }
+    package init() {}
+
+    package var deadLetters: [QueueEntry] { state.withLock { $0.deadLetters } }
+    package var renewals: Int { state.withLock { $0.renewals } }
     /// Makes every later renewal fail, as a database that went away would.
-    func failRenewals() { state.withLock { $0.failRenewals = true } }
+    package func failRenewals() { state.withLock { $0.failRenewals = true } }
     /// Makes the next `count` renewals fail.
-    func failNextRenewals(_ count: Int) { state.withLock { $0.renewalsToFail = count } }
+    package func failNextRenewals(_ count: Int) { state.withLock { $0.renewalsToFail = count } }
     /// Makes every later renewal hang until its task is cancelled, as a network gone silent would.
-    func hangRenewals() { state.withLock { $0.hangRenewals = true } }
+    package func hangRenewals() { state.withLock { $0.hangRenewals = true } }
     /// When `id`'s lease ends, if it is claimed.
-    func leaseEnds(of id: UUID) -> Date? { state.withLock { $0.rows[id]?.leaseEnds } }
+    package func leaseEnds(of id: UUID) -> Date? { state.withLock { $0.rows[id]?.leaseEnds } }
     /// Tells engines following `arrivals()` that work was added (as a NOTIFY would).
-    func announceArrival() { arrivalSubscribers.yield(()) }
+    package func announceArrival() { arrivalSubscribers.yield(()) }
 
-    func queuedEntries() async throws -> [QueueEntry] {
+    package func queuedEntries() async throws -> [QueueEntry] {
         try Task.checkCancellation()
         return state.withLock { Self.ordered($0.rows.values.map(\.entry)) }
     }
 
-    func queuedCount() async throws -> Int {
+    package func queuedCount() async throws -> Int {
         try Task.checkCancellation()
         return state.withLock { $0.rows.count }
     }
 
-    func queuedEntry(id: UUID) async throws -> QueueEntry? {
+    package func queuedEntry(id: UUID) async throws -> QueueEntry? {
         try Task.checkCancellation()
         return state.withLock { $0.rows[id]?.entry }
     }
 
-    func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
+    package func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
         state.withLock { state in
             state.rows.values.contains { row in
                 (orderingKey != nil && row.entry.orderingKey == orderingKey)
@@ -65,7 +68,7 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
+    package func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
         try Task.checkCancellation()
         return try state.withLock { state in
             let holder = entry.coalescingKey.flatMap { key in
@@ -82,12 +85,14 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
                 state.nextSequence += 1
             }
             let stored = entry.withStorableHeaders().placed(at: sequence)
+            let wasQueued = state.rows[stored.id] != nil
             state.rows[stored.id] = Row(entry: stored)
+            changeFeed.publish(wasQueued ? .updated(stored) : .stored(stored, replacing: holder?.id))
             return stored
         }
     }
 
-    func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
+    package func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
         try Task.checkCancellation()
         return state.withLock { state in
             let all = Self.ordered(state.rows.values.map(\.entry))
@@ -111,7 +116,7 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
+    package func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
         try Task.checkCancellation()
         if state.withLock({ $0.hangRenewals }) {
             state.withLock { $0.renewals += 1 }
@@ -132,51 +137,65 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
+    package func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
         try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
             state.rows[claim.entry.id] = nil
+            changeFeed.publish(.removed(claim.entry, reason: reason))
         }
     }
 
-    func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
+    package func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
         try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
-            state.rows[claim.entry.id] = Row(entry: entry.placed(at: claim.entry.sequence))
+            let kept = entry.placed(at: claim.entry.sequence)
+            state.rows[claim.entry.id] = Row(entry: kept)
+            if kept != claim.entry { changeFeed.publish(.updated(kept)) }
         }
     }
 
-    func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
+    package func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
         try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
             state.rows[claim.entry.id] = nil
             state.deadLetters.append(entry)
+            changeFeed.publish(.removed(entry, reason: .deadLettered(attempts: entry.attempts)))
         }
     }
 
-    func cancel(id: UUID) async throws -> Bool {
-        state.withLock { $0.rows.removeValue(forKey: id) != nil }
+    package func cancel(id: UUID) async throws -> Bool {
+        state.withLock { state in
+            guard let removed = state.rows.removeValue(forKey: id) else { return false }
+            changeFeed.publish(.removed(removed.entry, reason: .cancelled))
+            return true
+        }
     }
 
-    func removeAll() async throws {
-        state.withLock { $0.rows = [:] }
+    package func removeAll() async throws {
+        state.withLock { state in
+            for entry in Self.ordered(state.rows.values.map(\.entry)) { changeFeed.publish(.removed(entry, reason: .cancelled)) }
+            state.rows = [:]
+        }
     }
 
-    func removeExpired(now: Date) async throws -> [QueueEntry] {
+    package func removeExpired(now: Date) async throws -> [QueueEntry] {
         try Task.checkCancellation()
         return state.withLock { state in
             let expired = state.rows.values.filter { $0.entry.isExpired(at: now) && ($0.token == nil || ($0.leaseEnds ?? now) <= now) }.map(\.entry)
-            for entry in expired { state.rows[entry.id] = nil }
+            for entry in Self.ordered(expired) {
+                state.rows[entry.id] = nil
+                changeFeed.publish(.removed(entry, reason: .expired))
+            }
             return Self.ordered(expired)
         }
     }
 
     /// The earliest backoff's end among the entries `claim` may offer: the first of each ordering
     /// and coalescing key (as `PostgresQueueStore` answers).
-    func earliestNextAttempt() async throws -> Date? {
+    package func earliestNextAttempt() async throws -> Date? {
         state.withLock { state in
             let entries = state.rows.values.map(\.entry)
             return entries.filter { entry in
@@ -189,7 +208,7 @@ final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    func arrivals() -> AsyncStream<Void> { arrivalSubscribers.stream() }
+    package func arrivals() -> AsyncStream<Void> { arrivalSubscribers.stream() }
 
     private static func ordered(_ entries: [QueueEntry]) -> [QueueEntry] {
         entries.sorted { ($0.priority, UInt64.max - $0.sequence) > ($1.priority, UInt64.max - $1.sequence) }
