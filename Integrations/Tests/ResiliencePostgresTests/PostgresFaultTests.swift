@@ -32,6 +32,8 @@ struct PostgresFaultTests {
             }
         }
 
+        var changeFeed: QueueChangeFeed { base.changeFeed }
+
         static let reset = PostgresQueueStoreError.database(operation: "complete", sqlState: nil, message: "connection reset by peer")
 
         func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
