@@ -202,8 +202,9 @@ struct OfflineFirstClientTests {
 
     // MARK: Rejected
 
-    @Test func aRejectedWriteStopsOverlayingAtOnceAndIsReported() async throws {
-        let h = try OfflineFirstHarness(notes: ["a"])
+    /// Over the disk store, and over in-memory storage (`OfflineFirstStorageTests`).
+    @Test(arguments: [false, true]) func aRejectedWriteStopsOverlayingAtOnceAndIsReported(inMemory: Bool) async throws {
+        let h = try OfflineFirstHarness(notes: ["a"], queueStorage: inMemory ? InMemoryQueueStorage() : nil)
         _ = try await h.reads.response(for: NotesList(), mode: .online, staleTime: .http)
         await h.monitor.setConnected(false)
         let id = try #require(try await h.client.mutate(CreateNote("spam")).queuedID)
