@@ -223,6 +223,8 @@ let package = Package(
                 "PostgresEnvironment",
                 .product(name: "ResilienceTesting", package: "Resilience"),
                 .product(name: "OfflineQueue", package: "Resilience"),
+                .product(name: "OfflineFirst", package: "Resilience"),
+                .product(name: "ResponseCache", package: "Resilience"),
                 .product(name: "RequestEngine", package: "Resilience"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -62,7 +62,9 @@ extension PostgresQueueStore {
                 throw PostgresQueueStoreError.notInTransaction  // no_active_sql_transaction
             }
             do {
-                _ = try await insert(entry, json: json, limit: nil, on: connection)  // not on `changeFeed`: the caller's transaction may roll back
+                // Not published here: the caller's transaction may roll back. Every feed, this
+                // store's too, learns of it from its notice once it commits.
+                _ = try await insert(entry, json: json, limit: nil, publishes: false, on: connection)
                 try await connection.query("RELEASE SAVEPOINT resilience_outbox", logger: logger)
             } catch {
                 _ = try? await connection.query("ROLLBACK TO SAVEPOINT resilience_outbox", logger: logger)

@@ -141,7 +141,10 @@ extension PostgresQueueStore: QueueStorage {
     public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
         let id = claim.entry.id
         try await settle(claim, "complete") {
-            "DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id"
+            """
+            WITH done AS (DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id)
+            SELECT done.id FROM done, LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("r")) || done.id::text || \("|" + reason.notice))) AS notified
+            """
         }
         changeFeed.publish(.removed(claim.entry, reason: reason))
     }
@@ -153,11 +156,13 @@ extension PostgresQueueStore: QueueStorage {
         let json = try Self.encodeEntry(entry)
         try await settle(claim, "release") {
             """
-            UPDATE \(unescaped: names.queue)
-            SET entry = \(json)::jsonb, priority = \(Int32(clamping: entry.priority)), next_attempt_at = \(entry.nextAttemptAt),
-                expires_at = \(entry.expiresAt), lease_token = NULL, lease_until = NULL
-            WHERE id = \(id) AND lease_token = \(claim.token)
-            RETURNING id
+            WITH kept AS (
+                UPDATE \(unescaped: names.queue)
+                SET entry = \(json)::jsonb, priority = \(Int32(clamping: entry.priority)), next_attempt_at = \(entry.nextAttemptAt),
+                    expires_at = \(entry.expiresAt), lease_token = NULL, lease_until = NULL
+                WHERE id = \(id) AND lease_token = \(claim.token)
+                RETURNING id)
+            SELECT kept.id FROM kept, LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("u")) || kept.id::text || '|')) AS notified
             """
         }
         let kept = entry.placed(at: claim.entry.sequence)
@@ -173,11 +178,13 @@ extension PostgresQueueStore: QueueStorage {
             """
             WITH moved AS (
                 DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id, seq
-            )
-            INSERT INTO \(unescaped: names.deadLetter) (id, seq, entry)
-            SELECT id, seq, \(json)::jsonb FROM moved
-            ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, entry = EXCLUDED.entry, dead_lettered_at = now()
-            RETURNING id
+            ), buried AS (
+                INSERT INTO \(unescaped: names.deadLetter) (id, seq, entry)
+                SELECT id, seq, \(json)::jsonb FROM moved
+                ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, entry = EXCLUDED.entry, dead_lettered_at = now()
+                RETURNING id)
+            SELECT buried.id FROM buried,
+                LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("r")) || buried.id::text || \("|l\(entry.attempts)"))) AS notified
             """
         }
         changeFeed.publish(.removed(entry.placed(at: claim.entry.sequence), reason: .deadLettered(attempts: entry.attempts)))
@@ -185,7 +192,13 @@ extension PostgresQueueStore: QueueStorage {
 
     public func cancel(id: UUID) async throws -> Bool {
         let removed = try await perform("cancel") {
-            try await Self.entries(from: client.query("DELETE FROM \(unescaped: names.queue) WHERE id = \(id) RETURNING seq, entry::text", logger: logger))
+            try await Self.entries(
+                from: client.query(
+                    """
+                    WITH gone AS (DELETE FROM \(unescaped: names.queue) WHERE id = \(id) RETURNING id, seq, entry)
+                    SELECT gone.seq, gone.entry::text FROM gone,
+                        LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("r")) || gone.id::text || '|c')) AS notified
+                    """, logger: logger))
         }
         for entry in removed { changeFeed.publish(.removed(entry, reason: .cancelled)) }
         return !removed.isEmpty
@@ -208,7 +221,13 @@ extension PostgresQueueStore: QueueStorage {
     /// claims then end as lost). The dead letters are kept.
     public func removeAll() async throws {
         let removed = try await perform("removeAll") {
-            try await Self.entries(from: client.query("DELETE FROM \(unescaped: names.queue) RETURNING seq, entry::text", logger: logger))
+            try await Self.entries(
+                from: client.query(
+                    """
+                    WITH gone AS (DELETE FROM \(unescaped: names.queue) RETURNING id, seq, entry)
+                    SELECT gone.seq, gone.entry::text FROM gone,
+                        LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("r")) || gone.id::text || '|c')) AS notified
+                    """, logger: logger))
         }
         for entry in removed { changeFeed.publish(.removed(entry, reason: .cancelled)) }
     }
@@ -225,9 +244,11 @@ extension PostgresQueueStore: QueueStorage {
                     SELECT id FROM \(unescaped: names.queue)
                     WHERE expires_at <= \(now) AND (lease_token IS NULL OR lease_until <= \(now))
                     FOR UPDATE SKIP LOCKED
-                )
-                DELETE FROM \(unescaped: names.queue) t USING expired WHERE t.id = expired.id
-                RETURNING t.id, t.priority, t.seq, t.entry::text
+                ), gone AS (
+                    DELETE FROM \(unescaped: names.queue) t USING expired WHERE t.id = expired.id
+                    RETURNING t.id, t.priority, t.seq, t.entry)
+                SELECT gone.id, gone.priority, gone.seq, gone.entry::text FROM gone,
+                    LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("r")) || gone.id::text || '|e')) AS notified
                 """, logger: logger)
             var removed: [(priority: Int32, entry: QueueEntry)] = []
             for try await (id, priority, seq, json) in rows.decode((UUID, Int32, Int64, String).self) {
@@ -273,7 +294,9 @@ extension PostgresQueueStore {
     /// Adds `entry` (as `json`) inside the transaction open on `connection`: the key locks, the
     /// coalescing replacement or the limit check, the insert, and the notification (sent when the
     /// transaction commits).
-    func insert(_ entry: QueueEntry, json: String, limit: Int?, on connection: PostgresConnection) async throws -> (QueueEntry, replaced: UUID?) {
+    func insert(
+        _ entry: QueueEntry, json: String, limit: Int?, publishes: Bool = true, on connection: PostgresConnection
+    ) async throws -> (QueueEntry, replaced: UUID?) {
         // A limit of `Int.max` bounds nothing: no count, and no table-wide lock.
         let limit = limit == Int.max ? nil : limit
         // Advisory locks, held to the end of the transaction, in one order for every transaction
@@ -291,7 +314,7 @@ extension PostgresQueueStore {
         }
 
         if let key = entry.coalescingKey, let (placed, holder) = try await replaceHolder(of: key, with: entry, json: json, on: connection) {
-            try await notify(on: connection)
+            try await notify(notice("s", entry.id, holder.uuidString, fromHere: publishes), on: connection)
             return (entry.placed(at: UInt64(placed)), holder)
         }
 
@@ -316,7 +339,7 @@ extension PostgresQueueStore {
                     next_attempt_at = EXCLUDED.next_attempt_at, expires_at = EXCLUDED.expires_at, entry = EXCLUDED.entry
                 RETURNING seq
             )
-            SELECT added.seq FROM added, pg_notify(\(names.plain), '') AS notified
+            SELECT added.seq FROM added, LATERAL (SELECT pg_notify(\(names.plain), \(notice("s", entry.id, fromHere: publishes)))) AS notified
             """, logger: logger)
         var placed: Int64?
         for try await seq in rows.decode(Int64.self) { placed = seq }
@@ -360,8 +383,8 @@ extension PostgresQueueStore {
         return placed
     }
 
-    /// `NOTIFY` on the table's channel, delivered when the transaction commits.
-    private func notify(on connection: PostgresConnection) async throws {
-        try await connection.query("SELECT pg_notify(\(names.plain), '')", logger: logger)
+    /// `NOTIFY` on the table's channel with `payload`, delivered when the transaction commits.
+    private func notify(_ payload: String, on connection: PostgresConnection) async throws {
+        try await connection.query("SELECT pg_notify(\(names.plain), \(payload))", logger: logger)
     }
 }

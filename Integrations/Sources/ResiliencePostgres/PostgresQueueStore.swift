@@ -73,11 +73,13 @@ public final class PostgresQueueStore: Sendable {
     /// the same policy.
     public let secretPolicy: QueueSecretPolicy
 
-    /// This store's own changes (`add`, and the settlements, cancels and sweeps it makes), kept
-    /// only once someone follows the feed (it then reads the table once). Other replicas'
-    /// changes, and entries an outbox `enqueue` adds in a caller's transaction, reach it only
-    /// through that first read: it does not follow `NOTIFY` yet.
+    /// Every replica's changes to the table: this store publishes its own as it makes them, and
+    /// learns of the others' (outbox enqueues included) from the `NOTIFY` each change sends —
+    /// once someone follows the feed (until then it keeps nothing, and listens on nothing). See
+    /// `ChangeFeedFollower` for the notices and what a lost connection does.
     public let changeFeed: QueueChangeFeed
+    /// Follows the channel for `changeFeed`, and names this store in its notices.
+    let follower = ChangeFeedFollower()
 
     let names: TableNames
     let logger: Logger
@@ -112,18 +114,16 @@ public final class PostgresQueueStore: Sendable {
         self.names = TableNames(tableName)
         self.logger = logger
         self.reconnectDelay = reconnectDelay
-        let names = self.names
+        let (names, follower) = (self.names, self.follower)
         changeFeed = QueueChangeFeed { feed in
-            Task {
-                let queued = try? await client.query(
-                    "SELECT seq, entry::text FROM \(unescaped: names.queue) ORDER BY priority DESC, seq", logger: logger)
-                guard let queued, let entries = try? await Self.entries(from: queued) else {
-                    logger.debug("the change feed could not read the queue table", metadata: ["table": "\(names.plain)"])
-                    return
-                }
-                for entry in entries { feed.publishFromElsewhere(.stored(entry, replacing: nil)) }
-            }
+            follower.start(feed: feed, client: client, names: names, logger: logger, reconnectDelay: reconnectDelay)
         }
+    }
+
+    /// Stops following the table's changes for `changeFeed` (and gives its connection back). The
+    /// table itself stays usable: the store holds nothing else to let go of.
+    public func close() async {
+        follower.stop()
     }
 
     /// Whether `name` may name the queue table.

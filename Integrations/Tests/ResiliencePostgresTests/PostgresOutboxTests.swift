@@ -35,6 +35,31 @@ struct PostgresOutboxTests {
         }
     }
 
+    /// The change feed learns of an outbox enqueue from its notice, once the transaction commits
+    /// (the store does not publish it itself: the transaction might roll back); a rolled-back one
+    /// never shows.
+    @Test func anOutboxEnqueueShowsOnTheChangeFeedOnlyOnceCommitted() async throws {
+        try await PostgresTestDatabase.withStore { store, client in
+            let logger = self.logger
+            var changes = store.changeFeed.changes.makeAsyncIterator()  // starts following the table
+            await #expect(throws: PostgresTransactionError.self) {
+                try await client.withTransaction(logger: logger) { connection in
+                    _ = try await store.enqueue(request("/rolled-back"), on: connection)
+                    throw RolledBack()
+                }
+            }
+            let id = try await client.withTransaction(logger: logger) { connection in
+                try await store.enqueue(request("/committed"), on: connection)
+            }
+            guard case .stored(let entry, nil) = await changes.next() else {
+                Issue.record("no stored change")
+                return
+            }
+            #expect(entry.id == id && entry.url.path == "/committed")
+            #expect(store.changeFeed.entries().map(\.id) == [id])
+        }
+    }
+
     @Test func anOutboxEnqueueNeedsATransaction() async throws {
         try await PostgresTestDatabase.withStore { store, client async throws in
             let outsideATransaction: @Sendable () async throws -> Void = {

@@ -150,6 +150,10 @@ public final class QueueChangeFeed: Sendable {
     /// Whether an entry with this id is stored (not only offered).
     public func contains(id: UUID) -> Bool { observing { $0.entries[id] != nil } }
 
+    /// The stored entry with this id, as the feed last heard of it (storage that learns of a
+    /// removal by id alone publishes it with this).
+    public func entry(id: UUID) -> QueueEntry? { observing { $0.entries[id] } }
+
     /// The stored entries in claim order (priority descending, then FIFO), then the requests being
     /// offered at once (oldest offer first).
     public func entries() -> [QueueEntry] { observing { Self.pending($0) } }
