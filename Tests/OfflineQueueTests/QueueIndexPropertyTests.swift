@@ -62,6 +62,67 @@ struct QueueIndexPropertyTests {
         return QueueEntry(id: id, request: Mutation("/e", priority: priority), idempotencyKey: "k", enqueuedAt: Date(), sequence: sequence)
     }
 
+    /// The heads a claim offers (`QueueIndex.isHead`): through random adds, removals, re-saves
+    /// with another priority or key and reloads, an entry is a head exactly when no live entry of
+    /// its ordering key, nor of its coalescing key, has a smaller sequence — whatever the
+    /// priorities — and `forEachInOrder` visits the replay order, stopping when told.
+    @Test(arguments: [1, 2, 3] as [UInt64])
+    func headsMatchTheModelThroughRandomChanges(seed: UInt64) {
+        var generator = SplitMix64(seed: seed)
+        var index = QueueIndex()
+        var live: [UUID: QueueEntry] = [:]
+        var nextSequence: UInt64 = 1
+        func keyed(_ id: UUID, sequence: UInt64) -> QueueEntry {
+            var request = Mutation("/e", priority: QueuePriority(rawValue: Int.random(in: 0...2, using: &generator)) ?? .normal)
+            request.orderingKey = Int.random(in: 0..<3, using: &generator) == 0 ? nil : "o\(Int.random(in: 0..<4, using: &generator))"
+            request.coalescingKey = Int.random(in: 0..<2, using: &generator) == 0 ? nil : "c\(Int.random(in: 0..<4, using: &generator))"
+            return QueueEntry(id: id, request: request, idempotencyKey: "k", enqueuedAt: Date(), sequence: sequence)
+        }
+        for step in 0..<1_500 {
+            // Past 30 entries every step removes one, so the queue stays small enough to check
+            // every entry against every other at each step.
+            let roll = live.count > 30 ? 0 : Int.random(in: 0..<100, using: &generator)
+            if roll < 30, let id = live.keys.sorted(by: { $0.uuidString < $1.uuidString }).randomElement(using: &generator) {
+                index.remove(id)
+                live[id] = nil
+            } else if roll < 45, let id = live.keys.sorted(by: { $0.uuidString < $1.uuidString }).randomElement(using: &generator) {
+                let entry = keyed(id, sequence: live[id]!.sequence)  // other keys and priority, same place
+                index.upsert(entry)
+                live[id] = entry
+            } else if roll < 48 {
+                index = QueueIndex(loading: Array(live.values))
+            } else {
+                let entry = keyed(UUID(), sequence: nextSequence)
+                nextSequence += 1
+                index.upsert(entry)
+                live[entry.id] = entry
+            }
+            for entry in live.values {
+                let blocked = live.values.contains { other in
+                    other.sequence < entry.sequence
+                        && ((entry.orderingKey != nil && other.orderingKey == entry.orderingKey)
+                            || (entry.coalescingKey != nil && other.coalescingKey == entry.coalescingKey))
+                }
+                guard index.isHead(entry) == !blocked else {
+                    Issue.record("seed \(seed), step \(step): isHead \(index.isHead(entry)) for an entry the model says is \(blocked ? "blocked" : "a head")")
+                    return
+                }
+            }
+            var visited: [UUID] = []
+            index.forEachInOrder { entry in
+                visited.append(entry.id)
+                return true
+            }
+            #expect(visited == index.ordered().map(\.id))
+            var first: [UUID] = []
+            index.forEachInOrder { entry in
+                first.append(entry.id)
+                return false
+            }
+            #expect(first == Array(visited.prefix(1)))
+        }
+    }
+
     @Test(arguments: [1, 2, 3, 4, 5] as [UInt64])
     func indexMatchesTheModelThroughRandomSavesResavesRemovesAndReloads(seed: UInt64) {
         var generator = SplitMix64(seed: seed)

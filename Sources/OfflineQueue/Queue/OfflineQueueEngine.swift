@@ -245,7 +245,7 @@ public actor OfflineQueueEngine {
         var offered: QueueEntry?
         // As for a replay: no older edit of its key may come back after a crash (else the edit
         // is stored and a later pass sends it).
-        if attemptFirst, await mayTrySending(request), await olderEditsAreGone(request.coalescingKey) {
+        if attemptFirst, await mayTrySending(request) {
             let entry = QueueEntry(id: id, request: request, idempotencyKey: key, enqueuedAt: now, sequence: QueueEntry.unplacedSequence)
             var keyed = entry.replayRequest
             keyed?.keepSecretHeaders(from: request)
@@ -440,16 +440,9 @@ public actor OfflineQueueEngine {
 
     private func mayTrySending(_ request: some QueueableRequest) async -> Bool {
         guard !learnedOffline, await reachability.isConnected else { return false }
-        // Entries already waiting with the same ordering or coalescing key must go first.
-        guard let store = disk else {
-            // On storage other engines drain, a request with a key goes through the table: a send
-            // at once could overlap another engine's send of the same key, or overtake an entry
-            // of the key added meanwhile. It is stored, and a pass claims it (at once if started).
-            return request.orderingKey == nil && request.coalescingKey == nil
-        }
-        if let key = request.orderingKey, store.hasEntries(orderingKey: key) { return false }
-        if let key = request.coalescingKey, store.entry(coalescingKey: key) != nil { return false }
-        return true
+        // Entries already waiting with the same ordering or coalescing key must go first; the
+        // storage says when nothing such can be in it (see `QueueStorage.maySendAtOnce`).
+        return await storage.maySendAtOnce(orderingKey: request.orderingKey, coalescingKey: request.coalescingKey)
     }
 
     /// The first attempt of an enqueue, bounded by the request's `timeout` (and its `deadline`,
@@ -780,19 +773,6 @@ public actor OfflineQueueEngine {
             break
         }
         return outcome
-    }
-
-    /// Whether an edit of `coalescingKey` may be sent now: every deletion so far is durable
-    /// (`DiskQueueStore.makeDeletionsDurable()`). Always true without a key.
-    private func olderEditsAreGone(_ coalescingKey: String?) async -> Bool {
-        // Other storage keeps no older edit that could come back (`QueueStorage`'s rules).
-        guard coalescingKey != nil, let store = disk else { return true }
-        do {
-            try await store.makeDeletionsDurable()
-            return true
-        } catch {
-            return false
-        }
     }
 
     func record(_ result: QueueEntryResult, in report: inout FlushReport) {

@@ -17,6 +17,20 @@ extension DiskQueueStore: QueueStorage {
         return false
     }
 
+    /// True when no entry of either key is queued and, for a coalescing key, every deletion so
+    /// far is durable (`makeDeletionsDurable()`; false when the disk refuses).
+    public func maySendAtOnce(orderingKey: String?, coalescingKey: String?) async -> Bool {
+        if let orderingKey, hasEntries(orderingKey: orderingKey) { return false }
+        guard let coalescingKey else { return true }
+        guard entry(coalescingKey: coalescingKey) == nil else { return false }
+        do {
+            try await makeDeletionsDurable()
+            return true
+        } catch {
+            return false
+        }
+    }
+
     public func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
         var entry = entry.withStorableHeaders()
         // The holder of the coalescing key is replaced in its place unless it is claimed or of
@@ -39,30 +53,12 @@ extension DiskQueueStore: QueueStorage {
         return entry
     }
 
+    /// Reads the index in replay order only as far as it needs: the first claimable entries, each
+    /// the head of its ordering and coalescing keys (`QueueIndex.isHead`), so a claim from the
+    /// front of the queue costs O(1) rather than a pass over every entry.
     public func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
         guard limit > 0 else { return [] }
-        let queued = orderedEntries()
-        // The first queued sequence of each ordering and coalescing key: only that entry of a key
-        // may go (a key's entries go one at a time, in order).
-        var orderingHeads: [String: UInt64] = [:]
-        var coalescingHeads: [String: UInt64] = [:]
-        for entry in queued {
-            if let key = entry.orderingKey { orderingHeads[key] = min(orderingHeads[key] ?? .max, entry.sequence) }
-            if let key = entry.coalescingKey { coalescingHeads[key] = min(coalescingHeads[key] ?? .max, entry.sequence) }
-        }
-        let claimed = claims.withLock { claims in
-            var claimed: [QueueClaim] = []
-            for entry in queued where claimed.count < limit {
-                guard claims[entry.id] == nil, !entry.isExpired(at: now) else { continue }
-                if let next = entry.nextAttemptAt, next > now { continue }
-                if let key = entry.orderingKey, orderingHeads[key] != entry.sequence { continue }
-                if let key = entry.coalescingKey, coalescingHeads[key] != entry.sequence { continue }
-                let token = UUID()
-                claims[entry.id] = token
-                claimed.append(QueueClaim(entry: entry, token: token, leaseEnds: nil))
-            }
-            return claimed
-        }
+        let claimed = markClaims(upTo: limit, now: now)
         // An edit of a coalescing key goes out only once every deletion so far is durable, or a
         // crash could bring an older edit's file back to be sent after it (Models/QueueCoalescing.pml).
         guard claimed.contains(where: { $0.entry.coalescingKey != nil }) else { return claimed }

@@ -312,6 +312,26 @@ public final class DiskQueueStore: Sendable {
         changeFeed.publish(change)
     }
 
+    /// Marks claimed (in `claims`) and returns up to `limit` entries that may be sent at `now`:
+    /// unclaimed, due, alive, and the head of their keys, in replay order.
+    func markClaims(upTo limit: Int, now: Date) -> [QueueClaim] {
+        state.withLock { state in
+            claims.withLock { claims in
+                var claimed: [QueueClaim] = []
+                state.index.forEachInOrder { entry in
+                    guard claims[entry.id] == nil, !entry.isExpired(at: now) else { return true }
+                    if let next = entry.nextAttemptAt, next > now { return true }
+                    guard state.index.isHead(entry) else { return true }
+                    let token = UUID()
+                    claims[entry.id] = token
+                    claimed.append(QueueClaim(entry: entry, token: token, leaseEnds: nil))
+                    return claimed.count < limit
+                }
+                return claimed
+            }
+        }
+    }
+
     /// The entry with this id, if queued.
     public func entry(id: UUID) -> QueueEntry? { state.withLock { $0.index[id] } }
 

@@ -22,7 +22,10 @@ struct QueueIndex: Sendable {
     /// Ids whose dead slots are still in a lane (cleared by `compact()`).
     private var deadIDs: Set<UUID> = []
     private var byCoalescingKey: [String: UUID] = [:]
-    private var orderingKeyCounts: [String: Int] = [:]
+    /// The sequences of each ordering key's and each coalescing key's live entries, ascending: the
+    /// first is the key's head, the only entry of the key a claim may offer.
+    private var orderingSequences: [String: [UInt64]] = [:]
+    private var coalescingSequences: [String: [UInt64]] = [:]
 
     init() {}
 
@@ -37,7 +40,27 @@ struct QueueIndex: Sendable {
     subscript(id: UUID) -> QueueEntry? { entries[id] }
 
     /// Whether any live entry carries `orderingKey`.
-    func contains(orderingKey: String) -> Bool { orderingKeyCounts[orderingKey, default: 0] > 0 }
+    func contains(orderingKey: String) -> Bool { orderingSequences[orderingKey] != nil }
+
+    /// Whether `entry` is the first queued entry (the smallest sequence) of its ordering key and
+    /// of its coalescing key: only such an entry may be sent (a key's entries go one at a time, in
+    /// order).
+    func isHead(_ entry: QueueEntry) -> Bool {
+        if let key = entry.orderingKey, orderingSequences[key]?.first != entry.sequence { return false }
+        if let key = entry.coalescingKey, coalescingSequences[key]?.first != entry.sequence { return false }
+        return true
+    }
+
+    /// Calls `body` with the live entries in replay order until it returns false: a claim reads
+    /// only as far as it needs.
+    func forEachInOrder(_ body: (QueueEntry) -> Bool) {
+        for priority in lanes.keys.sorted(by: >) {
+            for slot in lanes[priority] ?? [] {
+                guard let entry = entries[slot.id], entry.sequence == slot.sequence, entry.priority == priority else { continue }
+                if !body(entry) { return }
+            }
+        }
+    }
 
     func entry(coalescingKey: String) -> QueueEntry? {
         byCoalescingKey[coalescingKey].flatMap { entries[$0] }
@@ -54,8 +77,12 @@ struct QueueIndex: Sendable {
             }
             entries[entry.id] = entry
             if old.orderingKey != entry.orderingKey {
-                if let key = old.orderingKey { decrementOrderingKey(key) }
-                if let key = entry.orderingKey { orderingKeyCounts[key, default: 0] += 1 }
+                if let key = old.orderingKey { Self.remove(old.sequence, key, from: &orderingSequences) }
+                if let key = entry.orderingKey { Self.insert(entry.sequence, key, into: &orderingSequences) }
+            }
+            if old.coalescingKey != entry.coalescingKey {
+                if let key = old.coalescingKey { Self.remove(old.sequence, key, from: &coalescingSequences) }
+                if let key = entry.coalescingKey { Self.insert(entry.sequence, key, into: &coalescingSequences) }
             }
             if let key = old.coalescingKey, key != entry.coalescingKey, byCoalescingKey[key] == entry.id {
                 byCoalescingKey[key] = nil
@@ -75,15 +102,21 @@ struct QueueIndex: Sendable {
             lane.append(slot)
         }
         lanes[entry.priority] = lane
-        if let key = entry.orderingKey { orderingKeyCounts[key, default: 0] += 1 }
-        if let key = entry.coalescingKey { byCoalescingKey[key] = entry.id }
+        if let key = entry.orderingKey { Self.insert(entry.sequence, key, into: &orderingSequences) }
+        if let key = entry.coalescingKey {
+            byCoalescingKey[key] = entry.id
+            Self.insert(entry.sequence, key, into: &coalescingSequences)
+        }
     }
 
     @discardableResult
     mutating func remove(_ id: UUID) -> QueueEntry? {
         guard let entry = entries.removeValue(forKey: id) else { return nil }
-        if let key = entry.coalescingKey, byCoalescingKey[key] == id { byCoalescingKey[key] = nil }
-        if let key = entry.orderingKey { decrementOrderingKey(key) }
+        if let key = entry.coalescingKey {
+            if byCoalescingKey[key] == id { byCoalescingKey[key] = nil }
+            Self.remove(entry.sequence, key, from: &coalescingSequences)
+        }
+        if let key = entry.orderingKey { Self.remove(entry.sequence, key, from: &orderingSequences) }
         deadInLanes += 1
         deadIDs.insert(id)
         if deadInLanes > max(64, entries.count) { compact() }
@@ -96,7 +129,8 @@ struct QueueIndex: Sendable {
         deadInLanes = 0
         deadIDs = []
         byCoalescingKey = [:]
-        orderingKeyCounts = [:]
+        orderingSequences = [:]
+        coalescingSequences = [:]
     }
 
     /// Live entries in replay order.
@@ -130,17 +164,40 @@ struct QueueIndex: Sendable {
         deadIDs = []
     }
 
-    private mutating func decrementOrderingKey(_ key: String) {
-        orderingKeyCounts[key, default: 1] -= 1
-        if orderingKeyCounts[key] == 0 { orderingKeyCounts[key] = nil }
+    private func insertionIndex(in lane: [Slot], for sequence: UInt64) -> Int {
+        Self.insertionIndex(of: sequence, count: lane.count) { lane[$0].sequence }
     }
 
-    private func insertionIndex(in lane: [Slot], for sequence: UInt64) -> Int {
+    /// Adds `sequence` to `key`'s ascending list (appended when it is the largest, as a new
+    /// entry's is).
+    private static func insert(_ sequence: UInt64, _ key: String, into lists: inout [String: [UInt64]]) {
+        if let last = lists[key]?.last, last > sequence {
+            let list = lists[key]!
+            lists[key]!.insert(sequence, at: insertionIndex(of: sequence, count: list.count) { list[$0] })
+        } else {
+            lists[key, default: []].append(sequence)
+        }
+    }
+
+    /// Removes one `sequence` from `key`'s list, and the list once it is empty.
+    private static func remove(_ sequence: UInt64, _ key: String, from lists: inout [String: [UInt64]]) {
+        guard let list = lists[key] else { return }
+        let position = insertionIndex(of: sequence, count: list.count) { list[$0] }
+        guard position < list.count, list[position] == sequence else { return }
+        if list.count == 1 {
+            lists[key] = nil
+        } else {
+            lists[key]!.remove(at: position)
+        }
+    }
+
+    /// The first position whose value is not below `sequence`, in an ascending list read by `value`.
+    private static func insertionIndex(of sequence: UInt64, count: Int, value: (Int) -> UInt64) -> Int {
         var low = 0
-        var high = lane.count
+        var high = count
         while low < high {
             let mid = (low + high) / 2
-            if lane[mid].sequence < sequence { low = mid + 1 } else { high = mid }
+            if value(mid) < sequence { low = mid + 1 } else { high = mid }
         }
         return low
     }

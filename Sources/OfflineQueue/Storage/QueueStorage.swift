@@ -44,6 +44,16 @@ public protocol QueueStorage: Sendable {
     /// either key must not overtake it (the engine then stores the request instead of sending it).
     func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool
 
+    /// Whether a request with these keys may be sent before it is stored (`enqueue` sending at
+    /// once, online): only when nothing it must not overtake can be in the storage. The default
+    /// answers true only for a request with neither key: on storage many consumers share, another
+    /// consumer may add an entry of the key at that moment, and a send outside the storage would
+    /// overtake it (the request is stored, and a pass claims it). `DiskQueueStore`, the only
+    /// consumer of its folder, answers from its index — no entry of either key is queued — and,
+    /// for a coalescing key, once every older edit's deletion is durable (an older edit's file
+    /// must not come back after a crash and be sent after this one).
+    func maySendAtOnce(orderingKey: String?, coalescingKey: String?) async -> Bool
+
     /// Stores `entry`, returning it as stored (with the `sequence` that places it).
     ///
     /// With a `coalescingKey`, the queued and unclaimed entry of that key with the same
@@ -114,6 +124,10 @@ public protocol QueueStorage: Sendable {
 }
 
 extension QueueStorage {
+    public func maySendAtOnce(orderingKey: String?, coalescingKey: String?) async -> Bool {
+        orderingKey == nil && coalescingKey == nil
+    }
+
     public func arrivals() -> AsyncStream<Void> { AsyncStream { _ in } }
 
     /// The queued entries that have not expired by the system clock, in claim order; none when
