@@ -49,11 +49,11 @@ extension OfflineQueueEngine {
     /// claimable, the network is gone, or the pass is cancelled. An entry the pass already sent
     /// (kept with no wait) ends it rather than going twice.
     ///
-    /// The storage's calls that settle what the pass did run outside the pass's task (`settled`):
-    /// a cancelled pass (`stop()`, a drain budget, a service's shutdown) still hands its claim back,
-    /// or completes an entry whose send landed as the cancellation came, where a storage that
-    /// checks for cancellation (postgres-nio does) would refuse the call and leave the entry
-    /// leased until its lease ran out.
+    /// Once the pass is cancelled, the storage's calls that settle what it did run outside its task
+    /// (`settled`): a cancelled pass (`stop()`, a drain budget, a service's shutdown) still hands
+    /// its claim back, or completes an entry whose send landed as the cancellation came, where a
+    /// storage that checks for cancellation (postgres-nio does) would refuse the call and leave the
+    /// entry leased until its lease ran out.
     func runClaimingPass(_ report: inout FlushReport, connected: Bool) async {
         await storage.passBegins()
         do {
