@@ -44,22 +44,22 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
     /// Tells engines following `arrivals()` that work was added (as a NOTIFY would).
     package func announceArrival() { arrivalSubscribers.yield(()) }
 
-    nonisolated(nonsending) package func queuedEntries() async throws -> [QueueEntry] {
+    package func queuedEntries() async throws -> [QueueEntry] {
         try Task.checkCancellation()
         return state.withLock { Self.ordered($0.rows.values.map(\.entry)) }
     }
 
-    nonisolated(nonsending) package func queuedCount() async throws -> Int {
+    package func queuedCount() async throws -> Int {
         try Task.checkCancellation()
         return state.withLock { $0.rows.count }
     }
 
-    nonisolated(nonsending) package func queuedEntry(id: UUID) async throws -> QueueEntry? {
+    package func queuedEntry(id: UUID) async throws -> QueueEntry? {
         try Task.checkCancellation()
         return state.withLock { $0.rows[id]?.entry }
     }
 
-    nonisolated(nonsending) package func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
+    package func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
         state.withLock { state in
             state.rows.values.contains { row in
                 (orderingKey != nil && row.entry.orderingKey == orderingKey)
@@ -68,7 +68,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    nonisolated(nonsending) package func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
+    package func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
         try Task.checkCancellation()
         return try state.withLock { state in
             let holder = entry.coalescingKey.flatMap { key in
@@ -92,7 +92,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    nonisolated(nonsending) package func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
+    package func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
         try Task.checkCancellation()
         return state.withLock { state in
             let all = Self.ordered(state.rows.values.map(\.entry))
@@ -116,7 +116,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    nonisolated(nonsending) package func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
+    package func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
         try Task.checkCancellation()
         if state.withLock({ $0.hangRenewals }) {
             state.withLock { $0.renewals += 1 }
@@ -137,7 +137,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    nonisolated(nonsending) package func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
+    package func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
         try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
@@ -146,7 +146,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    nonisolated(nonsending) package func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
+    package func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
         try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
@@ -156,7 +156,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    nonisolated(nonsending) package func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
+    package func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
         try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
@@ -166,7 +166,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    nonisolated(nonsending) package func cancel(id: UUID) async throws -> Bool {
+    package func cancel(id: UUID) async throws -> Bool {
         state.withLock { state in
             guard let removed = state.rows.removeValue(forKey: id) else { return false }
             changeFeed.publish(.removed(removed.entry, reason: .cancelled))
@@ -174,14 +174,14 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    nonisolated(nonsending) package func removeAll() async throws {
+    package func removeAll() async throws {
         state.withLock { state in
             for entry in Self.ordered(state.rows.values.map(\.entry)) { changeFeed.publish(.removed(entry, reason: .cancelled)) }
             state.rows = [:]
         }
     }
 
-    nonisolated(nonsending) package func removeExpired(now: Date) async throws -> [QueueEntry] {
+    package func removeExpired(now: Date) async throws -> [QueueEntry] {
         try Task.checkCancellation()
         return state.withLock { state in
             let expired = state.rows.values.filter { $0.entry.isExpired(at: now) && ($0.token == nil || ($0.leaseEnds ?? now) <= now) }.map(\.entry)
@@ -195,7 +195,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
 
     /// The earliest backoff's end among the entries `claim` may offer: the first of each ordering
     /// and coalescing key (as `PostgresQueueStore` answers).
-    nonisolated(nonsending) package func earliestNextAttempt() async throws -> Date? {
+    package func earliestNextAttempt() async throws -> Date? {
         state.withLock { state in
             let entries = state.rows.values.map(\.entry)
             return entries.filter { entry in

@@ -109,15 +109,13 @@ struct QueueIndexPropertyTests {
                 }
             }
             var visited: [UUID] = []
-            let index2 = index
-            index.forEachInOrder { entry, isHead in
-                #expect(isHead == index2.isHead(entry))
+            index.forEachInOrder { entry in
                 visited.append(entry.id)
                 return true
             }
             #expect(visited == index.ordered().map(\.id))
             var first: [UUID] = []
-            index.forEachInOrder { entry, _ in
+            index.forEachInOrder { entry in
                 first.append(entry.id)
                 return false
             }

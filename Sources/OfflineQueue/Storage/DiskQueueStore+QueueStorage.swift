@@ -5,13 +5,13 @@ import Foundation
 /// an in-memory mark with no lease (`leaseEnds` is `nil`, `renew` only checks it), and a crash
 /// drops every claim with the process: the next open finds each entry queued, as on disk.
 extension DiskQueueStore: QueueStorage {
-    nonisolated(nonsending) public func queuedEntries() async throws -> [QueueEntry] { orderedEntries() }
+    public func queuedEntries() async throws -> [QueueEntry] { orderedEntries() }
 
-    nonisolated(nonsending) public func queuedCount() async throws -> Int { entryCount }
+    public func queuedCount() async throws -> Int { entryCount }
 
-    nonisolated(nonsending) public func queuedEntry(id: UUID) async throws -> QueueEntry? { entry(id: id) }
+    public func queuedEntry(id: UUID) async throws -> QueueEntry? { entry(id: id) }
 
-    nonisolated(nonsending) public func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
+    public func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
         if let orderingKey, hasEntries(orderingKey: orderingKey) { return true }
         if let coalescingKey, entry(coalescingKey: coalescingKey) != nil { return true }
         return false
@@ -19,7 +19,7 @@ extension DiskQueueStore: QueueStorage {
 
     /// True when no entry of either key is queued and, for a coalescing key, every deletion so
     /// far is durable (`makeDeletionsDurable()`; false when the disk refuses).
-    nonisolated(nonsending) public func maySendAtOnce(orderingKey: String?, coalescingKey: String?) async -> Bool {
+    public func maySendAtOnce(orderingKey: String?, coalescingKey: String?) async -> Bool {
         if let orderingKey, hasEntries(orderingKey: orderingKey) { return false }
         guard let coalescingKey else { return true }
         guard entry(coalescingKey: coalescingKey) == nil else { return false }
@@ -31,7 +31,7 @@ extension DiskQueueStore: QueueStorage {
         }
     }
 
-    nonisolated(nonsending) public func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
+    public func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
         var entry = entry.withStorableHeaders()
         // The holder of the coalescing key is replaced in its place unless it is claimed or of
         // another ordering key (whose line the edit must not jump); while the edit is written the
@@ -40,9 +40,13 @@ extension DiskQueueStore: QueueStorage {
         if let key = entry.coalescingKey, let holder = self.entry(coalescingKey: key), holder.id != entry.id,
             holder.orderingKey == entry.orderingKey
         {
-            replaced = claims.withLock { $0.startReplacing(holder.id) ? holder : nil }
+            replaced = claims.withLock { claims in
+                guard claims[holder.id] == nil else { return nil }
+                claims[holder.id] = .some(nil)
+                return holder
+            }
         }
-        defer { if let replaced { claims.withLock { $0.replacementEnded(replaced.id) } } }
+        defer { if let replaced { claims.withLock { _ = $0.removeValue(forKey: replaced.id) } } }
         if entry.coalescingKey != nil { entry = entry.revised(Int(makeSequence())) }
         entry = entry.placed(at: replaced?.sequence ?? makeSequence())
         try await insert(entry, limit: limit, replacing: replaced?.id)
@@ -52,7 +56,7 @@ extension DiskQueueStore: QueueStorage {
     /// Reads the index in replay order only as far as it needs: the first claimable entries, each
     /// the head of its ordering and coalescing keys (`QueueIndex.isHead`), so a claim from the
     /// front of the queue costs O(1) rather than a pass over every entry.
-    nonisolated(nonsending) public func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
+    public func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
         guard limit > 0 else { return [] }
         let claimed = markClaims(upTo: limit, now: now)
         // An edit of a coalescing key goes out only once every deletion so far is durable, or a
@@ -63,58 +67,44 @@ extension DiskQueueStore: QueueStorage {
             return claimed
         } catch {
             claims.withLock { claims in
-                for claim in claimed { claims.end(claim.entry.id) }
+                for claim in claimed { claims[claim.entry.id] = nil }
             }
             throw error
         }
     }
 
-    nonisolated(nonsending) public func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
+    public func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
         try checkLive(claim, ending: false)
         return claim
     }
 
-    nonisolated(nonsending) public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
+    public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
         try checkLive(claim, ending: true)
         discard(id: claim.entry.id, reason: reason)
     }
 
-    /// Keeps the entry as `entry` says — unless a newer edit of its coalescing key was stored
-    /// behind it while it was claimed (being sent): the newest edit wins, so the entry is removed
-    /// (`superseded`) and the release throws `claimLost` (nothing of it is kept). On a full disk the
-    /// file keeps its older state, but the index takes the new count and backoff, so this process
-    /// still honours them.
-    nonisolated(nonsending) public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
+    public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
         try checkLive(claim, ending: true)
-        if let key = entry.coalescingKey, let newest = self.entry(coalescingKey: key), newest.id != entry.id,
-            newest.sequence > entry.sequence
-        {
-            discard(id: entry.id, reason: .superseded)
-            throw OfflineQueueError.claimLost(id: entry.id)
-        }
-        if entry != claim.entry { try? await update(entry) }
+        if entry != claim.entry { try await update(entry) }
     }
 
-    nonisolated(nonsending) public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
+    public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
         try checkLive(claim, ending: false)
         // A dead letter that cannot be written keeps the claim: the consumer then releases the
         // entry for a later attempt instead of losing it.
-        let moved = try await moveToDeadLetter(entry)
-        claims.withLock { $0.end(claim.entry.id) }
-        // Cancelled while its dead letter was written: no dead letter is left, and the claim ends
-        // as lost (nothing to report).
-        guard moved else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
+        _ = try await moveToDeadLetter(entry)
+        claims.withLock { _ = $0.removeValue(forKey: claim.entry.id) }
     }
 
-    nonisolated(nonsending) public func cancel(id: UUID) async throws -> Bool {
+    public func cancel(id: UUID) async throws -> Bool {
         guard entry(id: id) != nil else { return false }
         try remove(id: id)
-        claims.withLock { $0.end(id) }
+        claims.withLock { _ = $0.removeValue(forKey: id) }
         return true
     }
 
-    nonisolated(nonsending) public func removeExpired(now: Date) async throws -> [QueueEntry] {
-        let claimed = claims.withLock { $0.busyIDs }
+    public func removeExpired(now: Date) async throws -> [QueueEntry] {
+        let claimed = claims.withLock { Set($0.keys) }
         let expired = orderedEntries().filter { $0.isExpired(at: now) && !claimed.contains($0.id) }
         for entry in expired { discard(id: entry.id, reason: .expired) }
         finishRemovals()
@@ -124,85 +114,22 @@ extension DiskQueueStore: QueueStorage {
     /// The earliest backoff's end among the entries `claim` may offer: the first of each ordering
     /// key and of each coalescing key (an edit waiting behind an earlier one of its key does not
     /// count, whatever its own date).
-    nonisolated(nonsending) public func earliestNextAttempt() async throws -> Date? {
+    public func earliestNextAttempt() async throws -> Date? {
         earliestBackoffEnd(coalescingFollowers: false)
     }
-
-    /// One engine owns the folder: every entry comes from its own `enqueue` (or the app's `save`).
-    public var othersAddWork: Bool { false }
-
-    /// The pass's deletions wake the I/O thread a batch at a time (`DeferredRemovals`).
-    nonisolated(nonsending) public func passBegins() async { startBatchingRemovals() }
-
-    /// The pass's deletions ran beside its sends; when it returns its finished files are gone.
-    nonisolated(nonsending) public func passEnded() async {
-        stopBatchingRemovals()
-        finishRemovals()
-    }
-
-    nonisolated(nonsending) public func removalsSettled() async { await settleRemovals() }
-
-    nonisolated(nonsending) public func noteInFlight(_ ids: Set<UUID>) async { await noteSending(ids) }
 
     /// Throws `claimLost` unless `claim` is its entry's live claim and the entry is queued; with
     /// `ending`, the claim ends here.
     private func checkLive(_ claim: QueueClaim, ending: Bool) throws {
         let id = claim.entry.id
         let live = claims.withLock { claims -> Bool in
-            guard claims.isLive(id, token: claim.token) else { return false }
-            if ending { claims.end(id) }
+            guard claims[id] == .some(claim.token) else { return false }
+            if ending { claims[id] = nil }
             return true
         }
         guard live, entry(id: id) != nil else {
-            if live && !ending { claims.withLock { $0.end(id) } }
+            if live && !ending { claims.withLock { _ = $0.removeValue(forKey: id) } }
             throw OfflineQueueError.claimLost(id: id)
         }
     }
-}
-
-/// The disk store's claims: which entries are being sent (each with its claim's token) or being
-/// replaced by a newer edit of their coalescing key — `QueueEntryLifecycle`'s phases, the value
-/// whose transitions the spin model's traces check (`QueueCoalescingModelTests`). Neither is
-/// offered by `claim`; an edit does not replace a holder being sent (it is stored behind it).
-struct DiskClaims: Sendable {
-    private var lifecycle = QueueEntryLifecycle()
-    private var tokens: [UUID: UUID] = [:]
-    /// Claims so far: each token is this number, as a UUID (unique within the store, which is
-    /// all a token needs; no random bytes drawn per entry sent).
-    private var issued: UInt64 = 0
-
-    /// Whether `id` is neither being sent nor being replaced.
-    func isFree(_ id: UUID) -> Bool { lifecycle.phases[id] == nil }
-
-    /// The entries being sent or replaced.
-    var busyIDs: Set<UUID> { Set(lifecycle.phases.keys) }
-
-    /// Claims `id` for a send; returns the claim's token.
-    mutating func claim(_ id: UUID) -> UUID {
-        lifecycle.replayStarted(id)
-        issued += 1
-        let n = issued
-        let token = UUID(
-            uuid: (
-                0, 0, 0, 0, 0, 0, 0x40, 0, 0x80, 0, UInt8(truncatingIfNeeded: n >> 40), UInt8(truncatingIfNeeded: n >> 32),
-                UInt8(truncatingIfNeeded: n >> 24), UInt8(truncatingIfNeeded: n >> 16), UInt8(truncatingIfNeeded: n >> 8), UInt8(truncatingIfNeeded: n)
-            ))
-        tokens[id] = token
-        return token
-    }
-
-    /// Whether `token` is `id`'s live claim.
-    func isLive(_ id: UUID, token: UUID) -> Bool { tokens[id] == token }
-
-    /// Ends `id`'s claim, if it has one.
-    mutating func end(_ id: UUID) {
-        tokens[id] = nil
-        lifecycle.sendSettled(id)
-    }
-
-    /// Whether a newer edit may replace `id` in place (it is not being sent or replaced); if so,
-    /// `id` is being replaced until `replacementEnded(_:)`.
-    mutating func startReplacing(_ id: UUID) -> Bool { lifecycle.startReplacing(id) }
-
-    mutating func replacementEnded(_ id: UUID) { lifecycle.replacementEnded(id) }
 }
