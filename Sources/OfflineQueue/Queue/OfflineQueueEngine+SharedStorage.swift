@@ -134,13 +134,15 @@ extension OfflineQueueEngine {
         do {
             switch end {
             case .remove(let reason, let result):
-                if reason.isDelivered, let observer {
-                    // Recorded with the reads it changes before the storage forgets it.
-                    await observer.delivered(entry)
+                // An observed delivery is recorded with the reads it changes before the storage
+                // forgets it, and told finished once it has.
+                let deliveryObserver = reason.isDelivered ? observer : nil
+                if let deliveryObserver {
+                    await deliveryObserver.delivered(entry)
                     observed = false
-                    defer { observer.deliveryFinished(entry) }
-                    try await settled { try await storage.complete(claim, reason: reason) }
-                } else {
+                }
+                do {
+                    defer { deliveryObserver?.deliveryFinished(entry) }
                     try await settled { try await storage.complete(claim, reason: reason) }
                 }
                 if let result { record(result, in: &report) }
