@@ -163,7 +163,7 @@ struct AsyncRequestEngineTimeoutHandOffTests {
         // 1's deadline, or that request would wait for its transport forever.
         let harness = Harness(hangingCalls: 2)
         let (dropped, droppedContinuation) = AsyncStream.makeStream(of: Void.self)
-        harness.engine.testHooks.droppedLateAnswer.withLock { $0 = { droppedContinuation.yield() } }
+        harness.engine.testHooks.droppedLateAnswer.withLock { $0 = .init { droppedContinuation.yield() } }
         let task = Task { await networkError { try await harness.engine.send(TestRequest(timeout: 5)) } }
         await harness.firstCallHangs()
         harness.fireTimeout()
