@@ -109,13 +109,15 @@ struct QueueIndexPropertyTests {
                 }
             }
             var visited: [UUID] = []
-            index.forEachInOrder { entry in
+            let index2 = index
+            index.forEachInOrder { entry, isHead in
+                #expect(isHead == index2.isHead(entry))
                 visited.append(entry.id)
                 return true
             }
             #expect(visited == index.ordered().map(\.id))
             var first: [UUID] = []
-            index.forEachInOrder { entry in
+            index.forEachInOrder { entry, _ in
                 first.append(entry.id)
                 return false
             }

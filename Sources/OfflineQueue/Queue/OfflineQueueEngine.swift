@@ -48,14 +48,14 @@ public actor OfflineQueueEngine {
         /// replaces a stored header of the same name. Tokens need no hook: replay through
         /// `AuthenticatedRequestEngine`. Default `nil`.
         public var replayHeaders: (@Sendable (QueueEntry) async -> [String: String])?
-        /// On storage many consumers share (a `QueueStorage` other than `DiskQueueStore`): how long
-        /// a claimed entry stays this engine's without a renewal. The engine renews it every third
+        /// On storage whose claims have leases (many consumers share it; not `DiskQueueStore`): how
+        /// long a claimed entry stays this engine's without a renewal. The engine renews it every third
         /// of this while the entry's request is in flight; a replica that dies lets it run out, and
         /// another replica claims the entry then. Default 30 s.
         public var claimLease: Duration
-        /// On storage many consumers share: how often a started engine looks for work nobody
-        /// announced (a lease that ran out, a missed notification), besides the storage's
-        /// `arrivals()`. Default 5 s.
+        /// On storage others add work to (`QueueStorage.othersAddWork`: many consumers share it):
+        /// how often a started engine looks for work nobody announced (a lease that ran out, a
+        /// missed notification), besides the storage's `arrivals()`. Default 5 s.
         public var storagePollInterval: Duration
 
         public init(
@@ -85,8 +85,8 @@ public actor OfflineQueueEngine {
     /// Where the entries live: a `DiskQueueStore` (an app's queue), or another `QueueStorage`
     /// that many consumers share (`PostgresQueueStore`, from the Integrations package).
     public nonisolated let storage: any QueueStorage
-    /// `storage` when it is a `DiskQueueStore`: the engine then takes its own path for the disk
-    /// (deferred deletions, durable deletions before a coalesced edit goes).
+    /// `storage` when it is a `DiskQueueStore` (for the simulation and tests, which read the
+    /// store's own API; the engine itself never asks).
     package nonisolated let disk: DiskQueueStore?
     /// SwiftResilience's name for `storage` (`engine.store.load()`, `engine.store.count()` read
     /// it on every storage). The disk store's own API is `storage as? DiskQueueStore`, or the
@@ -94,41 +94,43 @@ public actor OfflineQueueEngine {
     public nonisolated var store: any QueueStorage { storage }
     public nonisolated let configuration: Configuration
 
-    private let sender: any RequestSending
+    let sender: any RequestSending
     /// The monitor this queue follows (a drain service subscribes to the same one).
     public nonisolated let reachabilityMonitor: any ReachabilityMonitoring
-    private var reachability: any ReachabilityMonitoring { reachabilityMonitor }
+    var reachability: any ReachabilityMonitoring { reachabilityMonitor }
     let time: TimeSource
     /// Bounds enqueues' first attempts and claimed sends' leases (one sleeping task for all of them),
     /// and a layer above's waits on the queue's clock.
     package nonisolated let deadlines: DeadlineTimer
     private let wallClockOrigin: Date
 
-    /// Which stored entries are being sent or replaced, and what an attempt's end does to them.
+    /// What an attempt's end does to its entry (`QueueEntryLifecycle.replayEnded`). Which entries
+    /// are being sent or replaced is the storage's to know (its claims; `DiskClaims` on a disk).
     var lifecycle = QueueEntryLifecycle()
     /// One line per ordering or coalescing key: enqueues that share a key run one at a time, in
     /// arrival order (the count includes the holder and everyone waiting).
-    private var keyLines: [String: (gate: AdmissionGate, users: Int)] = [:]
+    var keyLines: [String: (gate: AdmissionGate, users: Int)] = [:]
     var learnedOffline = false
     /// One drain pass at a time, whoever triggers it; FIFO; a cancelled waiter leaves the line.
-    private let passGate = AdmissionGate(limit: 1)
+    let passGate = AdmissionGate(limit: 1)
     /// Stopped, started (its tasks, its timer idle or armed, timers firing) or closed: see
     /// `QueueEngineLifecycle`.
-    private var life = QueueEngineLifecycle()
-    private nonisolated let subscribers = StreamSubscribers<QueueEntryResult>()
-    /// Told of each send on the disk path (`observeSends(with:)`).
+    var life = QueueEngineLifecycle()
+    nonisolated let subscribers = StreamSubscribers<QueueEntryResult>()
+    /// Told of each send (`observeSends(with:)`).
     nonisolated let sendObserver = Locked<(any QueueSendObserver)?>(nil)
     /// Observed entries that may be in the server's state — on the wire now, or sent without an
     /// answer that says otherwise — and still queued: noted in the folder before each observed
     /// replay, so that the next launch knows them (`DiskQueueStore.sendingAtOpen`).
-    private var possiblySent: Set<UUID> = []
+    var possiblySent: Set<UUID> = []
 
     /// A queue on `store`: a `DiskQueueStore` (an app's queue, in a folder), or any other
     /// `QueueStorage`, such as a table a service's replicas share (`PostgresQueueStore`, from the
     /// Integrations package).
     ///
-    /// On storage other than a disk store, entries are claimed under `configuration.claimLease`,
-    /// renewed while their request is in flight; while started, the engine also looks for work every
+    /// Every pass claims its entries from the storage: on storage with leases (other than a disk
+    /// store) under `configuration.claimLease`, renewed while their request is in flight; on
+    /// storage others add work to (`othersAddWork`), a started engine also looks for work every
     /// `configuration.storagePollInterval` (an expired lease, an entry another consumer added),
     /// besides the storage's `arrivals()`. `items` and `pendingCount()` read the storage;
     /// `pendingCounts` and `changes` follow its `changeFeed`.
@@ -189,113 +191,6 @@ public actor OfflineQueueEngine {
     /// The current wall-clock time as the queue sees it: the moment the engine was made plus the
     /// time elapsed on its clock (so a `ManualClock` moves TTLs and backoffs in tests).
     public nonisolated var now: Date { wallClockOrigin.addingTimeInterval(time.now().seconds) }
-
-    // MARK: - Enqueue
-
-    /// Sends `request` now if the network is up, else queues it durably.
-    ///
-    /// - Returns: `.sent` when a 2xx came back at once, `.queued(id:)` when it was stored.
-    /// - Throws: `NetworkError` for a failure that retrying cannot fix (4xx other than 408/429,
-    ///   501, an invalid request…) — nothing is queued then; `OfflineQueueError.full`,
-    ///   `.storage` (disk full, unwritable folder); `.credentialsInURL`,
-    ///   `.sensitiveQueryParameter`, `.sensitivePathParameter` (see `QueueSecretPolicy`; nothing is
-    ///   sent then).
-    @discardableResult
-    public func enqueue(_ request: some QueueableRequest) async throws -> EnqueueResult {
-        try await enqueue(request, sending: .atOnce)
-    }
-
-    /// When `enqueue(_:sending:)` sends its request.
-    public enum SendTiming: Sendable, Hashable {
-        /// At once when the network is up; stored when that fails (what `enqueue(_:)` does).
-        case atOnce
-        /// Never now: the request is stored, and the next drain sends it (e.g. raw data from
-        /// `QueuedRequest(method:url:body:)`, or a batch written while a drain is planned anyway).
-        case onNextDrain
-    }
-
-    /// Like `enqueue(_:)`, sending the request at once or leaving it to the next drain.
-    @discardableResult
-    public func enqueue(_ request: some QueueableRequest, sending: SendTiming) async throws -> EnqueueResult {
-        guard !life.isClosed else { throw OfflineQueueError.closed }
-        let attemptFirst = sending == .atOnce
-        // Refuses invalid requests and URLs with credentials; strips the fragment, and secret
-        // headers from what is stored.
-        let request = try configuration.secretPolicy.checkedStorable(request)
-        let key = request.idempotencyKey  // read once: first attempt and every replay share it
-
-        // Enqueues that share an ordering or coalescing key go one at a time, in arrival order:
-        // otherwise a later edit could be sent, or stored, before an earlier one finished.
-        let lines = Self.lineKeys(orderingKey: request.orderingKey, coalescingKey: request.coalescingKey)
-        if !lines.isEmpty {
-            do {
-                try await enterLines(lines)
-            } catch {
-                throw NetworkError.cancelled
-            }
-        }
-        defer { if !lines.isEmpty { leaveLines(lines) } }
-
-        var attempts = 0
-        var nextAttemptAt: Date?
-        var lastError: String?
-        // The entry's identity from the start: the request offered to the network at once and
-        // the entry stored after it are the same write on `changes`.
-        let id = SimulationPoints.uuid()  // UUID(), but drawn from the seed under a simulation
-        var offered: QueueEntry?
-        // As for a replay: no older edit of its key may come back after a crash (else the edit
-        // is stored and a later pass sends it).
-        if attemptFirst, await mayTrySending(request) {
-            let entry = QueueEntry(id: id, request: request, idempotencyKey: key, enqueuedAt: now, sequence: QueueEntry.unplacedSequence)
-            var keyed = entry.replayRequest
-            keyed?.keepSecretHeaders(from: request)
-            keyed?.requestPriority = request.requestPriority  // the caller's own: someone waits for it
-            if let keyed {
-                offered = entry
-                storage.changeFeed.publish(.offered(entry))
-                let observer = observer(of: entry)
-                _ = await observer?.sendBegins(entry, waits: false)
-                let outcome = await firstAttempt(keyed, timeout: request.timeout, deadline: request.deadline)
-                switch QueueEntryLifecycle.firstAttemptEnded(outcome) {
-                case .sent(let status):
-                    await observer?.delivered(entry)
-                    storage.changeFeed.publish(.removed(entry, reason: .delivered(statusCode: status)))
-                    observer?.deliveryFinished(entry)
-                    return .sent(statusCode: status)
-                case .rejected(let error):
-                    storage.changeFeed.publish(.removed(entry, reason: .rejected(statusCode: error.statusCode)))
-                    observer?.sendEnded(entry, mayHaveReachedServer: false)
-                    throw error
-                case .cancelled:
-                    storage.changeFeed.publish(.removed(entry, reason: .cancelled))
-                    observer?.sendEnded(entry, mayHaveReachedServer: true)
-                    throw NetworkError.cancelled
-                case .store(let counted, let retryAfter, let error):
-                    // A timed-out first attempt may still be on the wire: its fate is unknown.
-                    observer?.sendEnded(entry, mayHaveReachedServer: outcome.mayHaveReachedServer)
-                    attempts = counted
-                    nextAttemptAt = retryAfter.map { now.addingTimeInterval($0.seconds) }
-                    lastError = error
-                }
-            }
-        }
-        let entry: QueueEntry
-        do {
-            entry = try await persist(request, id: id, key: key, attempts: attempts, nextAttemptAt: nextAttemptAt, lastError: lastError)
-        } catch {
-            if let offered { storage.changeFeed.publish(.removed(offered, reason: .notStored)) }
-            throw error
-        }
-        // While started, a stored entry is replayed without waiting for the next reconnect: when
-        // its backoff ends, right away if it has none, or at the offline re-check if a send just
-        // found the network unreachable.
-        if let next = entry.nextAttemptAt {
-            scheduleTimerIfNeeded(for: next)
-        } else {
-            scheduleTimerIfNeeded(for: learnedOffline ? offlineRecheckDate() : now)
-        }
-        return .queued(id: entry.id)
-    }
 
     // MARK: - Inspect and manage
 
@@ -401,7 +296,7 @@ public actor OfflineQueueEngine {
     }
 
     /// Cancels the tasks a stop or close took out of `life`, then waits for each.
-    private func end(_ tasks: [Task<Void, Never>]) async {
+    func end(_ tasks: [Task<Void, Never>]) async {
         for task in tasks { task.cancel() }
         for task in tasks { await task.value }
     }
@@ -436,83 +331,7 @@ public actor OfflineQueueEngine {
         }
     }
 
-    // MARK: - Internals: sending
-
-    private func mayTrySending(_ request: some QueueableRequest) async -> Bool {
-        guard !learnedOffline, await reachability.isConnected else { return false }
-        // Entries already waiting with the same ordering or coalescing key must go first; the
-        // storage says when nothing such can be in it (see `QueueStorage.maySendAtOnce`).
-        return await storage.maySendAtOnce(orderingKey: request.orderingKey, coalescingKey: request.coalescingKey)
-    }
-
-    /// The first attempt of an enqueue, bounded by the request's `timeout` (and its `deadline`,
-    /// when that is sooner) on the queue's clock, whatever the sender does (a token refresh that
-    /// never returns, a sender without timeouts): past it the attempt is cancelled and counts as
-    /// one timed-out attempt, so the entry is stored with a backoff and the caller gets `.queued`.
-    private func firstAttempt(_ request: PreparedRequest, timeout: TimeInterval, deadline: Duration?) async -> QueueAttemptOutcome {
-        let ceiling = Duration.seconds(86_400 * 365)
-        var limit = timeout.isFinite && timeout > 0 ? Duration.clamped(seconds: timeout, upperBound: ceiling) : nil
-        if let deadline { limit = min(limit ?? ceiling, max(deadline, .zero)) }
-        guard let limit else { return await attempt(request, previousAttempts: 0) }
-        // Unstructured tasks, not a task group: a group would wait for a sender that ignores
-        // cancellation, which is exactly the sender this bound is for.
-        let race = FirstAttemptRace()
-        let sending = Task { race.answer(.attempt(await self.attempt(request, previousAttempts: 0))) }
-        // The queue's one timer, not a sleeping task per enqueue (see `DeadlineTimer`).
-        let timeout = deadlines.schedule(after: limit) { race.answer(.timedOut) }
-        let winner = await withTaskCancellationHandler {
-            await race.value
-        } onCancel: {
-            race.answer(.callerCancelled)
-        }
-        deadlines.cancel(timeout)
-        sending.cancel()  // a no-op when it answered; otherwise its late outcome is ignored
-        switch winner {
-        case .attempt(let outcome): return outcome
-        case .callerCancelled: return .stop
-        case .timedOut: return Task.isCancelled ? .stop : .retry(.timedOut, after: backoff(afterAttempts: 1))
-        }
-    }
-
-    /// The serialization lines an enqueue with these keys joins, in a fixed order (so two
-    /// enqueues needing the same two lines can never wait on each other).
-    private static func lineKeys(orderingKey: String?, coalescingKey: String?) -> [String] {
-        var keys: [String] = []
-        if let orderingKey { keys.append("o:" + orderingKey) }
-        if let coalescingKey { keys.append("c:" + coalescingKey) }
-        return keys.sorted()
-    }
-
-    /// Waits for the caller's turn on each line; throws `CancellationError` (holding none) if the
-    /// caller is cancelled while it waits.
-    private func enterLines(_ keys: [String]) async throws {
-        for (position, key) in keys.enumerated() {
-            var line = keyLines[key] ?? (AdmissionGate(limit: 1), 0)
-            line.users += 1
-            keyLines[key] = line
-            do {
-                try await line.gate.enter()
-            } catch {
-                release(key, entered: false)
-                for held in keys[..<position] { release(held, entered: true) }
-                throw error
-            }
-        }
-    }
-
-    /// For tests: enqueues holding or waiting for the line of `coalescingKey`.
-    func enqueuesInLine(coalescingKey key: String) -> Int { keyLines["c:" + key]?.users ?? 0 }
-
-    private func leaveLines(_ keys: [String]) {
-        for key in keys { release(key, entered: true) }
-    }
-
-    private func release(_ key: String, entered: Bool) {
-        guard var line = keyLines[key] else { return }
-        if entered { line.gate.leave() }
-        line.users -= 1
-        keyLines[key] = line.users == 0 ? nil : line
-    }
+    // MARK: - One send, classified by the outcome table
 
     /// One send and its classification (the outcome table of Sources/OfflineQueue/OfflineQueue.docc/OfflineQueueGuide.md).
     func attempt(_ request: PreparedRequest, previousAttempts: Int) async -> QueueAttemptOutcome {
@@ -565,260 +384,6 @@ public actor OfflineQueueEngine {
     func backoff(afterAttempts attempts: Int) -> Duration {
         guard let seconds = configuration.retryPolicy.delay(forAttempt: max(0, attempts - 1)) else { return QueueEntryLifecycle.neverAgain }
         return RetryPolicyDelay.sanitized(seconds, maximum: .seconds(86_400))
-    }
-
-    private func persist(
-        _ request: some QueueableRequest,
-        id: UUID,
-        key: String,
-        attempts: Int,
-        nextAttemptAt: Date?,
-        lastError: String?
-    ) async throws -> QueueEntry {
-        guard let store = disk else {
-            return try await persistShared(request, id: id, key: key, attempts: attempts, nextAttemptAt: nextAttemptAt, lastError: lastError)
-        }
-        var replaced: QueueEntry?
-        if let coalescingKey = request.coalescingKey,
-            let existing = store.entry(coalescingKey: coalescingKey),
-            lifecycle.startReplacing(existing.id)
-        {
-            replaced = existing
-        }
-        // Settled whether the write succeeds or fails; the holder stays queued if it failed.
-        defer { if let replaced { lifecycle.replacementEnded(replaced.id) } }
-        let sequence: UInt64
-        if let replaced { sequence = replaced.sequence } else { sequence = store.makeSequence() }
-        // Each edit of a coalescing key takes a fresh number from the store's counter as its
-        // revision, so whichever file survives a crash, the open keeps the newest write — even
-        // next to an older revision whose deletion was lost, or one still being sent.
-        let revision = request.coalescingKey == nil ? 0 : Int(store.makeSequence())
-        let entry = QueueEntry(
-            id: id,
-            request: request,
-            idempotencyKey: key,
-            enqueuedAt: now,
-            sequence: sequence,
-            revision: revision,
-            attempts: attempts,
-            nextAttemptAt: nextAttemptAt,
-            lastError: lastError
-        )
-        try await store.insert(entry, limit: maxQueueSize, replacing: replaced?.id)
-        return entry
-    }
-
-    // MARK: - Internals: passes
-
-    func runPass(_ trigger: FlushReport.Trigger, ignoringReachability: Bool = false) async -> FlushReport {
-        var report = FlushReport(trigger: trigger)
-        guard !life.isClosed else { return report }
-        do {
-            try await passGate.enter()
-        } catch {
-            // Cancelled while another pass ran (e.g. a drain cycle's budget ran out): nothing sent.
-            report.wasCancelled = true
-            report.remaining = await pendingCount()
-            return report
-        }
-        defer { passGate.leave() }
-        guard !life.isClosed else { return report }  // closed while this pass waited its turn
-        let connected: Bool
-        if ignoringReachability { connected = true } else { connected = await reachability.isConnected }
-        report.endedOffline = !connected
-        guard let store = disk else {
-            await runSharedPass(&report, connected: connected)
-            return report
-        }
-        // The pass's rules (ordering keys, expiry, backoff) are decided by `ReplayPass`; this loop
-        // does what it says.
-        var pass = ReplayPass(connected: connected)
-        // Its deletions wake the pool thread a batch at a time (`DeferredRemovals`).
-        store.startBatchingRemovals()
-        defer { store.stopBatchingRemovals() }
-        scanning: while let snapshot = pass.nextScan({ store.orderedEntries() }) {
-            for entry in snapshot {
-                if Task.isCancelled {
-                    report.wasCancelled = true
-                    break scanning
-                }
-                guard store.entry(id: entry.id) != nil else { continue }  // cancelled meanwhile
-                switch pass.decide(entry, now: now, beingReplaced: lifecycle.isBeingReplaced(entry.id)) {
-                case .skip, .holdBack:
-                    continue
-                case .expire:
-                    store.discard(id: entry.id, reason: .expired)
-                    record(.expired(id: entry.id), in: &report)
-                case .replay:
-                    let result: ReplayPass.SendResult
-                    switch await replay(entry, on: store, report: &report) {
-                    case .delivered, .permanent:
-                        result = .removed
-                    case .retry:
-                        // A retry that used the last attempt dead-lettered the entry (or a newer
-                        // edit superseded it): gone, so the rest of its key may go in this pass.
-                        result = store.entry(id: entry.id) == nil ? .removed : .kept
-                    case .offline:
-                        report.endedOffline = true
-                        result = .stopped
-                    case .stop:
-                        report.wasCancelled = true
-                        result = .stopped
-                    }
-                    guard pass.sent(entry, result) else { break scanning }
-                }
-            }
-        }
-        // The pass's deletions ran beside its sends; when it returns its finished files are gone.
-        store.finishRemovals()
-        report.remaining = store.entryCount
-        if life.isStarted {
-            if !connected {
-                // The monitor will say when it is back; no timer while offline.
-            } else if learnedOffline {
-                scheduleTimerIfNeeded(for: offlineRecheckDate())
-            } else {
-                await scheduleNextTimer()
-            }
-        }
-        return report
-    }
-
-    private func replay(_ entry: QueueEntry, on store: DiskQueueStore, report: inout FlushReport) async -> QueueAttemptOutcome {
-        guard let request = entry.replayRequest else {
-            store.discard(id: entry.id, reason: .rejected(statusCode: nil))
-            record(.failedPermanently(id: entry.id, statusCode: nil), in: &report)
-            return .permanent(.invalidRequest(reason: "unknown method \(entry.method)"))
-        }
-        lifecycle.replayStarted(entry.id)
-        // An edit of a coalescing key goes out only once every deletion so far is durable: an
-        // older edit's file must not come back after a crash, or after a deletion that failed,
-        // once this one is delivered. When that cannot be done now (the disk refuses), the edit
-        // waits as after a failed attempt.
-        var unsafeToSend: (any Error)?
-        if entry.coalescingKey != nil {
-            do { try await store.makeDeletionsDurable() } catch { unsafeToSend = error }
-        }
-        let outcome: QueueAttemptOutcome
-        let sends = unsafeToSend == nil
-        defer { if sends { storage.changeFeed.publish(.attemptEnded(id: entry.id)) } }  // after the outcome is applied
-        let observer = observer(of: entry)
-        // Told once the outcome is applied (the entry forgotten and its file deleted, or updated),
-        // unless a delivery already told it (`deliveryFinished`).
-        var observed = false
-        defer {
-            if observed {
-                if !outcome.mayHaveReachedServer { possiblySent.remove(entry.id) }
-                observer?.sendEnded(entry, mayHaveReachedServer: outcome.mayHaveReachedServer)
-            }
-        }
-        if let unsafeToSend {
-            outcome = .retry(.underlying(unsafeToSend), after: backoff(afterAttempts: entry.attempts + 1))
-        } else if let observer, !(await observer.sendBegins(entry, waits: true)) {
-            outcome = .stop  // cancelled while a read of what it changes was being fetched: not sent
-        } else {
-            observed = observer != nil
-            if observed {
-                // What may be in the server's state from now on, for the next launch should this
-                // process die: this entry, and those sent before without an answer that says no.
-                possiblySent.insert(entry.id)
-                possiblySent = possiblySent.filter { store.entry(id: $0) != nil }
-                await store.noteSending(possiblySent)
-            }
-            storage.changeFeed.publish(.attemptStarted(id: entry.id))
-            outcome = await attempt(request.addingReplayHeaders(for: entry, from: configuration.replayHeaders), previousAttempts: entry.attempts)
-        }
-        // What became of the entry while the attempt was away decides with its outcome: it may have
-        // been cancelled, or a newer edit of its coalescing key stored beside it.
-        let end = lifecycle.replayEnded(
-            entry,
-            outcome,
-            stillQueued: store.entry(id: entry.id) != nil,
-            supersededBy: entry.coalescingKey.flatMap { store.entry(coalescingKey: $0) }?.id,
-            maxAttempts: configuration.maxAttempts,
-            now: now
-        )
-        switch end {
-        case .remove(let reason, let result):
-            if reason.isDelivered, observed, let observer {
-                // Recorded with the reads it changes before the queue forgets it; its file goes at
-                // once, so no read stored from now on can meet it again after a relaunch.
-                await observer.delivered(entry)
-                await store.discardPromptly(id: entry.id, reason: reason)
-                observed = false
-                possiblySent.remove(entry.id)
-                observer.deliveryFinished(entry)
-            } else {
-                store.discard(id: entry.id, reason: reason)
-            }
-            if let result { record(result, in: &report) }
-        case .supersede:
-            store.discard(id: entry.id, reason: .superseded)
-        case .keep(let updated, let error, let next):
-            // On a full disk the file keeps its older state, but the store's index takes the new
-            // count and backoff, so this process still honours them (and `maxAttempts`).
-            try? await store.update(updated)
-            record(.keptForRetry(id: entry.id, error: error, attempts: updated.attempts, nextAttemptAt: next), in: &report)
-        case .deadLetter(var updated):
-            do {
-                if try await store.moveToDeadLetter(updated) {  // false: cancelled meanwhile
-                    record(.deadLettered(id: entry.id, attempts: updated.attempts), in: &report)
-                }
-            } catch {
-                // Cannot write the dead letter: keep the entry rather than lose it.
-                updated.nextAttemptAt = now.addingTimeInterval(backoff(afterAttempts: updated.attempts).seconds)
-                try? await store.update(updated)
-            }
-        case .leave:
-            break
-        }
-        return outcome
-    }
-
-    func record(_ result: QueueEntryResult, in report: inout FlushReport) {
-        report.results.append(result)
-        subscribers.yield(result)
-    }
-
-    private func connectivityChanged(_ connected: Bool) async {
-        if connected {
-            learnedOffline = false
-            _ = await runPass(.reconnect)
-        } else {
-            life.disarm()?.cancel()
-        }
-    }
-
-    /// Schedules a pass for when the earliest backoff among entries ends.
-    private func scheduleNextTimer() async {
-        guard let store = disk else { return await scheduleSharedTimer() }
-        scheduleTimerIfNeeded(for: store.earliestBackoffEnd())
-    }
-
-    func scheduleTimerIfNeeded(for deadline: Date?) {
-        guard let deadline else { return }
-        let wait = Duration.clamped(seconds: deadline.timeIntervalSince(now), upperBound: .seconds(86_400))
-        let time = self.time
-        let replaced = life.arm(at: deadline) { number in
-            Task { [weak self] in
-                do { try await time.sleep(wait) } catch { return }
-                guard let self else { return }
-                await self.timerFired(number)
-            }
-        }
-        replaced?.cancel()
-    }
-
-    private func timerFired(_ number: UInt64) async {
-        // Replaced, or stopped, after its sleep ended: no pass (a stopped queue sends nothing).
-        guard life.timerFired(number) else { return }
-        defer { life.firingEnded(number) }
-        guard await reachability.isConnected else { return }
-        _ = await runPass(.timer)
-    }
-
-    func offlineRecheckDate() -> Date {
-        now.addingTimeInterval(configuration.offlineRecheckInterval.seconds)
     }
 
     deinit {

@@ -122,6 +122,11 @@ struct QueueEntryLifecycle: Sendable {
         phases[id] = .sending
     }
 
+    /// The send of `id` is settled (its claim ended), whatever became of it.
+    mutating func sendSettled(_ id: UUID) {
+        if phases[id] == .sending { phases[id] = nil }
+    }
+
     /// `entry`'s replay ended with `outcome`.
     ///
     /// - Parameters:

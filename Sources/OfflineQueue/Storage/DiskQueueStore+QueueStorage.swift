@@ -40,13 +40,9 @@ extension DiskQueueStore: QueueStorage {
         if let key = entry.coalescingKey, let holder = self.entry(coalescingKey: key), holder.id != entry.id,
             holder.orderingKey == entry.orderingKey
         {
-            replaced = claims.withLock { claims in
-                guard claims[holder.id] == nil else { return nil }
-                claims[holder.id] = .some(nil)
-                return holder
-            }
+            replaced = claims.withLock { $0.startReplacing(holder.id) ? holder : nil }
         }
-        defer { if let replaced { claims.withLock { _ = $0.removeValue(forKey: replaced.id) } } }
+        defer { if let replaced { claims.withLock { $0.replacementEnded(replaced.id) } } }
         if entry.coalescingKey != nil { entry = entry.revised(Int(makeSequence())) }
         entry = entry.placed(at: replaced?.sequence ?? makeSequence())
         try await insert(entry, limit: limit, replacing: replaced?.id)
@@ -67,7 +63,7 @@ extension DiskQueueStore: QueueStorage {
             return claimed
         } catch {
             claims.withLock { claims in
-                for claim in claimed { claims[claim.entry.id] = nil }
+                for claim in claimed { claims.end(claim.entry.id) }
             }
             throw error
         }
@@ -83,28 +79,42 @@ extension DiskQueueStore: QueueStorage {
         discard(id: claim.entry.id, reason: reason)
     }
 
+    /// Keeps the entry as `entry` says — unless a newer edit of its coalescing key was stored
+    /// behind it while it was claimed (being sent): the newest edit wins, so the entry is removed
+    /// (`superseded`) and the release throws `claimLost` (nothing of it is kept). On a full disk the
+    /// file keeps its older state, but the index takes the new count and backoff, so this process
+    /// still honours them.
     public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
         try checkLive(claim, ending: true)
-        if entry != claim.entry { try await update(entry) }
+        if let key = entry.coalescingKey, let newest = self.entry(coalescingKey: key), newest.id != entry.id,
+            newest.sequence > entry.sequence
+        {
+            discard(id: entry.id, reason: .superseded)
+            throw OfflineQueueError.claimLost(id: entry.id)
+        }
+        if entry != claim.entry { try? await update(entry) }
     }
 
     public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
         try checkLive(claim, ending: false)
         // A dead letter that cannot be written keeps the claim: the consumer then releases the
         // entry for a later attempt instead of losing it.
-        _ = try await moveToDeadLetter(entry)
-        claims.withLock { _ = $0.removeValue(forKey: claim.entry.id) }
+        let moved = try await moveToDeadLetter(entry)
+        claims.withLock { $0.end(claim.entry.id) }
+        // Cancelled while its dead letter was written: no dead letter is left, and the claim ends
+        // as lost (nothing to report).
+        guard moved else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
     }
 
     public func cancel(id: UUID) async throws -> Bool {
         guard entry(id: id) != nil else { return false }
         try remove(id: id)
-        claims.withLock { _ = $0.removeValue(forKey: id) }
+        claims.withLock { $0.end(id) }
         return true
     }
 
     public func removeExpired(now: Date) async throws -> [QueueEntry] {
-        let claimed = claims.withLock { Set($0.keys) }
+        let claimed = claims.withLock { $0.busyIDs }
         let expired = orderedEntries().filter { $0.isExpired(at: now) && !claimed.contains($0.id) }
         for entry in expired { discard(id: entry.id, reason: .expired) }
         finishRemovals()
@@ -118,18 +128,81 @@ extension DiskQueueStore: QueueStorage {
         earliestBackoffEnd(coalescingFollowers: false)
     }
 
+    /// One engine owns the folder: every entry comes from its own `enqueue` (or the app's `save`).
+    public var othersAddWork: Bool { false }
+
+    /// The pass's deletions wake the I/O thread a batch at a time (`DeferredRemovals`).
+    public func passBegins() async { startBatchingRemovals() }
+
+    /// The pass's deletions ran beside its sends; when it returns its finished files are gone.
+    public func passEnded() async {
+        stopBatchingRemovals()
+        finishRemovals()
+    }
+
+    public func removalsSettled() async { await settleRemovals() }
+
+    public func noteInFlight(_ ids: Set<UUID>) async { await noteSending(ids) }
+
     /// Throws `claimLost` unless `claim` is its entry's live claim and the entry is queued; with
     /// `ending`, the claim ends here.
     private func checkLive(_ claim: QueueClaim, ending: Bool) throws {
         let id = claim.entry.id
         let live = claims.withLock { claims -> Bool in
-            guard claims[id] == .some(claim.token) else { return false }
-            if ending { claims[id] = nil }
+            guard claims.isLive(id, token: claim.token) else { return false }
+            if ending { claims.end(id) }
             return true
         }
         guard live, entry(id: id) != nil else {
-            if live && !ending { claims.withLock { _ = $0.removeValue(forKey: id) } }
+            if live && !ending { claims.withLock { $0.end(id) } }
             throw OfflineQueueError.claimLost(id: id)
         }
     }
+}
+
+/// The disk store's claims: which entries are being sent (each with its claim's token) or being
+/// replaced by a newer edit of their coalescing key — `QueueEntryLifecycle`'s phases, the value
+/// whose transitions the spin model's traces check (`QueueCoalescingModelTests`). Neither is
+/// offered by `claim`; an edit does not replace a holder being sent (it is stored behind it).
+struct DiskClaims: Sendable {
+    private var lifecycle = QueueEntryLifecycle()
+    private var tokens: [UUID: UUID] = [:]
+    /// Claims so far: each token is this number, as a UUID (unique within the store, which is
+    /// all a token needs; no random bytes drawn per entry sent).
+    private var issued: UInt64 = 0
+
+    /// Whether `id` is neither being sent nor being replaced.
+    func isFree(_ id: UUID) -> Bool { lifecycle.phases[id] == nil }
+
+    /// The entries being sent or replaced.
+    var busyIDs: Set<UUID> { Set(lifecycle.phases.keys) }
+
+    /// Claims `id` for a send; returns the claim's token.
+    mutating func claim(_ id: UUID) -> UUID {
+        lifecycle.replayStarted(id)
+        issued += 1
+        let n = issued
+        let token = UUID(
+            uuid: (
+                0, 0, 0, 0, 0, 0, 0x40, 0, 0x80, 0, UInt8(truncatingIfNeeded: n >> 40), UInt8(truncatingIfNeeded: n >> 32),
+                UInt8(truncatingIfNeeded: n >> 24), UInt8(truncatingIfNeeded: n >> 16), UInt8(truncatingIfNeeded: n >> 8), UInt8(truncatingIfNeeded: n)
+            ))
+        tokens[id] = token
+        return token
+    }
+
+    /// Whether `token` is `id`'s live claim.
+    func isLive(_ id: UUID, token: UUID) -> Bool { tokens[id] == token }
+
+    /// Ends `id`'s claim, if it has one.
+    mutating func end(_ id: UUID) {
+        tokens[id] = nil
+        lifecycle.sendSettled(id)
+    }
+
+    /// Whether a newer edit may replace `id` in place (it is not being sent or replaced); if so,
+    /// `id` is being replaced until `replacementEnded(_:)`.
+    mutating func startReplacing(_ id: UUID) -> Bool { lifecycle.startReplacing(id) }
+
+    mutating func replacementEnded(_ id: UUID) { lifecycle.replacementEnded(id) }
 }

@@ -121,7 +121,7 @@ public final class DiskQueueStore: Sendable {
     /// Entries claimed through `QueueStorage` (by id: the claim's token), and coalescing holders
     /// being replaced by an `add` (`nil` token): neither is offered by `claim`. In memory only: one
     /// engine uses a folder, and a crash drops its claims with it (see DiskQueueStore+QueueStorage.swift).
-    let claims = Locked([UUID: UUID?]())
+    let claims = Locked(DiskClaims())
 
     /// Opens (creating if needed, mode 0700) the queue folder, takes its lock, and loads every
     /// entry in it.
@@ -318,13 +318,11 @@ public final class DiskQueueStore: Sendable {
         state.withLock { state in
             claims.withLock { claims in
                 var claimed: [QueueClaim] = []
-                state.index.forEachInOrder { entry in
-                    guard claims[entry.id] == nil, !entry.isExpired(at: now) else { return true }
+                state.index.forEachInOrder { entry, isHead in
+                    guard claims.isFree(entry.id), !entry.isExpired(at: now) else { return true }
                     if let next = entry.nextAttemptAt, next > now { return true }
-                    guard state.index.isHead(entry) else { return true }
-                    let token = UUID()
-                    claims[entry.id] = token
-                    claimed.append(QueueClaim(entry: entry, token: token, leaseEnds: nil))
+                    guard isHead else { return true }
+                    claimed.append(QueueClaim(entry: entry, token: claims.claim(entry.id), leaseEnds: nil))
                     return claimed.count < limit
                 }
                 return claimed
@@ -552,6 +550,15 @@ public final class DiskQueueStore: Sendable {
         try? await pool.run { removals.removeNow(path) }
     }
 
+    /// Runs the deletions queued so far on the I/O pool and returns once they are done (not
+    /// fsynced: see `makeDeletionsDurable()`).
+    func settleRemovals() async {
+        guard gate.enter() else { return }
+        defer { gate.leave() }
+        let removals = self.removals
+        try? await pool.run { _ = removals.finish() }
+    }
+
     /// Makes every deletion from the folder so far durable — the queued ones are run, then the
     /// directory is fsynced — unless a fsync already did. The queue calls it before it sends an
     /// edit of a coalescing key: deletions are not fsynced as they happen (an unlink does not wait
@@ -665,7 +672,7 @@ public final class DiskQueueStore: Sendable {
         let ids = state.withLock { Array($0.index.entries.keys) }
         for id in ids {
             try remove(id: id)
-            claims.withLock { _ = $0.removeValue(forKey: id) }
+            claims.withLock { $0.end(id) }
         }
     }
 

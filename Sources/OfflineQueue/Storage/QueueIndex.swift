@@ -18,6 +18,12 @@ struct QueueIndex: Sendable {
 
     private(set) var entries: [UUID: QueueEntry] = [:]
     private var lanes: [Int: [Slot]] = [:]
+    /// Per lane, how many slots at its front are known dead (`forEachInOrder` skips them without
+    /// looking, and moves past each dead slot it meets there): a drain from the front does not
+    /// walk the slots of everything it delivered on every claim.
+    private var laneStarts: [Int: Int] = [:]
+    /// The lanes' priorities, highest first (kept, so a claim sorts nothing).
+    private var priorities: [Int] = []
     private var deadInLanes = 0
     /// Ids whose dead slots are still in a lane (cleared by `compact()`).
     private var deadIDs: Set<UUID> = []
@@ -51,13 +57,22 @@ struct QueueIndex: Sendable {
         return true
     }
 
-    /// Calls `body` with the live entries in replay order until it returns false: a claim reads
-    /// only as far as it needs.
-    func forEachInOrder(_ body: (QueueEntry) -> Bool) {
-        for priority in lanes.keys.sorted(by: >) {
-            for slot in lanes[priority] ?? [] {
-                guard let entry = entries[slot.id], entry.sequence == slot.sequence, entry.priority == priority else { continue }
-                if !body(entry) { return }
+    /// Calls `body` with the live entries in replay order, and whether each is the head of its keys
+    /// (`isHead`), until it returns false: a claim reads only as far as it needs.
+    mutating func forEachInOrder(_ body: (_ entry: QueueEntry, _ isHead: Bool) -> Bool) {
+        for priority in priorities {
+            guard let lane = lanes[priority] else { continue }
+            var position = laneStarts[priority] ?? 0
+            var atFront = true
+            while position < lane.count {
+                let slot = lane[position]
+                position += 1
+                guard let entry = entries[slot.id], entry.sequence == slot.sequence, entry.priority == priority else {
+                    if atFront { laneStarts[priority] = position }
+                    continue
+                }
+                atFront = false
+                if !body(entry, isHead(entry)) { return }
             }
         }
     }
@@ -97,11 +112,16 @@ struct QueueIndex: Sendable {
         if let last = lane.last, last.sequence > entry.sequence {
             // Out of order (a coalescing replacement keeps its predecessor's place, or a load
             // from disk): binary insert by sequence.
-            lane.insert(slot, at: insertionIndex(in: lane, for: entry.sequence))
+            let position = insertionIndex(in: lane, for: entry.sequence)
+            lane.insert(slot, at: position)
+            if let start = laneStarts[entry.priority], position < start { laneStarts[entry.priority] = position }
         } else {
             lane.append(slot)
         }
-        lanes[entry.priority] = lane
+        if lanes.updateValue(lane, forKey: entry.priority) == nil, !priorities.contains(entry.priority) {
+            priorities.append(entry.priority)
+            priorities.sort(by: >)
+        }
         if let key = entry.orderingKey { Self.insert(entry.sequence, key, into: &orderingSequences) }
         if let key = entry.coalescingKey {
             byCoalescingKey[key] = entry.id
@@ -126,6 +146,8 @@ struct QueueIndex: Sendable {
     mutating func removeAll() {
         entries = [:]
         lanes = [:]
+        laneStarts = [:]
+        priorities = []
         deadInLanes = 0
         deadIDs = []
         byCoalescingKey = [:]
@@ -162,6 +184,8 @@ struct QueueIndex: Sendable {
         }
         deadInLanes = 0
         deadIDs = []
+        laneStarts = [:]
+        priorities = lanes.keys.sorted(by: >)
     }
 
     private func insertionIndex(in lane: [Slot], for sequence: UInt64) -> Int {

@@ -117,6 +117,29 @@ public protocol QueueStorage: Sendable {
     /// every access.
     var changeFeed: QueueChangeFeed { get }
 
+    /// Whether consumers other than this engine may add work (a replica, an outbox insert): then a
+    /// started engine also looks for work every `storagePollInterval`, besides `arrivals()`. The
+    /// default is true; `DiskQueueStore`, whose folder one engine owns, says false.
+    var othersAddWork: Bool { get }
+
+    /// A pass begins: storage that batches its removals may start now (`DiskQueueStore` wakes its
+    /// I/O thread a batch of deletions at a time). The default does nothing.
+    func passBegins() async
+
+    /// The pass ended: every removal it made is done when this returns (`DiskQueueStore`: every
+    /// completed entry's file is deleted). The default does nothing.
+    func passEnded() async
+
+    /// Returns once the removals made so far are done, not batched for later: the engine calls it
+    /// after completing a delivery a layer above observes (OfflineFirst), so that no read stored
+    /// from then on can meet the delivered entry again after a relaunch. The default does nothing.
+    func removalsSettled() async
+
+    /// Notes, for the next process on this storage, which entries may be in the server's state
+    /// (sent without an answer that says they were not), when a layer above observes the sends
+    /// (OfflineFirst: `QueueChangeFeed.sendingAtOpen` at the next open). The default does nothing.
+    func noteInFlight(_ ids: Set<UUID>) async
+
     /// Lets go of what this process holds of the storage (`DiskQueueStore`: its folder's lock), so
     /// another owner can take it at once; afterwards the storage writes nothing. The default does
     /// nothing: storage many consumers share has nothing to let go of.
@@ -129,6 +152,16 @@ extension QueueStorage {
     }
 
     public func arrivals() -> AsyncStream<Void> { AsyncStream { _ in } }
+
+    public var othersAddWork: Bool { true }
+
+    public func passBegins() async {}
+
+    public func passEnded() async {}
+
+    public func removalsSettled() async {}
+
+    public func noteInFlight(_ ids: Set<UUID>) async {}
 
     /// The queued entries that have not expired by the system clock, in claim order; none when
     /// the storage cannot be read (SwiftResilience's `store.load()`; `queuedEntries()` throws).

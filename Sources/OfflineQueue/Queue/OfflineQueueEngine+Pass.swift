@@ -2,15 +2,41 @@ import Foundation
 import RequestEngine
 @_spi(ResilienceCore) import ResilienceCore
 
-/// The engine on a `QueueStorage` other than `DiskQueueStore` — storage that several engines (a
-/// service's replicas) may consume at once, such as `PostgresQueueStore`. A pass takes one entry at
-/// a time with `claim`, sends it while renewing the claim's lease, and settles the claim with the
-/// outcome: `complete` (delivered, rejected), `release` (kept for a later attempt, or untouched when
-/// the attempt did not count) or `deadLetter`. The queue's rules across consumers (order, one entry
-/// in flight per ordering key, the newest edit winning, due and alive entries only) are the
-/// storage's, as `QueueStorage` states them; the outcome table is the disk queue's
-/// (`attempt(_:previousAttempts:)`, `QueueEntryLifecycle.replayEnded`).
+/// A drain pass, on any `QueueStorage`: it sweeps the expired entries, then takes one entry at a
+/// time with `claim`, sends it (renewing the claim's lease, on storage that has leases), and settles
+/// the claim with the outcome: `complete` (delivered, rejected), `release` (kept for a later
+/// attempt, or untouched when the attempt did not count) or `deadLetter`. The queue's rules (order,
+/// one entry in flight per ordering key, the newest edit winning, due and alive entries only) are
+/// the storage's, as `QueueStorage` states them; the outcome table is the engine's
+/// (`attempt(_:previousAttempts:)`, `QueueEntryLifecycle.replayEnded`). What the disk needs of a
+/// pass — deletions batched, made durable before a coalesced edit goes, deleted at once for a
+/// delivery a layer above observes — is `DiskQueueStore`'s side of the same calls.
 extension OfflineQueueEngine {
+    func runPass(_ trigger: FlushReport.Trigger, ignoringReachability: Bool = false) async -> FlushReport {
+        var report = FlushReport(trigger: trigger)
+        guard !life.isClosed else { return report }
+        do {
+            try await passGate.enter()
+        } catch {
+            // Cancelled while another pass ran (e.g. a drain cycle's budget ran out): nothing sent.
+            report.wasCancelled = true
+            report.remaining = await pendingCount()
+            return report
+        }
+        defer { passGate.leave() }
+        guard !life.isClosed else { return report }  // closed while this pass waited its turn
+        let connected: Bool
+        if ignoringReachability { connected = true } else { connected = await reachability.isConnected }
+        report.endedOffline = !connected
+        await runClaimingPass(&report, connected: connected)
+        return report
+    }
+
+    func record(_ result: QueueEntryResult, in report: inout FlushReport) {
+        report.results.append(result)
+        subscribers.yield(result)
+    }
+
     /// How a claimed entry's send ended.
     private enum ClaimedSend {
         case outcome(QueueAttemptOutcome)
@@ -19,37 +45,17 @@ extension OfflineQueueEngine {
         case lost
     }
 
-    func persistShared(
-        _ request: some QueueableRequest,
-        id: UUID,
-        key: String,
-        attempts: Int,
-        nextAttemptAt: Date?,
-        lastError: String?
-    ) async throws -> QueueEntry {
-        let entry = QueueEntry(
-            id: id,
-            request: request,
-            idempotencyKey: key,
-            enqueuedAt: now,
-            sequence: QueueEntry.unplacedSequence,
-            attempts: attempts,
-            nextAttemptAt: nextAttemptAt,
-            lastError: lastError
-        )
-        return try await storage.add(entry, limit: maxQueueSize)
-    }
-
-    /// One pass over shared storage: sweep the expired, then claim and send one entry at a time
-    /// until nothing is claimable, the network is gone, or the pass is cancelled. An entry the pass
-    /// already sent (kept with no wait) ends it rather than going twice.
+    /// One pass: sweep the expired, then claim and send one entry at a time until nothing is
+    /// claimable, the network is gone, or the pass is cancelled. An entry the pass already sent
+    /// (kept with no wait) ends it rather than going twice.
     ///
-    /// The storage's calls that settle what the pass did run outside the pass's task (`settled`):
-    /// a cancelled pass (`stop()`, a drain budget, a service's shutdown) still hands its claim back,
-    /// or completes an entry whose send landed as the cancellation came, where a storage that
-    /// checks for cancellation (postgres-nio does) would refuse the call and leave the entry
-    /// leased until its lease ran out.
-    func runSharedPass(_ report: inout FlushReport, connected: Bool) async {
+    /// Once the pass is cancelled, the storage's calls that settle what it did run outside its task
+    /// (`settled`): a cancelled pass (`stop()`, a drain budget, a service's shutdown) still hands
+    /// its claim back, or completes an entry whose send landed as the cancellation came, where a
+    /// storage that checks for cancellation (postgres-nio does) would refuse the call and leave the
+    /// entry leased until its lease ran out.
+    func runClaimingPass(_ report: inout FlushReport, connected: Bool) async {
+        await storage.passBegins()
         do {
             for expired in try await storage.removeExpired(now: now) {
                 record(.expired(id: expired.id), in: &report)
@@ -60,22 +66,32 @@ extension OfflineQueueEngine {
         } catch {
             if Task.isCancelled { report.wasCancelled = true } else { report.storageError = error }
         }
+        await settled { await self.storage.passEnded() }
         report.remaining = await settled { await self.pendingCount() }
+        // Offline, the monitor will say when it is back: no timer.
         guard isStarted, connected else { return }
         if learnedOffline {
             scheduleTimerIfNeeded(for: offlineRecheckDate())
         } else {
-            await scheduleSharedTimer()
+            await scheduleNextTimer()
         }
     }
 
-    /// Runs `body` in a task of its own, which the pass's cancellation does not reach.
-    private func settled<Result: Sendable>(_ body: @escaping @Sendable () async throws -> Result) async throws -> Result {
-        try await Task { try await body() }.value
+    /// Runs `body` at once while the pass is not cancelled; once it is, in a task of its own, which
+    /// the cancellation does not reach. (A task for every call cost the disk queue's replay a task
+    /// and its hops an entry. A cancellation that lands during the call itself may still make a
+    /// storage that checks for it refuse: the claim is then left to its lease, and the entry goes
+    /// again with its key.)
+    private func settled<Result: Sendable>(
+        _ body: @escaping @Sendable () async throws -> Result
+    ) async throws -> Result {
+        guard Task.isCancelled else { return try await body() }
+        return try await Task { try await body() }.value
     }
 
     private func settled<Result: Sendable>(_ body: @escaping @Sendable () async -> Result) async -> Result {
-        await Task { await body() }.value
+        guard Task.isCancelled else { return await body() }
+        return await Task { await body() }.value
     }
 
     private func claimAndSend(_ report: inout FlushReport) async throws {
@@ -117,6 +133,13 @@ extension OfflineQueueEngine {
             try await settled { try await storage.release(claim, keeping: entry) }
             return .outcome(.stop)
         }
+        if observer != nil {
+            // What may be in the server's state from now on, for the next launch should this
+            // process die: this entry, and those sent before without an answer that says no.
+            possiblySent.insert(entry.id)
+            possiblySent = possiblySent.filter { storage.changeFeed.contains(id: $0) }
+            await storage.noteInFlight(possiblySent)
+        }
         storage.changeFeed.publish(.attemptStarted(id: entry.id))
         defer { storage.changeFeed.publish(.attemptEnded(id: entry.id)) }  // after the outcome is settled
         let send = await sendHolding(claim, prepared)
@@ -129,21 +152,31 @@ extension OfflineQueueEngine {
         }
         // Told once the outcome is settled, unless a delivery told it already.
         var observed = observer != nil
-        defer { if observed { observer?.sendEnded(entry, mayHaveReachedServer: outcome.mayHaveReachedServer) } }
+        defer {
+            if observed {
+                if !outcome.mayHaveReachedServer { possiblySent.remove(entry.id) }
+                observer?.sendEnded(entry, mayHaveReachedServer: outcome.mayHaveReachedServer)
+            }
+        }
         let end = lifecycle.replayEnded(entry, outcome, stillQueued: true, supersededBy: nil, maxAttempts: configuration.maxAttempts, now: now)
         do {
             switch end {
             case .remove(let reason, let result):
                 // An observed delivery is recorded with the reads it changes before the storage
-                // forgets it, and told finished once it has.
+                // forgets it, and told finished once it has; its file (on a disk) goes at once, so
+                // no read stored from now on meets it after a relaunch.
                 let deliveryObserver = reason.isDelivered ? observer : nil
                 if let deliveryObserver {
                     await deliveryObserver.delivered(entry)
                     observed = false
+                    possiblySent.remove(entry.id)
                 }
                 do {
                     defer { deliveryObserver?.deliveryFinished(entry) }
-                    try await settled { try await storage.complete(claim, reason: reason) }
+                    try await settled {
+                        try await storage.complete(claim, reason: reason)
+                        if deliveryObserver != nil { await storage.removalsSettled() }
+                    }
                 }
                 if let result { record(result, in: &report) }
             case .keep(let updated, let error, let next):
@@ -166,9 +199,13 @@ extension OfflineQueueEngine {
                 try await settled { try await storage.release(claim, keeping: entry) }
             }
         } catch OfflineQueueError.claimLost {
-            // Cancelled, or its lease ran out and another consumer has it: its outcome is not ours
-            // to record (a delivery stands at the server all the same).
-            return .lost
+            // Cancelled, superseded by a newer edit, or its lease ran out and another consumer has
+            // it: its outcome is not ours to record (a delivery stands at the server all the same).
+            // A send that found no network, or was cut, still ends the pass.
+            switch outcome {
+            case .offline, .stop: return send
+            default: return .lost
+            }
         }
         return send
     }
@@ -253,25 +290,6 @@ extension OfflineQueueEngine {
             sending.cancel()
             _ = await sending.value  // never two sends of the entry from this engine at once
             return .lost
-        }
-    }
-
-    /// While started: a pass when the earliest backoff ends, and at the poll interval at the latest.
-    func scheduleSharedTimer() async {
-        let poll = now.addingTimeInterval(configuration.storagePollInterval.seconds)
-        let earliest = (try? await storage.earliestNextAttempt()) ?? nil
-        scheduleTimerIfNeeded(for: min(earliest ?? poll, poll))
-    }
-
-    /// Runs a pass whenever the storage says another consumer added work.
-    func followArrivals() -> Task<Void, Never> {
-        let arrivals = storage.arrivals()
-        return Task { [weak self] in
-            for await _ in arrivals {
-                guard let self, !Task.isCancelled else { return }
-                guard await self.reachabilityMonitor.isConnected else { continue }
-                _ = await self.runPass(.timer)
-            }
         }
     }
 }
