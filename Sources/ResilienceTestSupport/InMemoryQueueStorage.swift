@@ -23,13 +23,21 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         var failRenewals = false
         var hangRenewals = false
         var renewalsToFail = 0
+        var claimsToFail = 0
+        var claimCalls = 0
     }
 
     private let state = Locked(State())
     private let arrivalSubscribers = StreamSubscribers<Void>()
     package let changeFeed = QueueChangeFeed()
 
-    package init() {}
+    /// Whether engines also poll it (`QueueStorage.othersAddWork`): false makes it behave as a
+    /// folder one engine owns, whose engine runs a pass only when an entry is due.
+    package let othersAddWork: Bool
+
+    package init(othersAddWork: Bool = true) {
+        self.othersAddWork = othersAddWork
+    }
 
     package var deadLetters: [QueueEntry] { state.withLock { $0.deadLetters } }
     package var renewals: Int { state.withLock { $0.renewals } }
@@ -37,6 +45,10 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
     package func failRenewals() { state.withLock { $0.failRenewals = true } }
     /// Makes the next `count` renewals fail.
     package func failNextRenewals(_ count: Int) { state.withLock { $0.renewalsToFail = count } }
+    /// Makes the next `count` claims fail, as a disk that refuses would.
+    package func failNextClaims(_ count: Int) { state.withLock { $0.claimsToFail = count } }
+    /// Claims asked for so far, failed ones included.
+    package var claimCalls: Int { state.withLock { $0.claimCalls } }
     /// Makes every later renewal hang until its task is cancelled, as a network gone silent would.
     package func hangRenewals() { state.withLock { $0.hangRenewals = true } }
     /// When `id`'s lease ends, if it is claimed.
@@ -94,6 +106,13 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
 
     package func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
         try Task.checkCancellation()
+        let fails = state.withLock { state -> Bool in
+            state.claimCalls += 1
+            guard state.claimsToFail > 0 else { return false }
+            state.claimsToFail -= 1
+            return true
+        }
+        if fails { throw OfflineQueueError.storage(operation: "claim", path: "memory", errno: EIO) }
         return state.withLock { state in
             let all = Self.ordered(state.rows.values.map(\.entry))
             var claimed: [QueueClaim] = []

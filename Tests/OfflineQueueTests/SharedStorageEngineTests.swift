@@ -217,6 +217,28 @@ struct SharedStorageEngineTests {
         #expect(report.remaining == 1)
     }
 
+    @Test func aPassEndedByAStorageErrorIsNotRunAgainUntilABackoffHasPassed() async throws {
+        // A folder one engine owns (no polling): its entry is due now, so without a backoff the
+        // pass a failing claim ended would start again at once, and again, while no time passes.
+        let h = SharedHarness([.status(201)], storage: InMemoryQueueStorage(othersAddWork: false))
+        let id = try #require(try await h.engine.enqueue(Mutation("/a"), sending: .onNextDrain).queuedID)
+        h.storage.failNextClaims(2)
+        await h.engine.start()  // online: one pass, whose claim fails
+        await h.clock.waitForSleepers(1)
+        #expect(h.storage.claimCalls == 1)
+        #expect(h.clock.nextDeadline == h.clock.now.advanced(by: .seconds(10)))  // the retry policy's 10 s
+        h.clock.advance(by: .seconds(10))
+        await h.clock.waitForSleepers(1)
+        #expect(h.storage.claimCalls == 2)  // failed again, and waits again
+        #expect(h.session.requests.isEmpty)
+        var results = await h.engine.results.makeAsyncIterator()
+        h.clock.advance(by: .seconds(10))
+        let delivered = await results.next()
+        #expect(delivered?.id == id)
+        #expect(h.session.requests.count == 1)
+        await h.engine.stop()
+    }
+
     @Test func anEntryKeptWithNoWaitIsNotSentTwiceInOnePass() async throws {
         let h = SharedHarness([.status(503), .status(201)], backoff: 0)
         let id = try #require(try await h.engine.enqueue(Mutation("/a"), sending: .onNextDrain).queuedID)

@@ -68,12 +68,15 @@ extension OfflineQueueEngine {
         }
         await settled { await self.storage.passEnded() }
         report.remaining = await settled { await self.pendingCount() }
+        storageFailures = report.storageError == nil ? 0 : storageFailures + 1
         // Offline, the monitor will say when it is back: no timer.
         guard isStarted, connected else { return }
         if learnedOffline {
             scheduleTimerIfNeeded(for: offlineRecheckDate())
         } else {
-            await scheduleNextTimer()
+            // After a storage error, not at once: an entry due now would otherwise start a pass
+            // that fails the same way, again and again, while no time passes.
+            await scheduleNextTimer(notBefore: storageFailures > 0 ? storageRetryDate() : nil)
         }
     }
 

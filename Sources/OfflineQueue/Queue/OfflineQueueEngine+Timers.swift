@@ -47,11 +47,22 @@ extension OfflineQueueEngine {
 
     /// While started: a pass when the earliest backoff ends, and, on storage others add work to,
     /// at the poll interval at the latest.
-    func scheduleNextTimer() async {
-        let earliest = (try? await storage.earliestNextAttempt()) ?? nil
+    /// After a storage error (`notBefore`), not before the storage's backoff either.
+    func scheduleNextTimer(notBefore: Date? = nil) async {
+        var earliest = (try? await storage.earliestNextAttempt()) ?? nil
+        if let notBefore { earliest = max(earliest ?? notBefore, notBefore) }
         guard storage.othersAddWork else { return scheduleTimerIfNeeded(for: earliest) }
         let poll = now.addingTimeInterval(configuration.storagePollInterval.seconds)
         scheduleTimerIfNeeded(for: min(earliest ?? poll, poll))
+    }
+
+    /// When a pass may ask a failing storage again: the retry policy's delay for as many passes
+    /// in a row as it failed (the offline re-check interval once the policy has none left).
+    func storageRetryDate() -> Date {
+        let delay = configuration.retryPolicy.delay(forAttempt: max(0, storageFailures - 1)).map {
+            RetryPolicyDelay.sanitized($0, maximum: .seconds(86_400))
+        }
+        return now.addingTimeInterval((delay ?? configuration.offlineRecheckInterval).seconds)
     }
 
     /// Runs a pass whenever the storage says another consumer added work.

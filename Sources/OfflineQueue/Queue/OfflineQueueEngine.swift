@@ -111,6 +111,9 @@ public actor OfflineQueueEngine {
     /// arrival order (the count includes the holder and everyone waiting).
     var keyLines: [String: (gate: AdmissionGate, users: Int)] = [:]
     var learnedOffline = false
+    /// Passes in a row that a storage error ended (a disk that refuses, a database that is down):
+    /// the next waits a backoff that grows with them (`storageRetryDate()`).
+    var storageFailures = 0
     /// One drain pass at a time, whoever triggers it; FIFO; a cancelled waiter leaves the line.
     let passGate = AdmissionGate(limit: 1)
     /// Stopped, started (its tasks, its timer idle or armed, timers firing) or closed: see
