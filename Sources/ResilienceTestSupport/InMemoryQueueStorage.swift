@@ -56,22 +56,22 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
     /// Tells engines following `arrivals()` that work was added (as a NOTIFY would).
     package func announceArrival() { arrivalSubscribers.yield(()) }
 
-    package func queuedEntries() async throws -> [QueueEntry] {
+    nonisolated(nonsending) package func queuedEntries() async throws -> [QueueEntry] {
         try Task.checkCancellation()
         return state.withLock { Self.ordered($0.rows.values.map(\.entry)) }
     }
 
-    package func queuedCount() async throws -> Int {
+    nonisolated(nonsending) package func queuedCount() async throws -> Int {
         try Task.checkCancellation()
         return state.withLock { $0.rows.count }
     }
 
-    package func queuedEntry(id: UUID) async throws -> QueueEntry? {
+    nonisolated(nonsending) package func queuedEntry(id: UUID) async throws -> QueueEntry? {
         try Task.checkCancellation()
         return state.withLock { $0.rows[id]?.entry }
     }
 
-    package func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
+    nonisolated(nonsending) package func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
         state.withLock { state in
             state.rows.values.contains { row in
                 (orderingKey != nil && row.entry.orderingKey == orderingKey)
@@ -80,7 +80,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    package func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
+    nonisolated(nonsending) package func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
         try Task.checkCancellation()
         return try state.withLock { state in
             let holder = entry.coalescingKey.flatMap { key in
@@ -104,7 +104,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    package func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
+    nonisolated(nonsending) package func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
         try Task.checkCancellation()
         let fails = state.withLock { state -> Bool in
             state.claimCalls += 1
@@ -135,7 +135,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    package func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
+    nonisolated(nonsending) package func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
         try Task.checkCancellation()
         if state.withLock({ $0.hangRenewals }) {
             state.withLock { $0.renewals += 1 }
@@ -156,7 +156,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    package func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
+    nonisolated(nonsending) package func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
         try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
@@ -165,7 +165,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    package func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
+    nonisolated(nonsending) package func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
         try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
@@ -175,7 +175,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    package func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
+    nonisolated(nonsending) package func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
         try Task.checkCancellation()
         try state.withLock { state in
             try Self.checkLive(claim, in: state)
@@ -185,7 +185,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    package func cancel(id: UUID) async throws -> Bool {
+    nonisolated(nonsending) package func cancel(id: UUID) async throws -> Bool {
         state.withLock { state in
             guard let removed = state.rows.removeValue(forKey: id) else { return false }
             changeFeed.publish(.removed(removed.entry, reason: .cancelled))
@@ -193,14 +193,14 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
         }
     }
 
-    package func removeAll() async throws {
+    nonisolated(nonsending) package func removeAll() async throws {
         state.withLock { state in
             for entry in Self.ordered(state.rows.values.map(\.entry)) { changeFeed.publish(.removed(entry, reason: .cancelled)) }
             state.rows = [:]
         }
     }
 
-    package func removeExpired(now: Date) async throws -> [QueueEntry] {
+    nonisolated(nonsending) package func removeExpired(now: Date) async throws -> [QueueEntry] {
         try Task.checkCancellation()
         return state.withLock { state in
             let expired = state.rows.values.filter { $0.entry.isExpired(at: now) && ($0.token == nil || ($0.leaseEnds ?? now) <= now) }.map(\.entry)
@@ -214,7 +214,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
 
     /// The earliest backoff's end among the entries `claim` may offer: the first of each ordering
     /// and coalescing key (as `PostgresQueueStore` answers).
-    package func earliestNextAttempt() async throws -> Date? {
+    nonisolated(nonsending) package func earliestNextAttempt() async throws -> Date? {
         state.withLock { state in
             let entries = state.rows.values.map(\.entry)
             return entries.filter { entry in

@@ -6,14 +6,14 @@ import PostgresNIO
 /// `PostgresQueueStore` as a `QueueStorage`: each requirement is one statement, or one short
 /// transaction, so every rule holds whichever replicas run at once (see `PostgresQueueStore`).
 extension PostgresQueueStore: QueueStorage {
-    public func queuedEntries() async throws -> [QueueEntry] {
+    nonisolated(nonsending) public func queuedEntries() async throws -> [QueueEntry] {
         try await perform("queuedEntries") {
             let rows = try await client.query("SELECT seq, entry::text FROM \(unescaped: names.queue) ORDER BY priority DESC, seq", logger: logger)
             return try await Self.entries(from: rows)
         }
     }
 
-    public func queuedCount() async throws -> Int {
+    nonisolated(nonsending) public func queuedCount() async throws -> Int {
         try await perform("queuedCount") {
             var count: Int64 = 0
             for try await value in try await client.query("SELECT count(*) FROM \(unescaped: names.queue)", logger: logger).decode(Int64.self) {
@@ -23,14 +23,14 @@ extension PostgresQueueStore: QueueStorage {
         }
     }
 
-    public func queuedEntry(id: UUID) async throws -> QueueEntry? {
+    nonisolated(nonsending) public func queuedEntry(id: UUID) async throws -> QueueEntry? {
         try await perform("queuedEntry") {
             let rows = try await client.query("SELECT seq, entry::text FROM \(unescaped: names.queue) WHERE id = \(id)", logger: logger)
             return try await Self.entries(from: rows).first
         }
     }
 
-    public func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
+    nonisolated(nonsending) public func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
         guard orderingKey != nil || coalescingKey != nil else { return false }
         return try await perform("hasQueuedEntries") {
             let rows = try await client.query(
@@ -66,7 +66,7 @@ extension PostgresQueueStore: QueueStorage {
     ///   client can rule out: when the connection is lost after the server committed but before
     ///   its answer arrived, the error is thrown for an entry that is stored, and that entry is
     ///   delivered like any other.
-    public func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
+    nonisolated(nonsending) public func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
         let json = try Self.encodeEntry(entry)
         let (stored, replaced) = try await transaction("add") { [self] connection in
             try await insert(entry, json: json, limit: limit, on: connection)
@@ -79,7 +79,7 @@ extension PostgresQueueStore: QueueStorage {
     /// wait for one another nor take the same row) and each gets a fresh lease token and
     /// `lease_until = now + lease`. A row that cannot be read as an entry is left out of the result
     /// (and logged, by id), leased like the others, so it never stops them.
-    public func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
+    nonisolated(nonsending) public func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
         guard limit > 0 else { return [] }
         let leaseEnds = now.addingTimeInterval(lease.timeInterval)
         return try await perform("claim") {
@@ -124,7 +124,7 @@ extension PostgresQueueStore: QueueStorage {
         }
     }
 
-    public func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
+    nonisolated(nonsending) public func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
         let leaseEnds = now.addingTimeInterval(lease.timeInterval)
         let id = claim.entry.id
         try await settle(claim, "renew") {
@@ -138,7 +138,7 @@ extension PostgresQueueStore: QueueStorage {
     }
 
     /// Deletes the claim's row: a delivered entry leaves no row behind.
-    public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
+    nonisolated(nonsending) public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
         let id = claim.entry.id
         try await settle(claim, "complete") {
             """
@@ -151,7 +151,7 @@ extension PostgresQueueStore: QueueStorage {
 
     /// Writes `entry` (attempts, next attempt time, last error) into the claim's row and clears its
     /// lease; the row keeps its `seq`.
-    public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
+    nonisolated(nonsending) public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
         let id = claim.entry.id
         let json = try Self.encodeEntry(entry)
         try await settle(claim, "release") {
@@ -171,7 +171,7 @@ extension PostgresQueueStore: QueueStorage {
 
     /// Moves the claim's row to `<table>_dead_letter` as `entry`, in one statement (both or
     /// neither).
-    public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
+    nonisolated(nonsending) public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
         let id = claim.entry.id
         let json = try Self.encodeEntry(entry)
         try await settle(claim, "deadLetter") {
@@ -190,7 +190,7 @@ extension PostgresQueueStore: QueueStorage {
         changeFeed.publish(.removed(entry.placed(at: claim.entry.sequence), reason: .deadLettered(attempts: entry.attempts)))
     }
 
-    public func cancel(id: UUID) async throws -> Bool {
+    nonisolated(nonsending) public func cancel(id: UUID) async throws -> Bool {
         let removed = try await perform("cancel") {
             try await Self.entries(
                 from: client.query(
@@ -219,7 +219,7 @@ extension PostgresQueueStore: QueueStorage {
 
     /// Deletes every row of the table: every replica's entries, claimed ones included (their
     /// claims then end as lost). The dead letters are kept.
-    public func removeAll() async throws {
+    nonisolated(nonsending) public func removeAll() async throws {
         let removed = try await perform("removeAll") {
             try await Self.entries(
                 from: client.query(
@@ -236,7 +236,7 @@ extension PostgresQueueStore: QueueStorage {
     /// consumer is gone, and an expired entry is never claimed again), skipping rows another
     /// consumer has locked at that moment. A deleted row that cannot be read as an entry is left
     /// out of the result and logged by id, so the others' results are not lost with it.
-    public func removeExpired(now: Date) async throws -> [QueueEntry] {
+    nonisolated(nonsending) public func removeExpired(now: Date) async throws -> [QueueEntry] {
         try await perform("removeExpired") {
             let rows = try await client.query(
                 """
@@ -270,7 +270,7 @@ extension PostgresQueueStore: QueueStorage {
     /// it over then, should its holder have died). Entries behind the head of their ordering or
     /// coalescing key are left out: they cannot go before it. Read with the claim rules, a date
     /// in the past is an entry due now, never one a live lease holds.
-    public func earliestNextAttempt() async throws -> Date? {
+    nonisolated(nonsending) public func earliestNextAttempt() async throws -> Date? {
         try await perform("earliestNextAttempt") {
             let rows = try await client.query(
                 """

@@ -122,7 +122,7 @@ public final class PostgresQueueStore: Sendable {
 
     /// Stops following the table's changes for `changeFeed` (and gives its connection back). The
     /// table itself stays usable: the store holds nothing else to let go of.
-    public func close() async {
+    nonisolated(nonsending) public func close() async {
         follower.stop()
     }
 

@@ -36,33 +36,33 @@ struct PostgresFaultTests {
 
         static let reset = PostgresQueueStoreError.database(operation: "complete", sqlState: nil, message: "connection reset by peer")
 
-        func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
+        nonisolated(nonsending) func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
             if take(.completion) { throw Self.reset }
             try await base.complete(claim, reason: reason)
         }
 
-        func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
+        nonisolated(nonsending) func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
             let claims = try await base.claim(upTo: limit, now: now, lease: lease)
             if take(.claimAnswer) { throw Self.reset }
             return claims
         }
 
-        func queuedEntries() async throws -> [QueueEntry] { try await base.queuedEntries() }
-        func queuedCount() async throws -> Int { try await base.queuedCount() }
-        func queuedEntry(id: UUID) async throws -> QueueEntry? { try await base.queuedEntry(id: id) }
-        func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
+        nonisolated(nonsending) func queuedEntries() async throws -> [QueueEntry] { try await base.queuedEntries() }
+        nonisolated(nonsending) func queuedCount() async throws -> Int { try await base.queuedCount() }
+        nonisolated(nonsending) func queuedEntry(id: UUID) async throws -> QueueEntry? { try await base.queuedEntry(id: id) }
+        nonisolated(nonsending) func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
             try await base.hasQueuedEntries(orderingKey: orderingKey, coalescingKey: coalescingKey)
         }
-        func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry { try await base.add(entry, limit: limit) }
-        func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
+        nonisolated(nonsending) func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry { try await base.add(entry, limit: limit) }
+        nonisolated(nonsending) func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
             try await base.renew(claim, now: now, lease: lease)
         }
-        func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws { try await base.release(claim, keeping: entry) }
-        func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws { try await base.deadLetter(claim, entry: entry) }
-        func cancel(id: UUID) async throws -> Bool { try await base.cancel(id: id) }
-        func removeAll() async throws { try await base.removeAll() }
-        func removeExpired(now: Date) async throws -> [QueueEntry] { try await base.removeExpired(now: now) }
-        func earliestNextAttempt() async throws -> Date? { try await base.earliestNextAttempt() }
+        nonisolated(nonsending) func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws { try await base.release(claim, keeping: entry) }
+        nonisolated(nonsending) func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws { try await base.deadLetter(claim, entry: entry) }
+        nonisolated(nonsending) func cancel(id: UUID) async throws -> Bool { try await base.cancel(id: id) }
+        nonisolated(nonsending) func removeAll() async throws { try await base.removeAll() }
+        nonisolated(nonsending) func removeExpired(now: Date) async throws -> [QueueEntry] { try await base.removeExpired(now: now) }
+        nonisolated(nonsending) func earliestNextAttempt() async throws -> Date? { try await base.earliestNextAttempt() }
     }
 
     @Test func aCompletionLostAfterTheSendIsReportedAndTheEntryGoesAgainWithTheSameKeyOnceItsLeaseEnds() async throws {

@@ -80,19 +80,19 @@ extension OfflineQueueEngine {
         }
     }
 
-    /// Runs `body` at once while the pass is not cancelled; once it is, in a task of its own, which
-    /// the cancellation does not reach. (A task for every call cost the disk queue's replay a task
-    /// and its hops an entry. A cancellation that lands during the call itself may still make a
-    /// storage that checks for it refuse: the claim is then left to its lease, and the entry goes
-    /// again with its key.)
+    /// Runs `body` at once, on the engine's actor, while the pass is not cancelled; once it is, in
+    /// a task of its own, which the cancellation does not reach. (A task for every call cost the
+    /// disk queue's replay two thread hops an entry. A cancellation that lands during the call
+    /// itself may still make a storage that checks for it refuse: the claim is then left to its
+    /// lease, and the entry goes again with its key.)
     private func settled<Result: Sendable>(
-        _ body: @escaping @Sendable () async throws -> Result
+        _ body: nonisolated(nonsending) @escaping @Sendable () async throws -> Result
     ) async throws -> Result {
         guard Task.isCancelled else { return try await body() }
         return try await Task { try await body() }.value
     }
 
-    private func settled<Result: Sendable>(_ body: @escaping @Sendable () async -> Result) async -> Result {
+    private func settled<Result: Sendable>(_ body: nonisolated(nonsending) @escaping @Sendable () async -> Result) async -> Result {
         guard Task.isCancelled else { return await body() }
         return await Task { await body() }.value
     }

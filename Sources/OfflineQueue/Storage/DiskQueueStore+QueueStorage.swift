@@ -5,13 +5,13 @@ import Foundation
 /// an in-memory mark with no lease (`leaseEnds` is `nil`, `renew` only checks it), and a crash
 /// drops every claim with the process: the next open finds each entry queued, as on disk.
 extension DiskQueueStore: QueueStorage {
-    public func queuedEntries() async throws -> [QueueEntry] { orderedEntries() }
+    nonisolated(nonsending) public func queuedEntries() async throws -> [QueueEntry] { orderedEntries() }
 
-    public func queuedCount() async throws -> Int { entryCount }
+    nonisolated(nonsending) public func queuedCount() async throws -> Int { entryCount }
 
-    public func queuedEntry(id: UUID) async throws -> QueueEntry? { entry(id: id) }
+    nonisolated(nonsending) public func queuedEntry(id: UUID) async throws -> QueueEntry? { entry(id: id) }
 
-    public func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
+    nonisolated(nonsending) public func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool {
         if let orderingKey, hasEntries(orderingKey: orderingKey) { return true }
         if let coalescingKey, entry(coalescingKey: coalescingKey) != nil { return true }
         return false
@@ -19,7 +19,7 @@ extension DiskQueueStore: QueueStorage {
 
     /// True when no entry of either key is queued and, for a coalescing key, every deletion so
     /// far is durable (`makeDeletionsDurable()`; false when the disk refuses).
-    public func maySendAtOnce(orderingKey: String?, coalescingKey: String?) async -> Bool {
+    nonisolated(nonsending) public func maySendAtOnce(orderingKey: String?, coalescingKey: String?) async -> Bool {
         if let orderingKey, hasEntries(orderingKey: orderingKey) { return false }
         guard let coalescingKey else { return true }
         guard entry(coalescingKey: coalescingKey) == nil else { return false }
@@ -31,7 +31,7 @@ extension DiskQueueStore: QueueStorage {
         }
     }
 
-    public func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
+    nonisolated(nonsending) public func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry {
         var entry = entry.withStorableHeaders()
         // The holder of the coalescing key is replaced in its place unless it is claimed or of
         // another ordering key (whose line the edit must not jump); while the edit is written the
@@ -52,7 +52,7 @@ extension DiskQueueStore: QueueStorage {
     /// Reads the index in replay order only as far as it needs: the first claimable entries, each
     /// the head of its ordering and coalescing keys (`QueueIndex.isHead`), so a claim from the
     /// front of the queue costs O(1) rather than a pass over every entry.
-    public func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
+    nonisolated(nonsending) public func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim] {
         guard limit > 0 else { return [] }
         let claimed = markClaims(upTo: limit, now: now)
         // An edit of a coalescing key goes out only once every deletion so far is durable, or a
@@ -69,12 +69,12 @@ extension DiskQueueStore: QueueStorage {
         }
     }
 
-    public func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
+    nonisolated(nonsending) public func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
         try checkLive(claim, ending: false)
         return claim
     }
 
-    public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
+    nonisolated(nonsending) public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
         try checkLive(claim, ending: true)
         discard(id: claim.entry.id, reason: reason)
     }
@@ -84,7 +84,7 @@ extension DiskQueueStore: QueueStorage {
     /// (`superseded`) and the release throws `claimLost` (nothing of it is kept). On a full disk the
     /// file keeps its older state, but the index takes the new count and backoff, so this process
     /// still honours them.
-    public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
+    nonisolated(nonsending) public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
         try checkLive(claim, ending: true)
         if let key = entry.coalescingKey, let newest = self.entry(coalescingKey: key), newest.id != entry.id,
             newest.sequence > entry.sequence
@@ -95,7 +95,7 @@ extension DiskQueueStore: QueueStorage {
         if entry != claim.entry { try? await update(entry) }
     }
 
-    public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
+    nonisolated(nonsending) public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
         try checkLive(claim, ending: false)
         // A dead letter that cannot be written keeps the claim: the consumer then releases the
         // entry for a later attempt instead of losing it.
@@ -106,14 +106,14 @@ extension DiskQueueStore: QueueStorage {
         guard moved else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
     }
 
-    public func cancel(id: UUID) async throws -> Bool {
+    nonisolated(nonsending) public func cancel(id: UUID) async throws -> Bool {
         guard entry(id: id) != nil else { return false }
         try remove(id: id)
         claims.withLock { $0.end(id) }
         return true
     }
 
-    public func removeExpired(now: Date) async throws -> [QueueEntry] {
+    nonisolated(nonsending) public func removeExpired(now: Date) async throws -> [QueueEntry] {
         let claimed = claims.withLock { $0.busyIDs }
         let expired = orderedEntries().filter { $0.isExpired(at: now) && !claimed.contains($0.id) }
         for entry in expired { discard(id: entry.id, reason: .expired) }
@@ -124,7 +124,7 @@ extension DiskQueueStore: QueueStorage {
     /// The earliest backoff's end among the entries `claim` may offer: the first of each ordering
     /// key and of each coalescing key (an edit waiting behind an earlier one of its key does not
     /// count, whatever its own date).
-    public func earliestNextAttempt() async throws -> Date? {
+    nonisolated(nonsending) public func earliestNextAttempt() async throws -> Date? {
         earliestBackoffEnd(coalescingFollowers: false)
     }
 
@@ -132,17 +132,17 @@ extension DiskQueueStore: QueueStorage {
     public var othersAddWork: Bool { false }
 
     /// The pass's deletions wake the I/O thread a batch at a time (`DeferredRemovals`).
-    public func passBegins() async { startBatchingRemovals() }
+    nonisolated(nonsending) public func passBegins() async { startBatchingRemovals() }
 
     /// The pass's deletions ran beside its sends; when it returns its finished files are gone.
-    public func passEnded() async {
+    nonisolated(nonsending) public func passEnded() async {
         stopBatchingRemovals()
         finishRemovals()
     }
 
-    public func removalsSettled() async { await settleRemovals() }
+    nonisolated(nonsending) public func removalsSettled() async { await settleRemovals() }
 
-    public func noteInFlight(_ ids: Set<UUID>) async { await noteSending(ids) }
+    nonisolated(nonsending) public func noteInFlight(_ ids: Set<UUID>) async { await noteSending(ids) }
 
     /// Throws `claimLost` unless `claim` is its entry's live claim and the entry is queued; with
     /// `ending`, the claim ends here.

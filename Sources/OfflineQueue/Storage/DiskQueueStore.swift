@@ -248,7 +248,7 @@ public final class DiskQueueStore: Sendable {
     /// next owner). Its entries in memory stay readable. Stop the queue that uses the store first
     /// (`OfflineQueueEngine.close()` does both). Closing twice is closing once. Returns when the
     /// folder is free, whether or not the calling task is cancelled.
-    public func close() async {
+    nonisolated(nonsending) public func close() async {
         await gate.close()
         releaseLock()
     }
@@ -668,7 +668,7 @@ public final class DiskQueueStore: Sendable {
     }
 
     /// Removes every entry (stopping at the first file that cannot be deleted).
-    public func removeAll() async throws {
+    nonisolated(nonsending) public func removeAll() async throws {
         let ids = state.withLock { Array($0.index.entries.keys) }
         for id in ids {
             try remove(id: id)

@@ -32,17 +32,17 @@ import Foundation
 public protocol QueueStorage: Sendable {
     /// Every queued entry, claimed ones included, in claim order (priority descending, FIFO within
     /// a priority).
-    func queuedEntries() async throws -> [QueueEntry]
+    nonisolated(nonsending) func queuedEntries() async throws -> [QueueEntry]
 
     /// The number of queued entries (expired ones included until they are swept).
-    func queuedCount() async throws -> Int
+    nonisolated(nonsending) func queuedCount() async throws -> Int
 
     /// The queued entry with this id, claimed or not.
-    func queuedEntry(id: UUID) async throws -> QueueEntry?
+    nonisolated(nonsending) func queuedEntry(id: UUID) async throws -> QueueEntry?
 
     /// Whether an entry with `orderingKey`, or one with `coalescingKey`, is queued: a new request with
     /// either key must not overtake it (the engine then stores the request instead of sending it).
-    func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool
+    nonisolated(nonsending) func hasQueuedEntries(orderingKey: String?, coalescingKey: String?) async throws -> Bool
 
     /// Whether a request with these keys may be sent before it is stored (`enqueue` sending at
     /// once, online): only when nothing it must not overtake can be in the storage. The default
@@ -52,7 +52,7 @@ public protocol QueueStorage: Sendable {
     /// consumer of its folder, answers from its index — no entry of either key is queued — and,
     /// for a coalescing key, once every older edit's deletion is durable (an older edit's file
     /// must not come back after a crash and be sent after this one).
-    func maySendAtOnce(orderingKey: String?, coalescingKey: String?) async -> Bool
+    nonisolated(nonsending) func maySendAtOnce(orderingKey: String?, coalescingKey: String?) async -> Bool
 
     /// Stores `entry`, returning it as stored (with the `sequence` that places it).
     ///
@@ -64,44 +64,44 @@ public protocol QueueStorage: Sendable {
     ///   does not count), and the storage's own error when it cannot write: nothing is stored then,
     ///   unless the storage committed and only its answer was lost (a database connection dropped
     ///   at that moment), in which case the entry is stored and will be delivered.
-    func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry
+    nonisolated(nonsending) func add(_ entry: QueueEntry, limit: Int?) async throws -> QueueEntry
 
     /// Claims up to `limit` entries that may be sent at `now` under the rules above, for `lease`.
     /// At most one entry of each ordering key is in the result.
-    func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim]
+    nonisolated(nonsending) func claim(upTo limit: Int, now: Date, lease: Duration) async throws -> [QueueClaim]
 
     /// Extends a live claim's lease to `now + lease`.
     ///
     /// - Throws: `OfflineQueueError.claimLost(id:)` when the claim is no longer the entry's live
     ///   one (its lease ran out and another consumer claimed it, or the entry was cancelled): the
     ///   delivery it covers must stop.
-    func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim
+    nonisolated(nonsending) func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim
 
     /// Removes a claimed entry for good (delivered, rejected, superseded) with `reason`.
-    func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws
+    nonisolated(nonsending) func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws
 
     /// Ends a claim and keeps the entry queued as `entry` says (its attempts, next attempt time and
     /// last error; the claimed entry unchanged when the attempt did not count).
-    func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws
+    nonisolated(nonsending) func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws
 
     /// Moves a claimed entry to the dead letters, as `entry` says (its final attempt count).
-    func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws
+    nonisolated(nonsending) func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws
 
     /// Removes a queued entry without sending it; `false` when it was not queued. A claim on it
     /// then ends as lost.
-    func cancel(id: UUID) async throws -> Bool
+    nonisolated(nonsending) func cancel(id: UUID) async throws -> Bool
 
     /// Removes every queued entry.
-    func removeAll() async throws
+    nonisolated(nonsending) func removeAll() async throws
 
     /// Removes the entries expired at `now` that nobody has claimed, returning them.
-    func removeExpired(now: Date) async throws -> [QueueEntry]
+    nonisolated(nonsending) func removeExpired(now: Date) async throws -> [QueueEntry]
 
     /// The earliest time an entry may next become claimable, or `nil` when none is waiting: the
     /// earliest `nextAttemptAt` (a backoff's end); storage with leases may also count a claimed
     /// entry at its lease's end, and leave out entries waiting behind the head of their key. A
     /// started engine runs its next pass then (or at its poll interval, if sooner).
-    func earliestNextAttempt() async throws -> Date?
+    nonisolated(nonsending) func earliestNextAttempt() async throws -> Date?
 
     /// A new stream for each call that yields when another consumer (a replica, a transaction's
     /// outbox enqueue) may have added claimable work, so an idle engine starts on it at once rather
@@ -124,30 +124,30 @@ public protocol QueueStorage: Sendable {
 
     /// A pass begins: storage that batches its removals may start now (`DiskQueueStore` wakes its
     /// I/O thread a batch of deletions at a time). The default does nothing.
-    func passBegins() async
+    nonisolated(nonsending) func passBegins() async
 
     /// The pass ended: every removal it made is done when this returns (`DiskQueueStore`: every
     /// completed entry's file is deleted). The default does nothing.
-    func passEnded() async
+    nonisolated(nonsending) func passEnded() async
 
     /// Returns once the removals made so far are done, not batched for later: the engine calls it
     /// after completing a delivery a layer above observes (OfflineFirst), so that no read stored
     /// from then on can meet the delivered entry again after a relaunch. The default does nothing.
-    func removalsSettled() async
+    nonisolated(nonsending) func removalsSettled() async
 
     /// Notes, for the next process on this storage, which entries may be in the server's state
     /// (sent without an answer that says they were not), when a layer above observes the sends
     /// (OfflineFirst: `QueueChangeFeed.sendingAtOpen` at the next open). The default does nothing.
-    func noteInFlight(_ ids: Set<UUID>) async
+    nonisolated(nonsending) func noteInFlight(_ ids: Set<UUID>) async
 
     /// Lets go of what this process holds of the storage (`DiskQueueStore`: its folder's lock), so
     /// another owner can take it at once; afterwards the storage writes nothing. The default does
     /// nothing: storage many consumers share has nothing to let go of.
-    func close() async
+    nonisolated(nonsending) func close() async
 }
 
 extension QueueStorage {
-    public func maySendAtOnce(orderingKey: String?, coalescingKey: String?) async -> Bool {
+    nonisolated(nonsending) public func maySendAtOnce(orderingKey: String?, coalescingKey: String?) async -> Bool {
         orderingKey == nil && coalescingKey == nil
     }
 
@@ -155,26 +155,26 @@ extension QueueStorage {
 
     public var othersAddWork: Bool { true }
 
-    public func passBegins() async {}
+    nonisolated(nonsending) public func passBegins() async {}
 
-    public func passEnded() async {}
+    nonisolated(nonsending) public func passEnded() async {}
 
-    public func removalsSettled() async {}
+    nonisolated(nonsending) public func removalsSettled() async {}
 
-    public func noteInFlight(_ ids: Set<UUID>) async {}
+    nonisolated(nonsending) public func noteInFlight(_ ids: Set<UUID>) async {}
 
     /// The queued entries that have not expired by the system clock, in claim order; none when
     /// the storage cannot be read (SwiftResilience's `store.load()`; `queuedEntries()` throws).
-    public func load() async -> [QueueEntry] {
+    nonisolated(nonsending) public func load() async -> [QueueEntry] {
         let now = Date()
         return ((try? await queuedEntries()) ?? []).filter { !$0.isExpired(at: now) }
     }
 
     /// The number of queued entries; 0 when the storage cannot be read (SwiftResilience's
     /// `store.count()`; `queuedCount()` throws).
-    public func count() async -> Int { (try? await queuedCount()) ?? 0 }
+    nonisolated(nonsending) public func count() async -> Int { (try? await queuedCount()) ?? 0 }
 
-    public func close() async {}
+    nonisolated(nonsending) public func close() async {}
 }
 
 /// An entry held by one consumer until its lease ends: what `QueueStorage.claim(upTo:now:lease:)`
