@@ -15,7 +15,10 @@ import ResponseCache
 /// its lifetime (`max-age=5`, plus a second of transit) — a 304 applied to the wrong stored
 /// response breaks this; a body served is one the origin sent, whole (never a file a crash cut);
 /// a `no-store` response is never served twice; a response is never served to another
-/// partition's user.
+/// partition's user. The app also edits documents itself and marks what each edit changed stale
+/// (`markStale(where:)`, as a delivered write's invalidation does): a read begun after that, with
+/// no crash between, is never served a version older than the edit as fresh — an exchange in
+/// flight when the mark came must not store what it brings from before the edit as fresh.
 struct CacheWorkload {
     let simulation: Simulation
 
@@ -34,6 +37,14 @@ struct CacheWorkload {
         var at: Duration
         var fresh: Bool
         var status: Int
+    }
+
+    /// An edit the app made itself: `document` reached `version` on the server, and its reads were
+    /// marked stale by `at`.
+    private struct OwnEdit {
+        var document: String
+        var version: Int
+        var at: Duration
     }
 
     func run() async -> [String] {
@@ -56,6 +67,8 @@ struct CacheWorkload {
         }
         if simulation.chance(0.5) { simulation.disk.faults = .init(write: 0.03, rename: 0.03, unlink: 0.03) }
         let served = Locked<[Served]>([])
+        let ownEdits = Locked<[OwnEdit]>([])
+        let crashTimes = Locked<[Duration]>([])
         let restartFailures = Locked<[String]>([])
         let finished = Locked(false)
         await withTaskGroup(of: Void.self) { group in
@@ -68,6 +81,21 @@ struct CacheWorkload {
                     simulation.record("server changes \(document) to \(simulation.origin.version(of: document))")
                 }
             }
+            group.addTask {
+                // The app's own edits: each reaches the server, then the app marks the reads it
+                // changed stale.
+                for _ in 0..<simulation.random(in: 0...6) {
+                    try? await simulation.clock.sleep(for: simulation.random(in: .milliseconds(200)...(.seconds(4))))
+                    guard let cache = engines.withLock({ $0?.first?.engine.cache }) else { continue }
+                    let document = "d\(simulation.random(in: 0...(Self.documents - 1)))"
+                    simulation.origin.bump(document)
+                    let version = simulation.origin.version(of: document)
+                    let path = "/docs/\(document)"
+                    cache.markStale { _, url in url.path == path }
+                    ownEdits.withLock { $0.append(OwnEdit(document: document, version: version, at: simulation.now)) }
+                    simulation.record("app edits \(document) to \(version); its reads marked stale")
+                }
+            }
             let crashes = simulation.random(in: 0...2)
             group.addTask {
                 // The power goes: every engine in use is dropped, and the app opens the cache
@@ -75,6 +103,7 @@ struct CacheWorkload {
                 for _ in 0..<crashes {
                     try? await simulation.clock.sleep(for: simulation.random(in: .seconds(1)...(.seconds(8))))
                     simulation.disk.crash()
+                    crashTimes.withLock { $0.append(simulation.now) }
                     weak let old = engines.withLock { current -> DiskResponseCache? in
                         defer { current = nil }
                         return current?.first?.engine.cache
@@ -120,7 +149,7 @@ struct CacheWorkload {
             finished.withLock { $0 = true }
         }
         simulation.disk.faults = .none
-        return restartFailures.withLock { $0 } + check(served.withLock { $0 })
+        return restartFailures.withLock { $0 } + check(served.withLock { $0 }, ownEdits: ownEdits.withLock { $0 }, crashes: crashTimes.withLock { $0 })
     }
 
     /// Opens the cache in `folder` and one `CachedRequestEngine` per user on it.
@@ -169,7 +198,7 @@ struct CacheWorkload {
         }
     }
 
-    private func check(_ served: [Served]) -> [String] {
+    private func check(_ served: [Served], ownEdits: [OwnEdit], crashes: [Duration]) -> [String] {
         var violations: [String] = []
         // A no-store response may answer every caller whose identical request shared its fetch
         // (deduplication), but none that asked after it had arrived.
@@ -192,6 +221,16 @@ struct CacheWorkload {
                     )
                 }
                 if serials[serial] == nil { serials[serial] = one }
+            }
+            // (A crash between the edit and the read may lose the mark, which is not fsynced.)
+            if one.fresh,
+                let edit = ownEdits.last(where: { edit in
+                    edit.document == one.document && edit.at < one.started && !crashes.contains { edit.at <= $0 && $0 <= one.started }
+                }), version < edit.version
+            {
+                violations.append(
+                    "\(one.name): served \(one.body) as fresh, asked at \(one.started) after the app's edit made \(one.document) version \(edit.version) at \(edit.at)"
+                )
             }
             if one.fresh, one.document != "d\(Self.documents)" {
                 let confirmed = simulation.origin.lastConfirmed(one.document, version: version)
