@@ -140,9 +140,9 @@ let benchmarks: @Sendable () -> Void = {
     let replayIterations = Mutex(0)
     Benchmark(
         "queue: replay 10 000 entries vs direct sends, interleaved",
-        // Six iterations, alternating which side goes first: a folder written just before (and the
+        // Twelve iterations (six gave medians 0.1 apart run to run on this VM), alternating which side goes first: a folder written just before (and the
         // disk's journal still busy with it) must not always favour or burden the same side.
-        configuration: .init(metrics: [.wallClock], timeUnits: .milliseconds, warmupIterations: 0, maxDuration: .seconds(150), maxIterations: 6)
+        configuration: .init(metrics: [.wallClock], timeUnits: .milliseconds, warmupIterations: 0, maxDuration: .seconds(600), maxIterations: 12)
     ) { benchmark in
         let replayFirst = replayIterations.withLock { count in
             defer { count += 1 }
