@@ -68,7 +68,9 @@ struct PostgresOfflineFirstTests {
             let sender = AsyncRequestEngine(session: URLSessionTransport.shared)
             let reads = CachedRequestEngine(
                 requestEngine: sender, cache: try DiskResponseCache(directory: folder, maxBytes: 1 << 20), reachabilityMonitor: monitorB)
-            let queueB = OfflineQueueEngine(requestEngine: sender, reachabilityMonitor: monitorB, store: storeB)
+            // B's queue stays offline: it must not deliver A's note before the test has seen B show
+            // it pending (started and online, the notice would wake it to send the note at once).
+            let queueB = OfflineQueueEngine(requestEngine: sender, reachabilityMonitor: ManualReachabilityMonitor(isConnected: false), store: storeB)
             let clientB = OfflineFirstClient(reads: reads, queue: queueB, optimisticUpdates: [Self.appendNote])
             let shown = Locked<[QuerySnapshot]>([])
             let reader = Task {
@@ -76,9 +78,11 @@ struct PostgresOfflineFirstTests {
                     shown.withLock { $0.append(snapshot) }
                 }
             }
+            // The first snapshot shown so far that meets `condition` (not only the last: two may
+            // arrive between two looks).
             func waitFor(_ condition: (QuerySnapshot) -> Bool) async -> QuerySnapshot? {
                 while !Task.isCancelled {
-                    if let last = shown.withLock({ $0.last }), condition(last) { return last }
+                    if let met = shown.withLock({ $0.first(where: condition) }) { return met }
                     await Task.yield()
                 }
                 return shown.withLock { $0.last }
@@ -100,12 +104,11 @@ struct PostgresOfflineFirstTests {
             #expect(Self.notes(pending) == ["a", "from A"] && pending?.hasPendingWrites == true)
             #expect(queueB.storage.changeFeed.count == 1)
 
-            // Delivered — by A's flush, or by B's started queue, which the notice woke first (the
-            // table is one queue) — B learns of the delivery, refetches, and shows the server's
+            // Delivered by A's flush, B learns of the delivery, refetches, and shows the server's
             // list, which holds the note once.
             await monitorA.setConnected(true)
             let report = await queueA.flush()
-            #expect(report.delivered.allSatisfy { $0 == id } && report.storageError == nil)
+            #expect(report.delivered == [id] && report.storageError == nil)
             let settled = await waitFor { !$0.hasPendingWrites && $0.settlingEntryIDs.isEmpty && !$0.isFetching && Self.notes($0) == ["a", "from A"] }
             #expect(Self.notes(settled) == ["a", "from A"] && settled?.source == .network)
             let lists = shown.withLock { $0.map(Self.notes) }
