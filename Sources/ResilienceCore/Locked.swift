@@ -4,6 +4,17 @@ import os
 import Synchronization
 #endif
 
+/// A function to keep as a lock's state: `Locked<LockedFunction<@Sendable () -> Void>?>`, not the
+/// closure type itself as the state. Stored directly, a closure is reabstracted through
+/// `withLock`'s `inout` on every `withLock { $0 }`, and an unoptimized build wraps it in two more
+/// thunks each time: the nth call runs through 2n of them (quadratic, then a stack overflow, as in
+/// the queue simulation's seed 64). A struct's field is stored as it is. `.ci/run` fails on a
+/// closure stored directly.
+package struct LockedFunction<Function: Sendable>: Sendable {
+    package let function: Function
+    package init(_ function: Function) { self.function = function }
+}
+
 /// A value guarded by a lock, for the few hot paths where an actor hop per call is too costly
 /// (retry budgets, circuit breakers, single-flight waiter bookkeeping, metrics).
 ///

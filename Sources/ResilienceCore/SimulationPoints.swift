@@ -39,8 +39,8 @@ package enum SimulationPoints {
         fileSystem: (any FileSystemStandIn)? = nil
     ) {
         disk.withLock { $0 = on ? fileSystem : nil }
-        wallClock.withLock { $0 = on ? date.map(Stored.init) : nil }
-        pauser.withLock { $0 = on ? pause.map(Stored.init) : nil }
+        wallClock.withLock { $0 = on ? date.map(LockedFunction.init) : nil }
+        pauser.withLock { $0 = on ? pause.map(LockedFunction.init) : nil }
         identifiers.withLock { $0 = SeededGenerator(seed: seed ^ 0x1D_E471_F1E5) }
         active.store(on, ordering: .relaxed)
         if !on {
@@ -85,16 +85,7 @@ package enum SimulationPoints {
         return disk.withLock { $0 }
     }
 
-    /// A closure kept behind a lock, in a struct: stored directly as a `Mutex`'s state, a closure
-    /// is reabstracted on every `withLock { $0 }`, and an unoptimized build wraps it in two more
-    /// thunks each time, so the nth call runs through 2n of them (quadratic, then a stack overflow
-    /// in a long simulation). A struct's field is stored as it is.
-    private struct Stored<Function: Sendable>: Sendable {
-        let function: Function
-        init(_ function: Function) { self.function = function }
-    }
-
-    private static let wallClock = Mutex<Stored<@Sendable () -> Date>?>(nil)
+    private static let wallClock = Mutex<LockedFunction<@Sendable () -> Date>?>(nil)
     private static let identifiers = Mutex(SeededGenerator(seed: 0))
 
     /// A new random identifier: `UUID()`, or one drawn from the simulation's seed while one runs.
@@ -147,7 +138,7 @@ package enum SimulationPoints {
         }
     }
 
-    private static let pauser = Mutex<Stored<@Sendable (UnsafeContinuation<Void, Never>) -> Void>?>(nil)
+    private static let pauser = Mutex<LockedFunction<@Sendable (UnsafeContinuation<Void, Never>) -> Void>?>(nil)
 
     /// Lets other tasks run before the caller goes on, for a turn or a while of virtual time, as
     /// the simulation decides. (`Task.yield()` is not used: Swift 6.3 enqueues its job past the

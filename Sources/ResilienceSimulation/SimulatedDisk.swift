@@ -88,23 +88,19 @@ public final class SimulatedDisk: Sendable {
     static let firstDescriptor: Int32 = 1_000_000
 
     private let state: Locked<State>
-    /// The simulation's recorder. In a struct, not as the lock's state itself: a closure stored
-    /// directly in a generic lock is reabstracted on every `withLock { $0 }`, and an unoptimized
-    /// build wraps it in two more thunks each time, so the nth line ran through 2n thunks (seed 64
-    /// of the queue simulation overflowed the stack). A struct's field is stored as it is.
-    private struct Recorder: Sendable { let record: @Sendable (String) -> Void }
-    private let trace: Locked<Recorder?> = Locked(nil)
+    /// The simulation's recorder (in a `LockedFunction`: see why there).
+    private let trace: Locked<LockedFunction<@Sendable (String) -> Void>?> = Locked(nil)
 
     init(seed: UInt64) {
         state = Locked(State(generator: SeededGenerator(seed: seed ^ 0xD15C_0FF1_CE00_0001)))
     }
 
     func attach(to simulation: Simulation) {
-        trace.withLock { $0 = Recorder { [weak simulation] line in simulation?.record(line) } }
+        trace.withLock { $0 = LockedFunction { [weak simulation] line in simulation?.record(line) } }
     }
 
     private func record(_ line: String) {
-        trace.withLock { $0 }?.record(line)
+        trace.withLock { $0 }?.function(line)
     }
 
     /// How often operations fail from now on.

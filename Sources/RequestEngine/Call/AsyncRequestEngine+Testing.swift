@@ -5,13 +5,9 @@
 final class EngineTestHooks: Sendable {
     /// Called after a superseded attempt's late answer has been dropped (its timeout had handed
     /// the request to a new task).
-    let droppedLateAnswer = Locked<Hook?>(nil)
-
-    /// A callback in a struct: a closure stored directly as a generic lock's state gains two
-    /// reabstraction thunks on every `withLock { $0 }` in unoptimized builds.
-    struct Hook: Sendable { let call: @Sendable () -> Void }
+    let droppedLateAnswer = Locked<LockedFunction<@Sendable () -> Void>?>(nil)
 
     func lateAnswerDropped() {
-        droppedLateAnswer.withLock { $0 }?.call()
+        droppedLateAnswer.withLock { $0 }?.function()
     }
 }
