@@ -239,6 +239,19 @@ struct SharedStorageEngineTests {
         await h.engine.stop()
     }
 
+    @Test func flushRunsAPassAtOnceEvenWhileTheStorageBacksOff() async throws {
+        let h = SharedHarness([.status(201)], storage: InMemoryQueueStorage(othersAddWork: false))
+        let id = try #require(try await h.engine.enqueue(Mutation("/a"), sending: .onNextDrain).queuedID)
+        h.storage.failNextClaims(1)
+        await h.engine.start()  // online: one pass, whose claim fails; the timer waits 10 s
+        await h.clock.waitForSleepers(1)
+        #expect(h.storage.claimCalls == 1)
+        let report = await h.engine.flush()  // no time has passed
+        #expect(report.delivered == [id])
+        #expect(h.storage.claimCalls >= 2)
+        await h.engine.stop()
+    }
+
     @Test func anEntryKeptWithNoWaitIsNotSentTwiceInOnePass() async throws {
         let h = SharedHarness([.status(503), .status(201)], backoff: 0)
         let id = try #require(try await h.engine.enqueue(Mutation("/a"), sending: .onNextDrain).queuedID)
