@@ -19,16 +19,29 @@ package final class BlockingIOPool: Sendable {
     private nonisolated(unsafe) var state = State()
     private let maxThreads: Int
     private let name: String
+    private let yieldsToOtherWork: Bool
 
     package static let shared = BlockingIOPool(maxThreads: 32, name: "resilience.blocking-io")
+
+    /// For work nobody waits on — the deferred deletions of a queue's finished entries — on
+    /// threads that yield the CPU to the rest of the process (`yieldsToOtherWork`). On two busy
+    /// cores, a deletion thread at normal priority preempted the threads a replay's requests go
+    /// through, and the replay took longer than its CPU time accounts for (Benchmarks/README.md,
+    /// "OfflineQueue").
+    package static let background = BlockingIOPool(maxThreads: 4, name: "resilience.background-io", yieldsToOtherWork: true)
 
     /// How long a thread waits for work before it ends.
     private static let idleLifetime: TimeInterval = 30
 
     /// A pool of at most `maxThreads` threads, named `name`, started as jobs arrive (1 makes it serial).
-    package init(maxThreads: Int, name: String) {
+    ///
+    /// With `yieldsToOtherWork`, its threads run at a lower priority (`nice` 10 on Linux, the
+    /// utility quality of service on Apple platforms): they still get a share of a busy CPU, so
+    /// their work is delayed, never starved.
+    package init(maxThreads: Int, name: String, yieldsToOtherWork: Bool = false) {
         self.maxThreads = max(1, maxThreads)
         self.name = name
+        self.yieldsToOtherWork = yieldsToOtherWork
     }
 
     /// Runs `body` on a pool thread and returns its result.
@@ -62,10 +75,26 @@ package final class BlockingIOPool: Sendable {
         condition.signal()
         condition.unlock()
         if spawn {
-            let thread = Thread { [self] in self.work() }
+            let lower = yieldsToOtherWork
+            let thread = Thread { [self] in
+                if lower { Self.lowerThisThreadsPriority() }
+                self.work()
+            }
             thread.name = name
+            #if canImport(Darwin)
+            if lower { thread.qualityOfService = .utility }
+            #endif
             thread.start()
         }
+    }
+
+    /// Linux: `nice` 10 for the calling thread only (Linux keeps a nice value per thread, and
+    /// `setpriority`'s `who` 0 is the calling one). A
+    /// failure leaves the thread at its priority, which is only slower for others.
+    private static func lowerThisThreadsPriority() {
+        #if os(Linux)
+        _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 10)  // 0: the calling thread
+        #endif
     }
 
     private func work() {

@@ -14,6 +14,12 @@ package final class StreamSubscribers<Element: Sendable>: Sendable {
     }
 
     private let state = Locked(State())
+    /// How many streams are live: `state.continuations.count`, kept beside it (changed under
+    /// `state`'s lock) in a lock of a concrete type, so that `yield` with nobody listening — every
+    /// queue change and result, mostly — returns before touching the generic state. Through
+    /// `state`, that case looked up the generic metadata of its types on every call (this type is
+    /// not specialised in the modules that use it), a visible share of a replayed entry's CPU.
+    private let live = Locked(0)
 
     package init() {}
 
@@ -28,10 +34,11 @@ package final class StreamSubscribers<Element: Sendable>: Sendable {
         let id = state.withLock { state in
             defer { state.nextID &+= 1 }
             state.continuations[state.nextID] = continuation
+            live.withLock { $0 = state.continuations.count }
             return state.nextID
         }
         continuation.onTermination = { [weak self] _ in
-            self?.state.withLock { _ = $0.continuations.removeValue(forKey: id) }
+            self?.remove([id])
         }
         return stream
     }
@@ -44,6 +51,7 @@ package final class StreamSubscribers<Element: Sendable>: Sendable {
     /// run time on every call, demangling its type, which cost the queue's replay more than its
     /// own bookkeeping (Benchmarks/README.md, "OfflineQueue").
     package func yield(_ element: Element) {
+        guard live.withLock({ $0 }) > 0 else { return }
         for continuation in state.withLock({ Self.inOrder($0.continuations) }) {
             continuation.yield(element)
         }
@@ -65,14 +73,25 @@ package final class StreamSubscribers<Element: Sendable>: Sendable {
 
     /// Finishes the given streams (those still live).
     package func finish(_ ids: [ID]) {
-        let ending = state.withLock { state in ids.compactMap { state.continuations.removeValue(forKey: $0) } }
-        for continuation in ending { continuation.finish() }
+        for continuation in remove(ids) { continuation.finish() }
+    }
+
+    /// Takes the given streams (those still live) out.
+    @discardableResult
+    private func remove(_ ids: [ID]) -> [AsyncStream<Element>.Continuation] {
+        state.withLock { state in
+            defer { live.withLock { $0 = state.continuations.count } }
+            return ids.compactMap { state.continuations.removeValue(forKey: $0) }
+        }
     }
 
     /// Finishes every live stream.
     package func finishAll() {
         let ending = state.withLock { state -> [AsyncStream<Element>.Continuation] in
-            defer { state.continuations.removeAll() }
+            defer {
+                state.continuations.removeAll()
+                live.withLock { $0 = 0 }
+            }
             return Self.inOrder(state.continuations)
         }
         for continuation in ending { continuation.finish() }

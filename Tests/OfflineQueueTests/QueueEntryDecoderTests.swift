@@ -155,3 +155,16 @@ struct QueueEntryDecoderTests {
         }
     }
 }
+
+@Suite("EntryFileName: an entry's file name, as uuidString writes it")
+struct EntryFileNameTests {
+    @Test func theNameIsTheUUIDStringAndJSON() {
+        var ids = (0..<1_000).map { _ in UUID() }
+        ids.append(UUID(uuid: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)))
+        ids.append(UUID(uuid: (255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255)))
+        ids.append(UUID(uuid: (0x01, 0x23, 0x45, 0x67, 0x89, 0xAB, 0xCD, 0xEF, 0xFE, 0xDC, 0xBA, 0x98, 0x76, 0x54, 0x32, 0x10)))
+        for id in ids {
+            #expect(EntryFileName.of(id) == "\(id.uuidString).json")
+        }
+    }
+}

@@ -51,3 +51,25 @@ struct StreamSubscribersTests {
         #expect(subscribers.count == 0)
     }
 }
+
+extension StreamSubscribersTests {
+    /// `yield` with nobody listening returns before it reads the streams: a stream made after all
+    /// the others left, or after `finish`, still gets what is yielded from then on.
+    @Test func yieldsReachAStreamMadeAfterEveryOtherLeft() async {
+        let subscribers = StreamSubscribers<Int>()
+        subscribers.yield(0)  // nobody listening
+        let first = subscribers.stream()
+        subscribers.finish(subscribers.current)
+        subscribers.yield(1)  // nobody listening again
+        let second = subscribers.stream()
+        subscribers.yield(2)
+        subscribers.finishAll()
+        subscribers.yield(3)
+        let third = subscribers.stream()
+        subscribers.yield(4)
+        subscribers.finishAll()
+        #expect(await collect(first) == [])
+        #expect(await collect(second) == [2])
+        #expect(await collect(third) == [4])
+    }
+}

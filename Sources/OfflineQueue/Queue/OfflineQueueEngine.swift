@@ -343,13 +343,12 @@ public actor OfflineQueueEngine {
             learnedOffline = false
             let status = response.statusCode
             let verdict = ResponseClassification(response, now: now)
-            let error = NetworkError.httpError(statusCode: status, data: data)
             switch verdict.kind {
             case .success: return .delivered(status: status)
-            case .permanent: return .permanent(error)
+            case .permanent: return .permanent(.httpError(statusCode: status, data: data))
             case .retryable:
                 let delay = verdict.retryAfter.map { min($0, configuration.maximumRetryAfter) }
-                return .retry(error, after: delay ?? backoff(afterAttempts: previousAttempts + 1))
+                return .retry(.httpError(statusCode: status, data: data), after: delay ?? backoff(afterAttempts: previousAttempts + 1))
             }
         } catch let error as NetworkError {
             // Cancelled first: a send cut by a drain budget may surface as any error, and must

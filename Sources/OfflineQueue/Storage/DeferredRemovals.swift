@@ -2,8 +2,9 @@ import Foundation
 @_spi(ResilienceCore) import ResilienceCore
 
 /// Deletes the files of entries whose work is done (delivered, failed for good, expired,
-/// superseded) on a pool thread, so a replay pass sends its next entry while the last one's
-/// `unlink` runs (about a third of a replayed entry's CPU on ext4).
+/// superseded) on a pool thread of lower priority (`BlockingIOPool.background`), so a replay
+/// pass sends its next entry while the last one's `unlink` runs (about a third of the queue's own
+/// CPU for a replayed entry on ext4).
 ///
 /// Why deferring is safe: those deletions were never durable (the folder is not fsynced after
 /// an `unlink`), so a crash could already bring such a file back, to be replayed once more with
@@ -63,7 +64,7 @@ final class DeferredRemovals: Sendable {
     /// got to yet, which the next open replays with their `Idempotency-Key`.
     static let batchSize = 16
 
-    init(pool: BlockingIOPool = .shared) {
+    init(pool: BlockingIOPool = .background) {
         self.pool = pool
     }
 

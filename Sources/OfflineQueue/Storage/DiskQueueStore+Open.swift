@@ -110,7 +110,7 @@ extension DiskQueueStore {
                 if case .corrupt(let reason) = result { corrupt.append(QuarantinedFile(name: name, reason: reason)) }
                 continue
             }
-            let canonical = "\(entry.id.uuidString).json"
+            let canonical = EntryFileName.of(entry.id)
             if name != canonical {
                 // Same id in another letter case (a hand-copied file): keep one file per id, under
                 // the name removal deletes.
@@ -143,7 +143,7 @@ extension DiskQueueStore {
         // Deleted by the store as it opens, as deletions it must make durable (retrying any that
         // fails) before it sends an edit: else the older edit could come back alone after the
         // newer one was delivered (see `makeDeletionsDurable`).
-        loaded.supersededFiles = superseded.map { directory.appendingPathComponent("\($0.id.uuidString).json").path }.sorted()
+        loaded.supersededFiles = superseded.map { directory.appendingPathComponent(EntryFileName.of($0.id)).path }.sorted()
         loaded.removedSuperseded = superseded.count
         for file in corrupt {
             loaded.quarantined.append(moveToQuarantine(file, from: directory, to: quarantine))

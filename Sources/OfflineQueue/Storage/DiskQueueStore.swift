@@ -143,7 +143,7 @@ public final class DiskQueueStore: Sendable {
 
     /// `init(directory:)` with its own I/O threads (tests hold them to order a write against a
     /// removal): `pool` for writes, `removalPool` for the deferred deletions of finished entries.
-    convenience init(directory: URL?, pool: BlockingIOPool, removalPool: BlockingIOPool = .shared) throws {
+    convenience init(directory: URL?, pool: BlockingIOPool, removalPool: BlockingIOPool = .background) throws {
         let directory = try directory ?? Self.defaultDirectory()
         try Self.makeDirectories(directory)
         try self.init(directory: directory, lockedWith: try DurableFiles.lockDirectory(directory.path), pool: pool, removalPool: removalPool)
@@ -174,7 +174,7 @@ public final class DiskQueueStore: Sendable {
     }
 
     /// Loads the folder whose lock `lockDescriptor` holds (and keeps it; closed on failure).
-    private init(directory: URL, lockedWith lockDescriptor: Int32, pool: BlockingIOPool = .shared, removalPool: BlockingIOPool = .shared) throws {
+    private init(directory: URL, lockedWith lockDescriptor: Int32, pool: BlockingIOPool = .shared, removalPool: BlockingIOPool = .background) throws {
         self.directory = directory
         directoryPath = directory.path
         quarantineDirectory = directory.appendingPathComponent("quarantine", isDirectory: true)
@@ -535,9 +535,10 @@ public final class DiskQueueStore: Sendable {
     func discard(id: UUID, reason: QueueRemovalReason) {
         guard gate.enter() else { return }
         defer { gate.leave() }
-        guard forget(id, reason: reason) != nil else { return }
+        let path = filePath(id)
+        guard forget(id, reason: reason, path: path) != nil else { return }
         noteDeletion()
-        removals.remove(filePath(id))
+        removals.remove(path)
     }
 
     /// `discard`, returning once the file is deleted (on the I/O pool, not in a batch).
@@ -650,11 +651,11 @@ public final class DiskQueueStore: Sendable {
     /// Takes an entry out of the index, registers its file's deletion (in the same step, so no
     /// later write of the id can begin before the deletion is known: `DeferredRemovals`), and says
     /// why on `changes`; a write of it still in flight deletes the file it wrote.
-    private func forget(_ id: UUID, reason: QueueRemovalReason) -> QueueEntry? {
+    private func forget(_ id: UUID, reason: QueueRemovalReason, path: String? = nil) -> QueueEntry? {
         state.withLock { state -> QueueEntry? in
             let removed = Self.forget(id, in: &state)
             if let removed {
-                removals.register(filePath(id))
+                removals.register(path ?? filePath(id))
                 publish(.removed(removed, reason: reason), &state)
             }
             return removed
@@ -781,7 +782,7 @@ public final class DiskQueueStore: Sendable {
 
     // Paths are built as strings: `URL.appendingPathComponent` without a directory hint stats the
     // file system to decide on a trailing slash — two failed `stat` calls per enqueue.
-    private func filePath(_ id: UUID) -> String { directoryPath + "/\(id.uuidString).json" }
+    private func filePath(_ id: UUID) -> String { directoryPath + "/" + EntryFileName.of(id) }
 
     private static func defaultDirectory() throws -> URL {
         guard let base = FileManager.default.urls(for: .applicationSupportDirectory, in: .userDomainMask).first else {
