@@ -22,7 +22,7 @@ import Darwin
 //    target: >= 3x the sequential rate;
 // 3. opening a folder of 10 000 and 100 000 entries: time and peak RSS;
 // 4. replaying 10 000 entries to LoopbackHTTPServer vs sending the same 10 000 requests directly
-//    through AsyncRequestEngine — target: <= 1.2x.
+//    through AsyncRequestEngine — target: <= 1.15x.
 // Ratios are printed by each benchmark's teardown; see ../../README.md for the figures.
 
 let benchmarks: @Sendable () -> Void = {
