@@ -109,3 +109,48 @@ struct QueueChangesTests {
         #expect(h.store.changeFeed.sequence == last + 1)  // the dead letter's attempt ended last
     }
 }
+
+/// `QueueChangeFeed.publishFromElsewhere`: a late notice of an entry this feed saw removed is
+/// dropped, for the newest `rememberedRemovals` removals; older ones are forgotten, so the memory
+/// a feed keeps for them stays bounded on a queue that runs for months.
+@Suite("QueueChangeFeed remembers the newest removals, and only those")
+struct QueueChangeFeedRemovalMemoryTests {
+    private func entry(_ n: Int) -> QueueEntry {
+        QueueEntry(QueuedRequest(method: .post, url: URL(string: "https://api.example.test/items/\(n)")!), enqueuedAt: Date(timeIntervalSince1970: 0))
+    }
+
+    @Test func aLateNoticeOfARemovedEntryIsDroppedUntilNewerRemovalsPushItOut() {
+        let limit = QueueChangeFeed.rememberedRemovals
+        let entries = (0...limit + 1).map(entry)
+        let feed = QueueChangeFeed(entries: entries)
+        for entry in entries { feed.publish(.removed(entry, reason: .delivered(statusCode: 201))) }
+        #expect(feed.count == 0)
+        // limit + 2 removals: the two oldest are forgotten, the newest `limit` remembered.
+        #expect(feed.publishFromElsewhere(.stored(entries[limit + 1], replacing: nil)) == false)
+        #expect(feed.publishFromElsewhere(.updated(entries[2])) == false)
+        #expect(feed.count == 0)
+        #expect(feed.publishFromElsewhere(.stored(entries[1], replacing: nil)) == true)
+        #expect(feed.publishFromElsewhere(.stored(entries[0], replacing: nil)) == true)
+        #expect(feed.count == 2)
+        #expect(Set(feed.entries().map(\.id)) == [entries[0].id, entries[1].id])
+    }
+
+    @Test func theRemovalsRememberedStayBoundedOverManyTimesTheLimit() {
+        let limit = QueueChangeFeed.rememberedRemovals
+        let feed = QueueChangeFeed()
+        var last: [QueueEntry] = []
+        for n in 0..<(limit * 5 + 7) {
+            let entry = entry(n)
+            feed.publish(.stored(entry, replacing: nil))
+            feed.publish(.removed(entry, reason: .cancelled))
+            last.append(entry)
+            if last.count > limit + 1 { last.removeFirst() }
+        }
+        // The newest `limit` are remembered, the one before them is not.
+        #expect(feed.removalMemory.ids == limit)
+        #expect(feed.removalMemory.log <= 2 * limit + 1)
+        #expect(feed.publishFromElsewhere(.stored(last[last.count - 1], replacing: nil)) == false)
+        #expect(feed.publishFromElsewhere(.stored(last[1], replacing: nil)) == false)
+        #expect(feed.publishFromElsewhere(.stored(last[0], replacing: nil)) == true)
+    }
+}

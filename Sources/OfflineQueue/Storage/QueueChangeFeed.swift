@@ -210,6 +210,10 @@ public final class QueueChangeFeed: Sendable {
     /// The number of the last change published.
     package var sequence: UInt64 { state.withLock { $0.sequence } }
 
+    /// What the feed keeps of past removals (for tests): the ids it remembers, and the length of
+    /// the log they are dropped from, oldest first (at most twice `rememberedRemovals` and one).
+    var removalMemory: (ids: Int, log: Int) { state.withLock { ($0.removed.count, $0.removedOrder.count) } }
+
     /// Ends every stream (the storage is closed).
     package func finish() {
         changeSubscribers.finishAll()
