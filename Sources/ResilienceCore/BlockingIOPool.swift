@@ -23,11 +23,14 @@ package final class BlockingIOPool: Sendable {
 
     package static let shared = BlockingIOPool(maxThreads: 32, name: "resilience.blocking-io")
 
-    /// For work nobody waits on — the deferred deletions of a queue's finished entries — on
-    /// threads that yield the CPU to the rest of the process (`yieldsToOtherWork`). On two busy
-    /// cores, a deletion thread at normal priority preempted the threads a replay's requests go
-    /// through, and the replay took longer than its CPU time accounts for (Benchmarks/README.md,
-    /// "OfflineQueue").
+    /// For work that is not on anyone's path — the deferred deletions of a queue's finished
+    /// entries — on threads that yield the CPU to the rest of the process (`yieldsToOtherWork`).
+    /// On two busy cores, a deletion thread at normal priority took the CPU from the threads a
+    /// replay's requests go through (Benchmarks/README.md, "OfflineQueue"). Only `submit` work
+    /// that neither resumes a task nor starts a thread: a thread started from one of these (by
+    /// libdispatch, say, for a resumed continuation) would inherit its lower priority, so `run`
+    /// refuses this pool. Whoever waits for such work (a pass waiting at its end for the batch
+    /// of deletions in progress) may wait a little longer on a busy CPU.
     package static let background = BlockingIOPool(maxThreads: 4, name: "resilience.background-io", yieldsToOtherWork: true)
 
     /// How long a thread waits for work before it ends.
@@ -35,9 +38,9 @@ package final class BlockingIOPool: Sendable {
 
     /// A pool of at most `maxThreads` threads, named `name`, started as jobs arrive (1 makes it serial).
     ///
-    /// With `yieldsToOtherWork`, its threads run at a lower priority (`nice` 10 on Linux, the
-    /// utility quality of service on Apple platforms): they still get a share of a busy CPU, so
-    /// their work is delayed, never starved.
+    /// With `yieldsToOtherWork`, its threads run at a lower priority (a nice value 10 higher than
+    /// the process's on Linux, the utility quality of service on Apple platforms): they still get
+    /// a share of a busy CPU, so their work is delayed, never starved.
     package init(maxThreads: Int, name: String, yieldsToOtherWork: Bool = false) {
         self.maxThreads = max(1, maxThreads)
         self.name = name
@@ -46,7 +49,9 @@ package final class BlockingIOPool: Sendable {
 
     /// Runs `body` on a pool thread and returns its result.
     /// While a simulation runs (`SimulationPoints`), it runs `body` at once on the caller's thread.
+    /// Not on a pool that `yieldsToOtherWork` (see `background`).
     package func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        precondition(!yieldsToOtherWork, "run(_:) on a lower-priority pool: its threads would pass their priority on")
         if SimulationPoints.isActive { return try body() }
         return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             submit {
@@ -88,12 +93,21 @@ package final class BlockingIOPool: Sendable {
         }
     }
 
-    /// Linux: `nice` 10 for the calling thread only (Linux keeps a nice value per thread, and
-    /// `setpriority`'s `who` 0 is the calling one). A
+    /// Linux: the calling thread's nice value raised by 10 (at most 19), for that thread only —
+    /// Linux keeps a nice value per thread, and `setpriority`'s `who` 0 is the calling one.
+    /// Relative, so a process already running at a lower priority is never raised by it. A
     /// failure leaves the thread at its priority, which is only slower for others.
     private static func lowerThisThreadsPriority() {
-        #if os(Linux)
-        _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 10)  // 0: the calling thread
+        #if canImport(Glibc)
+        let which = __priority_which_t(PRIO_PROCESS.rawValue)
+        #elseif canImport(Musl)
+        let which = PRIO_PROCESS
+        #endif
+        #if canImport(Glibc) || canImport(Musl)
+        errno = 0
+        let current = getpriority(which, 0)
+        guard errno == 0 else { return }
+        _ = setpriority(which, 0, min(current + 10, 19))
         #endif
     }
 
