@@ -14,6 +14,10 @@ import Darwin
 /// of the process for the children's lifetime — timeouts missed, requests never sent. One at a
 /// time, never observing output (a child writes what the parent must read to a file instead),
 /// holds one thread at most.
+///
+/// The price is the wait: a test here waits for every exit test queued before it, over a minute
+/// in a full run on two cores (CI once saw two tests of one-minute suites time out in this line).
+/// A suite that holds an exit test therefore has a time limit of five minutes or more.
 package enum ExitTests {
     private static let line = AdmissionGate(limit: 1)
 

@@ -16,7 +16,9 @@ import FoundationNetworking
 ///
 /// The callers of the big storms are unstructured tasks collected afterwards, not children of one
 /// task group (whose bookkeeping is O(n²) at 10 000 children).
-@Suite("AuthenticatedRequestEngine through URLSession against LoopbackHTTPServer", .timeLimit(.minutes(2)))
+///
+/// Five minutes: its exit tests wait in `ExitTests`' line, behind every other one of the run.
+@Suite("AuthenticatedRequestEngine through URLSession against LoopbackHTTPServer", .timeLimit(.minutes(5)))
 struct AuthenticatedRequestEngineIntegrationTests {
     let server: LoopbackHTTPServer
     let session: URLSession

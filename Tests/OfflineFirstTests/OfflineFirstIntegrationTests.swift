@@ -20,7 +20,9 @@ import Darwin
 #endif
 
 /// Real parts: URLSession, LoopbackHTTPServer on 127.0.0.1, real folders, two processes, SIGKILL.
-@Suite("OfflineFirst through URLSession, a real server, and a relaunch after SIGKILL", .timeLimit(.minutes(3)))
+///
+/// Five minutes: its exit tests wait in `ExitTests`' line, behind every other one of the run.
+@Suite("OfflineFirst through URLSession, a real server, and a relaunch after SIGKILL", .timeLimit(.minutes(5)))
 struct OfflineFirstIntegrationTests {
     /// A notes server on loopback: `GET /notes` (the list, `max-age=60`), `POST /notes` (appended
     /// once per `Idempotency-Key`, 201). Every POST's key is logged.

@@ -15,7 +15,9 @@ import Darwin
 
 /// A queue folder prepared by someone else: planted special files, numbers that overflow,
 /// starved descriptors, a second owner. Real files, real descriptors, real processes.
-@Suite("DiskQueueStore against a hostile folder", .timeLimit(.minutes(2)))
+///
+/// Five minutes: its exit tests wait in `ExitTests`' line, behind every other one of the run.
+@Suite("DiskQueueStore against a hostile folder", .timeLimit(.minutes(5)))
 struct HostileFolderTests {
     /// Writes `count` acknowledged entries through a real store, then lets the store go.
     private func prepareFolder(_ directory: TemporaryDirectory, count: Int, coalescingKey: String? = nil) async throws -> [UUID] {

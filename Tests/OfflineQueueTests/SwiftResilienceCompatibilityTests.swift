@@ -20,7 +20,9 @@ import Darwin
 /// `asURLRequest()`, `DiskQueueStore.save/load/count/delete/deleteExpired` with their published
 /// meanings, `OfflineQueueEngine(reachabilityMonitor:)` on the default folder, and the derived
 /// idempotency key as an opt-in.
-@Suite("OfflineQueue: SwiftResilience's public API and its meanings", .timeLimit(.minutes(1)))
+///
+/// Five minutes: its exit tests wait in `ExitTests`' line, behind every other one of the run.
+@Suite("OfflineQueue: SwiftResilience's public API and its meanings", .timeLimit(.minutes(5)))
 struct SwiftResilienceCompatibilityTests {
     struct SubmitOrder: QueueableRequest {
         let url = URL(string: "https://api.example.test/orders")!

@@ -18,10 +18,12 @@ import FoundationNetworking
 /// Other suites send through URLSession meanwhile, so each test counts only the handles whose URL
 /// has its own server's port (`curl_handle_repair_watch_port`); serialized, since one port is
 /// watched at a time.
+///
+/// Five minutes: its exit tests wait in `ExitTests`' line, behind every other one of the run.
 @Suite(
     "The repair of URLSession's per-transfer leak on Linux",
     .serialized,
-    .timeLimit(.minutes(1)),
+    .timeLimit(.minutes(5)),
     .enabled(if: curl_handle_repair_is_possible() == 1, "FoundationNetworking is linked statically: there is no entry to repair")
 )
 struct FoundationLeakRepairTests {

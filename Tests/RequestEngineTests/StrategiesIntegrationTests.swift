@@ -20,7 +20,9 @@ import Darwin
 /// deadline, the hedging delay, injected latency); requests have no timeout of their own there, so
 /// the clock's only sleepers are the ones under test. "The server saw the connection close" is how
 /// a test knows a transfer really stopped.
-@Suite("Deadline, hedging, limits, per-host breakers and fault injection through URLSession", .timeLimit(.minutes(2)))
+///
+/// Five minutes: its exit tests wait in `ExitTests`' line, behind every other one of the run.
+@Suite("Deadline, hedging, limits, per-host breakers and fault injection through URLSession", .timeLimit(.minutes(5)))
 struct StrategiesIntegrationTests {
     let server: LoopbackHTTPServer
     let transport: URLSessionTransport

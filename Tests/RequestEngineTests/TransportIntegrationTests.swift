@@ -30,7 +30,9 @@ enum SessionKind: String, Sendable, CaseIterable, CustomTestStringConvertible {
 /// Body limits, bodies cut short, upper-case schemes and mass cancellation, end-to-end through the
 /// real URLSession to a real HTTP server on 127.0.0.1. "The server saw the connection close" is
 /// how these tests know a transfer really stopped: the server counts the client's close.
-@Suite("URLSessionTransport and URLSession against LoopbackHTTPServer", .timeLimit(.minutes(2)))
+///
+/// Five minutes: its exit tests wait in `ExitTests`' line, behind every other one of the run.
+@Suite("URLSessionTransport and URLSession against LoopbackHTTPServer", .timeLimit(.minutes(5)))
 struct TransportIntegrationTests {
     let server: LoopbackHTTPServer
     let transport: URLSessionTransport

@@ -17,7 +17,8 @@ import Darwin
 // swiftlang/swift-corelibs-foundation#5472). These tests run real children: /bin/echo, /bin/sh,
 // /bin/cat and /bin/sleep exist on Linux and macOS alike.
 
-@Suite("SpawnedProcess", .timeLimit(.minutes(1)))
+/// Five minutes: its exit tests wait in `ExitTests`' line, behind every other one of the run.
+@Suite("SpawnedProcess", .timeLimit(.minutes(5)))
 struct SpawnedProcessTests {
     @Test func echoExitsZeroWithItsOutput() throws {
         let (termination, output) = try SpawnedProcess.run("/bin/echo", ["hello"])

@@ -17,7 +17,9 @@ import Darwin
 #endif
 
 /// Real parts: URLSession, LoopbackHTTPServer on 127.0.0.1, real files, a second process, SIGKILL.
-@Suite("ResponseCache through URLSession, a real server, a restart and SIGKILL", .timeLimit(.minutes(3)))
+///
+/// Five minutes: its exit tests wait in `ExitTests`' line, behind every other one of the run.
+@Suite("ResponseCache through URLSession, a real server, a restart and SIGKILL", .timeLimit(.minutes(5)))
 struct CacheIntegrationTests {
     /// An engine over a URLSession of its own, on the cache in `folder`.
     static func engine(_ folder: URL, connected: Bool = true) throws -> CachedRequestEngine {

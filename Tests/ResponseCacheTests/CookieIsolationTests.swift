@@ -20,7 +20,9 @@ import Darwin
 /// 127.0.0.1 and real cache files: a response the server personalized by cookie is never served
 /// to the other user. The server answers `GET /me` with the user its `Cookie` names (or a guest),
 /// `Vary: Cookie` and `max-age=60`; `GET /login?user=X` sets `session=X` (a session cookie).
-@Suite("Cookies and the cache: no user sees another's response", .serialized, .timeLimit(.minutes(1)))
+///
+/// Five minutes: its exit tests wait in `ExitTests`' line, behind every other one of the run.
+@Suite("Cookies and the cache: no user sees another's response", .serialized, .timeLimit(.minutes(5)))
 struct CookieIsolationTests {
     static func server() throws -> LoopbackHTTPServer {
         let server = try LoopbackHTTPServer()
