@@ -96,7 +96,7 @@ package final class InMemoryQueueStorage: QueueStorage, Sendable {
                 sequence = state.nextSequence
                 state.nextSequence += 1
             }
-            let stored = entry.withStorableHeaders().placed(at: sequence)
+            let stored = (holder.map { entry.replacing($0) } ?? entry).withStorableHeaders().placed(at: sequence)
             let wasQueued = state.rows[stored.id] != nil
             state.rows[stored.id] = Row(entry: stored)
             changeFeed.publish(wasQueued ? .updated(stored) : .stored(stored, replacing: holder?.id))

@@ -52,6 +52,19 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     /// The request's own `deadline` in seconds, kept for its replays (`nil`: the sender's deadline);
     /// stored as a number, the form the entry file's JSON holds.
     let deadlineSeconds: Double?
+    /// `base`, as the entry file's JSON holds it: two flat strings, which the fast reader knows.
+    private(set) var baseETag: String?
+    private(set) var baseLastModified: String?
+
+    /// The version of the resource this write edits, sent as a precondition on every attempt
+    /// (`EditBase`); `nil`: unconditional (and every entry written before bases existed).
+    public internal(set) var base: EditBase? {
+        get { baseETag == nil && baseLastModified == nil ? nil : EditBase(etag: baseETag, lastModified: baseLastModified) }
+        set {
+            baseETag = newValue?.etag
+            baseLastModified = newValue?.lastModified
+        }
+    }
 
     /// The request's own `deadline`, which bounds the first attempt and each replay as a whole
     /// (each replay is a send of its own: the deadline is counted from that send, not from the
@@ -162,6 +175,8 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         self.formatVersion = Self.currentFormatVersion
         self.maximumResponseBodySize = request.maximumResponseBodySize
         self.deadlineSeconds = request.deadline?.seconds
+        self.baseETag = request.editBase?.etag
+        self.baseLastModified = request.editBase?.lastModified
     }
 
     /// Every stored field, as read back from a file.
@@ -169,7 +184,8 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         id: UUID, url: URL, method: String, headers: [String: String], body: Data?, timeout: TimeInterval,
         enqueuedAt: Date, ttl: TimeInterval, priority: Int, idempotencyKey: String, orderingKey: String?,
         coalescingKey: String?, sequence: UInt64, attempts: Int, nextAttemptAt: Date?, lastError: String?,
-        revision: Int, formatVersion: Int, maximumResponseBodySize: Int? = nil, deadlineSeconds: Double? = nil
+        revision: Int, formatVersion: Int, maximumResponseBodySize: Int? = nil, deadlineSeconds: Double? = nil,
+        baseETag: String? = nil, baseLastModified: String? = nil
     ) {
         self.id = id
         self.url = url
@@ -191,6 +207,8 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         self.formatVersion = formatVersion
         self.maximumResponseBodySize = maximumResponseBodySize
         self.deadlineSeconds = deadlineSeconds
+        self.baseETag = baseETag
+        self.baseLastModified = baseLastModified
     }
 
     /// The largest `sequence`, `revision` or `attempts` a stored entry may carry: 2^53, the largest
@@ -207,6 +225,17 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         var copy = self
         copy.attempts = attempts
         copy.revision = revision
+        return copy
+    }
+
+    /// This entry as the edit that replaces `holder` (the queued edit of the same coalescing key)
+    /// in its place: what every `QueueStorage` stores then. It keeps the holder's `base` when the
+    /// holder has one — the version the user saw before the first of the edits, which is the one
+    /// the server must still have for the merged edit to apply — and its own otherwise.
+    public func replacing(_ holder: QueueEntry) -> QueueEntry {
+        guard let base = holder.base else { return self }
+        var copy = self
+        copy.base = base
         return copy
     }
 
@@ -252,7 +281,7 @@ extension QueueEntry {
     /// the library knows.
     var replayRequest: PreparedRequest? {
         guard let method = httpMethod else { return nil }
-        var headers = headers
+        var headers = base?.applied(to: headers) ?? headers
         headers[HTTPHeader.idempotencyKey] = idempotencyKey
         return PreparedRequest(
             url: url, method: method, headers: headers, body: body, timeout: timeout,

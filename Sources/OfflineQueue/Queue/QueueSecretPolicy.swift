@@ -174,7 +174,7 @@ extension QueueSecretPolicy {
         for (name, value) in request.headers {
             if isSecretHeader(name) { secret[name] = value } else { stored[name] = value }
         }
-        return StorableRequest(base: request, url: Self.removingFragment(from: url), headers: stored, secretHeaders: secret)
+        return StorableRequest(wrapped: request, url: Self.removingFragment(from: url), headers: stored, secretHeaders: secret)
     }
 
     /// The first query parameter whose name is secret, as written in the URL.
@@ -210,26 +210,27 @@ extension QueueSecretPolicy {
 /// the URL's fragment removed and its secret headers held apart, so that the entry never contains
 /// them while the first attempt still sends them (`PreparedRequest.keepSecretHeaders(from:)`).
 struct StorableRequest<Base: QueueableRequest>: QueueableRequest {
-    let base: Base
+    let wrapped: Base
     let url: URL
     /// The headers that may be stored.
     let headers: [String: String]
     /// The headers the policy calls secret: sent with the first attempt, never stored.
     let secretHeaders: [String: String]
 
-    var method: HTTPMethod { base.method }
-    var body: Data? { base.body }
-    var timeout: TimeInterval { base.timeout }
-    var ttl: TimeInterval { base.ttl }
-    var priority: QueuePriority { base.priority }
+    var method: HTTPMethod { wrapped.method }
+    var body: Data? { wrapped.body }
+    var timeout: TimeInterval { wrapped.timeout }
+    var ttl: TimeInterval { wrapped.ttl }
+    var priority: QueuePriority { wrapped.priority }
     /// Read through to the caller's request: its default is a fresh UUID per read, and the queue
     /// reads it once.
-    var idempotencyKey: String { base.idempotencyKey }
-    var orderingKey: String? { base.orderingKey }
-    var coalescingKey: String? { base.coalescingKey }
-    var maximumResponseBodySize: Int? { base.maximumResponseBodySize }
-    var deadline: Duration? { base.deadline }
-    var requestPriority: RequestPriority { base.requestPriority }
+    var idempotencyKey: String { wrapped.idempotencyKey }
+    var orderingKey: String? { wrapped.orderingKey }
+    var coalescingKey: String? { wrapped.coalescingKey }
+    var maximumResponseBodySize: Int? { wrapped.maximumResponseBodySize }
+    var deadline: Duration? { wrapped.deadline }
+    var requestPriority: RequestPriority { wrapped.requestPriority }
+    var editBase: EditBase? { wrapped.editBase }
 }
 
 extension PreparedRequest {

@@ -40,6 +40,12 @@ public protocol QueueableRequest: NetworkRequest {
     /// A newer entry replaces a pending (not in-flight) older one with the same key, keeping the
     /// older one's place in line: rapid edits converge on the last value. Default `nil`.
     var coalescingKey: String? { get }
+    /// The version of the resource this write edits (`EditBase`): stored with the entry and sent
+    /// as a precondition (`If-Match`, else `If-Unmodified-Since`) on every attempt, so a newer
+    /// version written meanwhile is answered `412` instead of overwritten. Default `nil`: the write
+    /// goes unconditionally. (Named `editBase`, not `base`, so that a conforming type's own
+    /// `base` of another type cannot silently stand in the default's place.)
+    var editBase: EditBase? { get }
 }
 
 extension QueueableRequest {
@@ -48,6 +54,7 @@ extension QueueableRequest {
     public var idempotencyKey: String { UUID().uuidString }
     public var orderingKey: String? { nil }
     public var coalescingKey: String? { nil }
+    public var editBase: EditBase? { nil }
 }
 
 /// A queueable request built from a method, URL and body, for callers without their own request
@@ -66,6 +73,8 @@ public struct QueuedRequest: QueueableRequest, Hashable {
     /// The longest each send of this request may take as a whole (the first attempt, and each
     /// replay counted from its own start); `nil`: the sender's own deadline.
     public var deadline: Duration?
+    /// The version this write edits, sent as a precondition (`QueueableRequest.editBase`).
+    public var editBase: EditBase?
 
     public init(
         method: HTTPMethod,
@@ -78,7 +87,8 @@ public struct QueuedRequest: QueueableRequest, Hashable {
         idempotencyKey: String = UUID().uuidString,
         orderingKey: String? = nil,
         coalescingKey: String? = nil,
-        deadline: Duration? = nil
+        deadline: Duration? = nil,
+        editBase: EditBase? = nil
     ) {
         self.url = url
         self.method = method
@@ -91,5 +101,6 @@ public struct QueuedRequest: QueueableRequest, Hashable {
         self.orderingKey = orderingKey
         self.coalescingKey = coalescingKey
         self.deadline = deadline
+        self.editBase = editBase
     }
 }

@@ -43,6 +43,7 @@ extension DiskQueueStore: QueueStorage {
             replaced = claims.withLock { $0.startReplacing(holder.id) ? holder : nil }
         }
         defer { if let replaced { claims.withLock { $0.replacementEnded(replaced.id) } } }
+        if let replaced { entry = entry.replacing(replaced) }
         if entry.coalescingKey != nil { entry = entry.revised(Int(makeSequence())) }
         entry = entry.placed(at: replaced?.sequence ?? makeSequence())
         try await insert(entry, limit: limit, replacing: replaced?.id)

@@ -76,7 +76,7 @@ enum QueueEntryDecoder {
             var enqueuedAt: Value?, ttl: Value?, priority: Value?, idempotencyKey: Value?, orderingKey: Value?
             var coalescingKey: Value?, sequence: Value?, attempts: Value?, nextAttemptAt: Value?
             var lastError: Value?, revision: Value?, formatVersion: Value?, maximumResponseBodySize: Value?
-            var deadlineSeconds: Value?
+            var deadlineSeconds: Value?, baseETag: Value?, baseLastModified: Value?
 
             /// Stores `value` under `key`; `false` for a key an entry does not have, or one already
             /// met (JSON leaves a repeated key's meaning open: JSONDecoder reads the first, so this
@@ -108,6 +108,8 @@ enum QueueEntryDecoder {
                 case "formatVersion": return store(&formatVersion)
                 case "maximumResponseBodySize": return store(&maximumResponseBodySize)
                 case "deadlineSeconds": return store(&deadlineSeconds)
+                case "baseETag": return store(&baseETag)
+                case "baseLastModified": return store(&baseLastModified)
                 default: return false
                 }
             }
@@ -180,6 +182,8 @@ enum QueueEntryDecoder {
                 let lastError = optionalString(fields.lastError),
                 let revision = integer(fields.revision),
                 let formatVersion = integer(fields.formatVersion),
+                let baseETag = optionalString(fields.baseETag),
+                let baseLastModified = optionalString(fields.baseLastModified),
                 case .object(let headers)? = fields.headers
             else { return nil }
             var body: Data?
@@ -217,7 +221,8 @@ enum QueueEntryDecoder {
                 idempotencyKey: idempotencyKey, orderingKey: orderingKey, coalescingKey: coalescingKey,
                 sequence: UInt64(sequence), attempts: attempts, nextAttemptAt: nextAttemptAt,
                 lastError: lastError, revision: revision, formatVersion: formatVersion,
-                maximumResponseBodySize: maximumResponseBodySize, deadlineSeconds: deadlineSeconds
+                maximumResponseBodySize: maximumResponseBodySize, deadlineSeconds: deadlineSeconds,
+                baseETag: baseETag, baseLastModified: baseLastModified
             )
         }
 
