@@ -97,6 +97,13 @@ struct LiveReadState: Sendable {
 
     /// Applies one queue change; returns whether the snapshot may have changed.
     mutating func apply(_ change: QueueChange) -> Bool {
+        if case .updated(let entry) = change, entry.conflict != nil, mirror.entry(id: entry.id).map({ $0.conflict == nil }) == true {
+            // A write this read shows was refused (412/428): the server has a newer version, which
+            // the read fetches, and the write stays on top of it until it is resolved.
+            phase.deliveryInvalidated()
+            deliveredSinceAsked = true
+            if base != nil { baseIsStale = true }
+        }
         switch mirror.apply(change) {
         case .none:
             return false
@@ -119,9 +126,14 @@ struct LiveReadState: Sendable {
                 return overlays || invalidates
             case .superseded:
                 return wasKept
-            case .rejected, .expired, .deadLettered, .cancelled, .notStored:
+            case .rejected, .expired, .deadLettered, .cancelled, .notStored, .conflict:
                 guard overlays else { return false }
-                let statusCode: Int? = if case .rejected(let status) = reason { status } else { nil }
+                let statusCode: Int? =
+                    switch reason {
+                    case .rejected(let status): status
+                    case .conflict(let status): status
+                    default: nil
+                    }
                 rejections.append(RejectedWrite(id: entry.id, statusCode: statusCode, reason: reason, entry: entry))
                 if rejections.count > Self.rejectionLimit { rejections.removeFirst(rejections.count - Self.rejectionLimit) }
                 return true
@@ -212,6 +224,7 @@ struct LiveReadState: Sendable {
             source: source,
             isStale: base != nil && baseIsStale,
             pendingEntryIDs: pending.applied,
+            conflictedEntryIDs: mirror.items.filter { $0.entry.conflict != nil && pending.applied.contains($0.entry.id) }.map(\.entry.id),
             settlingEntryIDs: settled.applied,
             rejectedWrites: rejections,
             overlayFailures: settled.failures + pending.failures,

@@ -172,6 +172,18 @@ public final class OfflineFirstClient: Sendable {
         return result
     }
 
+    /// Enqueues `request` as an edit of what `read` shows: the write carries the validators of
+    /// the response stored for `read` (its `ETag`, else its `Last-Modified`) as its `EditBase`, so
+    /// it is sent conditionally and never silently overwrites a version someone else wrote since
+    /// (`412`; the queue's `ConflictResolver` decides then). A base the request sets itself
+    /// stands; with nothing stored for `read`, or no validator on it, the write goes as `mutate(_:)`
+    /// sends it. Otherwise as `mutate(_:)`.
+    @discardableResult
+    public func mutate(_ request: some QueueableRequest, editing read: some NetworkRequest) async throws -> EnqueueResult {
+        guard request.editBase == nil, let validators = reads.storedValidators(for: read) else { return try await mutate(request) }
+        return try await mutate(EditOfRead(wrapped: request, editBase: EditBase(etag: validators.etag, lastModified: validators.lastModified)))
+    }
+
     /// Returns when every write pending now (stored, or being offered at once) has left the
     /// queue: delivered, or failed for good (Firestore's `waitForPendingWrites`). A write replaced
     /// by a newer edit of its coalescing key is waited for through that edit.
@@ -223,7 +235,9 @@ public final class OfflineFirstClient: Sendable {
         mirror.entries.map { entry in
             // An offered request (sequence 0: not stored yet) is in its first attempt.
             let state: PendingWrite.State =
-                if mirror.sending.contains(entry.id) || entry.sequence == 0 {
+                if let conflict = entry.conflict {
+                    .conflicted(statusCode: conflict.statusCode)
+                } else if mirror.sending.contains(entry.id) || entry.sequence == 0 {
                     .sending
                 } else if entry.attempts > 0 {
                     .retrying(attempts: entry.attempts, nextAttemptAt: entry.nextAttemptAt, lastError: entry.lastError)
@@ -255,7 +269,7 @@ public final class OfflineFirstClient: Sendable {
         guard !reading.isEmpty else {
             return QuerySnapshot(
                 data: answer.data, response: answer.response, source: answer.source == .network ? .network : .cache,
-                isStale: answer.isStale, pendingEntryIDs: [], settlingEntryIDs: [], rejectedWrites: [],
+                isStale: answer.isStale, pendingEntryIDs: [], conflictedEntryIDs: [], settlingEntryIDs: [], rejectedWrites: [],
                 overlayFailures: [], isPaused: false, isFetching: false, lastFetchError: nil
             )
         }
@@ -282,7 +296,9 @@ public final class OfflineFirstClient: Sendable {
             skipping: settlement.knownDeliveredIDs.union(settling.map(\.entry.id)))
         return QuerySnapshot(
             data: overlaid.data, response: answer.response, source: answer.source == .network ? .network : .cache,
-            isStale: answer.isStale, pendingEntryIDs: overlaid.applied, settlingEntryIDs: settled.applied, rejectedWrites: [],
+            isStale: answer.isStale, pendingEntryIDs: overlaid.applied,
+            conflictedEntryIDs: pending.filter { $0.entry.conflict != nil && overlaid.applied.contains($0.entry.id) }.map(\.entry.id),
+            settlingEntryIDs: settled.applied, rejectedWrites: [],
             overlayFailures: settled.failures + overlaid.failures, isPaused: false, isFetching: false, lastFetchError: nil
         )
     }
@@ -592,4 +608,26 @@ extension PreparedRequest {
     func revalidating() -> PreparedRequest {
         settingHeader("Cache-Control", to: header("Cache-Control").map { $0 + ", no-cache" } ?? "no-cache")
     }
+}
+
+/// A request as an edit of a read's version: every field the caller's, with the base captured by
+/// `OfflineFirstClient.mutate(_:editing:)`.
+struct EditOfRead<Wrapped: QueueableRequest>: QueueableRequest {
+    let wrapped: Wrapped
+    let editBase: EditBase?
+
+    var url: URL { wrapped.url }
+    var method: HTTPMethod { wrapped.method }
+    var headers: [String: String] { wrapped.headers }
+    var body: Data? { wrapped.body }
+    var timeout: TimeInterval { wrapped.timeout }
+    var maximumResponseBodySize: Int? { wrapped.maximumResponseBodySize }
+    var deadline: Duration? { wrapped.deadline }
+    var requestPriority: RequestPriority { wrapped.requestPriority }
+    var ttl: TimeInterval { wrapped.ttl }
+    var priority: QueuePriority { wrapped.priority }
+    /// Read through: its default is a fresh UUID per read, and the queue reads it once.
+    var idempotencyKey: String { wrapped.idempotencyKey }
+    var orderingKey: String? { wrapped.orderingKey }
+    var coalescingKey: String? { wrapped.coalescingKey }
 }

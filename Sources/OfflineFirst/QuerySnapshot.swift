@@ -32,6 +32,11 @@ public struct QuerySnapshot: Sendable {
     public var hasPendingWrites: Bool { !pendingEntryIDs.isEmpty }
     /// The queue entries applied as overlays that the server has not confirmed, in replay order.
     public let pendingEntryIDs: [UUID]
+    /// The pending entries applied here that are in conflict (the server refused them with
+    /// `412`/`428`; `QueueEntry.conflict`): the body is the server's newest with them on top
+    /// until the queue's `ConflictResolver` answers — a rebased write then overlays its new body,
+    /// a discarded one moves to `rejectedWrites`.
+    public let conflictedEntryIDs: [UUID]
     /// Delivered entries still applied because the read's refetch has not landed yet (so the
     /// screen never shows the server's state from before the write in between).
     public let settlingEntryIDs: [UUID]
@@ -78,6 +83,9 @@ public struct PendingWrite: Sendable, Equatable, Identifiable {
         case sending
         /// Tried and failed transiently: `attempts` so far, not before `nextAttemptAt`.
         case retrying(attempts: Int, nextAttemptAt: Date?, lastError: String?)
+        /// Refused because the server's version moved on (`412`, `428`), waiting for the queue's
+        /// `ConflictResolver` (see `QueueEntry.conflict`).
+        case conflicted(statusCode: Int)
     }
 
     public var id: UUID { entry.id }

@@ -75,6 +75,12 @@ struct QueueMirror: Sendable {
 
     func contains(_ id: UUID) -> Bool { ids.contains(id) }
 
+    /// The kept entry with this id (a linear search: for the rare change that needs the old copy).
+    func entry(id: UUID) -> QueueEntry? {
+        guard contains(id) else { return nil }
+        return items.first { $0.entry.id == id }?.entry
+    }
+
     /// Adds or replaces `entry` if it is kept (removing an older copy either way); returns whether
     /// the mirror changed.
     private mutating func upsert(_ entry: QueueEntry) -> Bool {

@@ -190,6 +190,16 @@ public final class CachedRequestEngine: RequestSending {
         return try? answer(cached, plan: plan, isStale: !(reuse.isUsable && reuse.isFresh), validated: false)
     }
 
+    /// The validators (`ETag`, `Last-Modified`) of the response stored for `request`, fresh or
+    /// stale alike: the version a screen showed, which an edit of it is based on (OfflineFirst's
+    /// `mutate(_:editing:)`). `nil` when nothing is stored or it has neither. Never sends anything.
+    package func storedValidators(for request: some NetworkRequest) -> (etag: String?, lastModified: String?)? {
+        let plan = Plan(request, partition: partitionDigest, added: requestEngine.credentialHeaders(for: request.url))
+        guard plan.isCacheable, let stored = lookup(plan, counting: false) else { return nil }
+        let etag = stored.header("ETag"), lastModified = stored.header("Last-Modified")
+        return etag == nil && lastModified == nil ? nil : (etag, lastModified)
+    }
+
     /// Deletes stored responses whose method and URL match (URLs as stored: without query values);
     /// returns how many.
     @discardableResult

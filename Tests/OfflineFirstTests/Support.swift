@@ -237,7 +237,7 @@ final class SnapshotReader: Sendable {
 
 extension QuerySnapshot {
     static let empty = QuerySnapshot(
-        data: nil, response: nil, source: .overlayOnly, isStale: false, pendingEntryIDs: [], settlingEntryIDs: [],
+        data: nil, response: nil, source: .overlayOnly, isStale: false, pendingEntryIDs: [], conflictedEntryIDs: [], settlingEntryIDs: [],
         rejectedWrites: [], overlayFailures: [], isPaused: false, isFetching: false, lastFetchError: nil
     )
 }

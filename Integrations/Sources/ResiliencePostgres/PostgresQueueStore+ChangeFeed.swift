@@ -130,6 +130,7 @@ extension QueueRemovalReason {
         case .cancelled: "c"
         case .superseded: "x"
         case .notStored: "n"
+        case .conflict(let status): "k\(status)"
         }
     }
 
@@ -144,6 +145,7 @@ extension QueueRemovalReason {
         case "c": self = .cancelled
         case "x": self = .superseded
         case "n": self = .notStored
+        case "k": self = .conflict(statusCode: number ?? 412)
         default: return nil
         }
     }

@@ -58,6 +58,7 @@ extension OfflineQueueEngine {
         var attempts = 0
         var nextAttemptAt: Date?
         var lastError: String?
+        var conflict: QueueConflict?
         // The entry's identity from the start: the request offered to the network at once and
         // the entry stored after it are the same write on `changes`.
         let id = SimulationPoints.uuid()  // UUID(), but drawn from the seed under a simulation
@@ -75,7 +76,9 @@ extension OfflineQueueEngine {
                 let observer = observer(of: entry)
                 _ = await observer?.sendBegins(entry, waits: false)
                 let outcome = await firstAttempt(keyed, timeout: request.timeout, deadline: request.deadline)
-                switch QueueEntryLifecycle.firstAttemptEnded(outcome) {
+                let conflictStatus = conflictStatus(of: entry, after: outcome)
+                let end = conflictStatus.map { QueueEntryLifecycle.FirstAttemptEnd.storeInConflict(status: $0) } ?? QueueEntryLifecycle.firstAttemptEnded(outcome)
+                switch end {
                 case .sent(let status):
                     await observer?.delivered(entry)
                     storage.changeFeed.publish(.removed(entry, reason: .delivered(statusCode: status)))
@@ -89,6 +92,12 @@ extension OfflineQueueEngine {
                     storage.changeFeed.publish(.removed(entry, reason: .cancelled))
                     observer?.sendEnded(entry, mayHaveReachedServer: true)
                     throw NetworkError.cancelled
+                case .storeInConflict(let status):
+                    // Stored in conflict; the next pass resolves it (`ConflictResolver`).
+                    observer?.sendEnded(entry, mayHaveReachedServer: false)
+                    conflict = QueueConflict(statusCode: status)
+                    attempts = 1
+                    lastError = NetworkError.httpError(statusCode: status, data: nil).description
                 case .store(let counted, let retryAfter, let error):
                     // A timed-out first attempt may still be on the wire: its fate is unknown.
                     observer?.sendEnded(entry, mayHaveReachedServer: outcome.mayHaveReachedServer)
@@ -100,7 +109,7 @@ extension OfflineQueueEngine {
         }
         let entry: QueueEntry
         do {
-            entry = try await persist(request, id: id, key: key, attempts: attempts, nextAttemptAt: nextAttemptAt, lastError: lastError)
+            entry = try await persist(request, id: id, key: key, attempts: attempts, nextAttemptAt: nextAttemptAt, lastError: lastError, conflict: conflict)
         } catch {
             if let offered { storage.changeFeed.publish(.removed(offered, reason: .notStored)) }
             throw error
@@ -202,9 +211,10 @@ extension OfflineQueueEngine {
         key: String,
         attempts: Int,
         nextAttemptAt: Date?,
-        lastError: String?
+        lastError: String?,
+        conflict: QueueConflict? = nil
     ) async throws -> QueueEntry {
-        let entry = QueueEntry(
+        var entry = QueueEntry(
             id: id,
             request: request,
             idempotencyKey: key,
@@ -214,6 +224,7 @@ extension OfflineQueueEngine {
             nextAttemptAt: nextAttemptAt,
             lastError: lastError
         )
+        entry.conflict = conflict
         return try await storage.add(entry, limit: maxQueueSize)
     }
 }

@@ -102,6 +102,15 @@ extension OfflineQueueEngine {
         let storage = self.storage
         while !Task.isCancelled {
             guard let claim = try await storage.claim(upTo: 1, now: now, lease: configuration.claimLease).first else { return }
+            if claim.entry.conflict != nil, let resolver = configuration.conflictResolver {
+                // Resolved in a task of its own, which holds the claim: the pass goes on.
+                guard resolutions[claim.entry.id] == nil else {
+                    try await settled { try await storage.release(claim, keeping: claim.entry) }
+                    return
+                }
+                startResolving(claim, with: resolver)
+                continue
+            }
             guard handled.insert(claim.entry.id).inserted else {
                 try await settled { try await storage.release(claim, keeping: claim.entry) }
                 return
@@ -127,6 +136,13 @@ extension OfflineQueueEngine {
             try await settled { try await storage.complete(claim, reason: .rejected(statusCode: nil)) }
             record(.failedPermanently(id: entry.id, statusCode: nil), in: &report)
             return .outcome(.permanent(.invalidRequest(reason: "unknown method \(entry.method)")))
+        }
+        if let conflict = entry.conflict {
+            // In conflict from a run that had a resolver; this one has none: rejected, as its
+            // status would be without one.
+            try await settled { try await storage.complete(claim, reason: .rejected(statusCode: conflict.statusCode)) }
+            record(.failedPermanently(id: entry.id, statusCode: conflict.statusCode), in: &report)
+            return .outcome(.permanent(.httpError(statusCode: conflict.statusCode, data: nil)))
         }
         let prepared = await request.addingReplayHeaders(for: entry, from: configuration.replayHeaders)
         // A layer above (OfflineFirst) may hold the replay while a read of what it changes is
@@ -160,6 +176,19 @@ extension OfflineQueueEngine {
                 if !outcome.mayHaveReachedServer { possiblySent.remove(entry.id) }
                 observer?.sendEnded(entry, mayHaveReachedServer: outcome.mayHaveReachedServer)
             }
+        }
+        if let status = conflictStatus(of: entry, after: outcome) {
+            // Stored in conflict before anything else happens; the resolution starts when the
+            // entry is next claimed (in this pass: it is due at once).
+            let conflicted = inConflict(entry, status: status)
+            do {
+                try await settled { try await storage.release(claim, keeping: conflicted) }
+            } catch OfflineQueueError.claimLost {
+                return .lost
+            }
+            let error = NetworkError.httpError(statusCode: status, data: nil)
+            record(.keptForRetry(id: entry.id, error: error, attempts: conflicted.attempts, nextAttemptAt: now), in: &report)
+            return send
         }
         let end = lifecycle.replayEnded(entry, outcome, stillQueued: true, supersededBy: nil, maxAttempts: configuration.maxAttempts, now: now)
         do {
@@ -213,28 +242,46 @@ extension OfflineQueueEngine {
         return send
     }
 
-    /// Who ends a claimed entry's send first.
-    private enum HeldSend: Sendable {
-        /// The send ended, with this outcome.
-        case sent(QueueAttemptOutcome)
+    /// Who ends a claimed entry's work (its send, its conflict's resolution) first.
+    private enum HeldWork<Done: Sendable>: Sendable {
+        /// The work ended, with this result.
+        case done(Done)
         /// The lease was lost (another consumer has the entry) or is about to end unrenewed.
         case leaseLost
         /// The pass was cancelled.
         case cancelled
     }
 
-    /// Sends `request` while renewing `claim` every third of the lease. The send is cut (`lost`)
-    /// when the storage says the claim is lost, or when the lease is about to end unrenewed — a
-    /// tenth of it before its end, whatever a renewal in progress does meanwhile (one that hangs on
-    /// a network gone silent included), so the send never outlives its lease. A renewal that fails
-    /// is tried again at the next third while the lease lasts. A cancelled pass cuts the send and
-    /// waits for it, so its claim is settled by what the send did. A claim without a lease is sent
-    /// as it is.
+    /// What came of work done while holding a claim.
+    enum Held<Done: Sendable>: Sendable {
+        /// The work ended (or was cut by a cancellation and waited for), with this result.
+        case done(Done)
+        /// The lease could not be kept: the work was cut, and the entry is someone else's (or will
+        /// be, once the lease runs out).
+        case lost
+    }
+
+    /// Sends `request` while holding `claim` (`holding(_:_:)`).
     private func sendHolding(_ claim: QueueClaim, _ request: PreparedRequest) async -> ClaimedSend {
-        guard let firstEnd = claim.leaseEnds else { return .outcome(await attempt(request, previousAttempts: claim.entry.attempts)) }
+        let previousAttempts = claim.entry.attempts
+        switch await holding(claim, { await self.attempt(request, previousAttempts: previousAttempts) }) {
+        case .done(let outcome): return .outcome(outcome)
+        case .lost: return .lost
+        }
+    }
+
+    /// Runs `work` (a send, a resolution) while renewing `claim` every third of the lease. The
+    /// work is cut (`lost`) when the storage says the claim is lost, or when the lease is about to
+    /// end unrenewed — a tenth of it before its end, whatever a renewal in progress does meanwhile
+    /// (one that hangs on a network gone silent included), so the work never outlives its lease. A
+    /// renewal that fails is tried again at the next third while the lease lasts. A cancellation
+    /// cuts the work and waits for it, so the claim is settled by what the work did. A claim
+    /// without a lease is worked on as it is.
+    func holding<Done: Sendable>(_ claim: QueueClaim, _ work: @escaping @Sendable () async -> Done) async -> Held<Done> {
+        guard let firstEnd = claim.leaseEnds else { return .done(await work()) }
         let lease = configuration.claimLease
         let margin = lease / 10
-        let race = FirstAnswer<HeldSend>()
+        let race = FirstAnswer<HeldWork<Done>>()
         let deadlines = self.deadlines
         let expiry = Locked<DeadlineTimer.Token?>(nil)
         let now: @Sendable () -> Date = { self.now }
@@ -249,17 +296,17 @@ extension OfflineQueueEngine {
             }
         }
         arm(firstEnd)
-        let sending = Task {
-            let outcome = await self.attempt(request, previousAttempts: claim.entry.attempts)
-            race.answer(.sent(outcome))
-            return outcome
+        let working = Task {
+            let done = await work()
+            race.answer(.done(done))
+            return done
         }
         let storage = self.storage
         let time = self.time
         let renewing = Task {
             var current = claim
             while true {
-                do { try await time.sleep(lease / 3) } catch { return }  // the send ended first
+                do { try await time.sleep(lease / 3) } catch { return }  // the work ended first
                 do {
                     current = try await storage.renew(current, now: now(), lease: lease)
                     if let end = current.leaseEnds { arm(end) }
@@ -283,15 +330,15 @@ extension OfflineQueueEngine {
             deadlines.cancel(token)
         }
         switch winner {
-        case .sent(let outcome):
-            return .outcome(outcome)
+        case .done(let done):
+            return .done(done)
         case .cancelled:
-            // The send is cut and waited for: a response that landed first is still delivered.
-            sending.cancel()
-            return .outcome(await sending.value)
+            // The work is cut and waited for: a response that landed first is still delivered.
+            working.cancel()
+            return .done(await working.value)
         case .leaseLost:
-            sending.cancel()
-            _ = await sending.value  // never two sends of the entry from this engine at once
+            working.cancel()
+            _ = await working.value  // never two sends of the entry from this engine at once
             return .lost
         }
     }

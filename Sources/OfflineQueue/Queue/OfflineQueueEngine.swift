@@ -57,6 +57,10 @@ public actor OfflineQueueEngine {
         /// how often a started engine looks for work nobody announced (a lease that ran out, a
         /// missed notification), besides the storage's `arrivals()`. Default 5 s.
         public var storagePollInterval: Duration
+        /// Resolves a write the server refused because its version moved on (`412`, or `428` to
+        /// a write without a base): see `ConflictResolver`. `nil` (the default): such a write is
+        /// rejected as any other 4xx (`failedPermanently`, removed as `rejected(statusCode:)`).
+        public var conflictResolver: (any ConflictResolver)?
 
         public init(
             retryPolicy: any RetryPolicy = ExponentialRetryPolicy(maxRetries: .max, baseDelay: 1, maxDelay: 300, jitter: .equal),
@@ -66,7 +70,8 @@ public actor OfflineQueueEngine {
             secretPolicy: QueueSecretPolicy = .standard,
             replayHeaders: (@Sendable (QueueEntry) async -> [String: String])? = nil,
             claimLease: Duration = .seconds(30),
-            storagePollInterval: Duration = .seconds(5)
+            storagePollInterval: Duration = .seconds(5),
+            conflictResolver: (any ConflictResolver)? = nil
         ) {
             self.retryPolicy = retryPolicy
             self.maxAttempts = maxAttempts.map { max(1, $0) }
@@ -76,6 +81,7 @@ public actor OfflineQueueEngine {
             self.replayHeaders = replayHeaders
             self.claimLease = max(.milliseconds(3), claimLease)
             self.storagePollInterval = max(.milliseconds(1), storagePollInterval)
+            self.conflictResolver = conflictResolver
         }
     }
 
@@ -126,6 +132,8 @@ public actor OfflineQueueEngine {
     /// answer that says otherwise — and still queued: noted in the folder before each observed
     /// replay, so that the next launch knows them (`DiskQueueStore.sendingAtOpen`).
     var possiblySent: Set<UUID> = []
+    /// The conflicts being resolved, each in a task of its own that holds its entry's claim.
+    var resolutions: [UUID: Task<Void, Never>] = [:]
 
     /// A queue on `store`: a `DiskQueueStore` (an app's queue, in a folder), or any other
     /// `QueueStorage`, such as a table a service's replicas share (`PostgresQueueStore`, from the
@@ -296,6 +304,7 @@ public actor OfflineQueueEngine {
     /// queued). `start()` may be called again afterwards.
     public func stop() async {
         await end(life.stop())
+        await cancelResolutions()
     }
 
     /// Cancels the tasks a stop or close took out of `life`, then waits for each.
@@ -312,6 +321,7 @@ public actor OfflineQueueEngine {
     /// sends nothing afterwards; an `enqueue` throws the storage's `closed` error.
     public func close() async {
         await end(life.close())
+        await cancelResolutions()
         await storage.close()
     }
 
@@ -391,6 +401,7 @@ public actor OfflineQueueEngine {
     deinit {
         subscribers.finishAll()
         for task in life.tasks { task.cancel() }
+        for task in resolutions.values { task.cancel() }
         deadlines.shutdown()
     }
 }

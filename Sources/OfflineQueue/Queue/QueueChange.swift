@@ -46,6 +46,9 @@ public enum QueueRemovalReason: Sendable, Equatable {
     case cancelled
     /// A newer edit of its coalescing key replaced it while it was being sent.
     case superseded
+    /// The server refused it because its version moved on (`412`, `428`), and the queue's
+    /// `ConflictResolver` answered `discard`: the server's version stands.
+    case conflict(statusCode: Int)
     /// An offered request could not be stored after its first attempt (the queue was full, the
     /// disk failed): `enqueue` threw, and the caller has the error.
     case notStored

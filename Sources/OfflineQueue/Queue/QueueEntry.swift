@@ -25,14 +25,14 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     public let method: String
     /// Request headers without secrets and without `Idempotency-Key` (sent from `idempotencyKey`).
     public internal(set) var headers: [String: String]
-    public let body: Data?
+    public internal(set) var body: Data?
     public let timeout: TimeInterval
     /// When the entry was first queued (wall clock); with `ttl` it decides expiry.
     public let enqueuedAt: Date
     public let ttl: TimeInterval
     /// `QueuePriority.rawValue`.
     public let priority: Int
-    public let idempotencyKey: String
+    public internal(set) var idempotencyKey: String
     public let orderingKey: String?
     public let coalescingKey: String?
     /// Position in FIFO order; unique and increasing within a store.
@@ -55,6 +55,10 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     /// `base`, as the entry file's JSON holds it: two flat strings, which the fast reader knows.
     private(set) var baseETag: String?
     private(set) var baseLastModified: String?
+
+    /// The conflict this write is in (the server answered `412` or `428`), stored until the
+    /// queue's `ConflictResolver` has answered; `nil` for a write in none.
+    public internal(set) var conflict: QueueConflict?
 
     /// The version of the resource this write edits, sent as a precondition on every attempt
     /// (`EditBase`); `nil`: unconditional (and every entry written before bases existed).
@@ -185,7 +189,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         enqueuedAt: Date, ttl: TimeInterval, priority: Int, idempotencyKey: String, orderingKey: String?,
         coalescingKey: String?, sequence: UInt64, attempts: Int, nextAttemptAt: Date?, lastError: String?,
         revision: Int, formatVersion: Int, maximumResponseBodySize: Int? = nil, deadlineSeconds: Double? = nil,
-        baseETag: String? = nil, baseLastModified: String? = nil
+        baseETag: String? = nil, baseLastModified: String? = nil, conflict: QueueConflict? = nil
     ) {
         self.id = id
         self.url = url
@@ -209,6 +213,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         self.deadlineSeconds = deadlineSeconds
         self.baseETag = baseETag
         self.baseLastModified = baseLastModified
+        self.conflict = conflict
     }
 
     /// The largest `sequence`, `revision` or `attempts` a stored entry may carry: 2^53, the largest

@@ -63,6 +63,9 @@ struct QueueEntryLifecycle: Sendable {
         /// Stored for a replay, with the first attempt counted (or not, when the network was
         /// unreachable) and its backoff.
         case store(attempts: Int, retryAfter: Duration?, lastError: String?)
+        /// The server answered `412`/`428` and the queue has a `ConflictResolver`: stored in
+        /// conflict, the attempt counted; the next pass resolves it.
+        case storeInConflict(status: Int)
     }
 
     /// What the queue does with an entry whose replay has ended.
