@@ -97,7 +97,9 @@ struct LiveReadState: Sendable {
 
     /// Applies one queue change; returns whether the snapshot may have changed.
     mutating func apply(_ change: QueueChange) -> Bool {
-        if case .updated(let entry) = change, entry.conflict != nil, mirror.entry(id: entry.id).map({ $0.conflict == nil }) == true {
+        if let entry = Self.enteringConflict(change), mirror.entry(id: entry.id)?.conflict == nil,
+            mirror.contains(entry.id) || Self.classifier(rules)(entry) != nil
+        {
             // A write this read shows was refused (412/428): the server has a newer version, which
             // the read fetches, and the write stays on top of it until it is resolved.
             phase.deliveryInvalidated()
@@ -138,6 +140,15 @@ struct LiveReadState: Sendable {
                 if rejections.count > Self.rejectionLimit { rejections.removeFirst(rejections.count - Self.rejectionLimit) }
                 return true
             }
+        }
+    }
+
+    /// The entry a change puts in conflict (`QueueEntry.conflict`): a replay's (`updated`), or a
+    /// first attempt's stored in conflict (`stored`).
+    private static func enteringConflict(_ change: QueueChange) -> QueueEntry? {
+        switch change {
+        case .updated(let entry), .stored(let entry, _): entry.conflict != nil ? entry : nil
+        default: nil
         }
     }
 

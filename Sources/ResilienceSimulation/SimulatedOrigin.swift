@@ -28,7 +28,17 @@ public final class SimulatedOrigin: Sendable {
         var cacheControl = "max-age=5"
     }
 
+    /// A note many devices edit (the conflicts scenario): its edits, in the order they arrived,
+    /// and its version, which every accepted write moves on.
+    private struct Note {
+        var edits: [String] = []
+        var version = 1
+        var requiresPrecondition = false
+    }
+
     private struct State {
+        var notes: [String: Note] = [:]
+        var preconditionFailures = 0
         var documents: [String: Document] = [:]
         var answersByKey: [String: Answer] = [:]
         var effects: [String: Int] = [:]
@@ -119,6 +129,52 @@ public final class SimulatedOrigin: Sendable {
     public var requestCount: Int { state.withLock { $0.requests } }
 
     /// Answers `request` and applies its effect (called by ``SimulatedNetwork``).
+    // MARK: - Notes (conflicts)
+
+    /// Makes writes to note `id` without `If-Match` (or `If-Unmodified-Since`) answer `428`.
+    public func requirePrecondition(for id: String) {
+        state.withLock { $0.notes[id, default: Note()].requiresPrecondition = true }
+    }
+
+    /// The edits note `id` holds now, in the order they arrived.
+    public func edits(of id: String) -> [String] {
+        state.withLock { $0.notes[id]?.edits ?? [] }
+    }
+
+    /// How many writes were refused with `412` or `428`.
+    public var preconditionFailures: Int { state.withLock { $0.preconditionFailures } }
+
+    /// `GET /notes/<id>`: its edits, comma-separated, `ETag: "<id>.<version>"`, `max-age=5`.
+    /// `PUT /notes/<id>`: the body (comma-separated edits) replaces the note's edits — `412` when
+    /// `If-Match` names another version, `428` without one on a note that requires it, once per
+    /// `Idempotency-Key` (a repeated key gets the first answer). A write without a precondition
+    /// on a note that does not require one replaces whatever is there: last write wins.
+    private static func handleNote(
+        _ id: String, method: String, request: URLRequest, header: (String) -> String?, _ state: inout State
+    ) -> Answer {
+        var note = state.notes[id] ?? Note()
+        let etag = "\"\(id).\(note.version)\""
+        if method == "GET" || method == "HEAD" {
+            return Answer(status: 200, headers: ["ETag": etag, "Cache-Control": "max-age=5"], body: Data(note.edits.joined(separator: ",").utf8))
+        }
+        if let key = header("Idempotency-Key"), let first = state.answersByKey[key] { return first }
+        let answer: Answer
+        if let match = header("If-Match"), match != etag {
+            answer = Answer(status: 412, headers: ["ETag": etag], body: Data())
+            state.preconditionFailures += 1
+        } else if header("If-Match") == nil, note.requiresPrecondition {
+            answer = Answer(status: 428, headers: [:], body: Data())
+            state.preconditionFailures += 1
+        } else {
+            note.edits = String(decoding: request.httpBody ?? Data(), as: UTF8.self).split(separator: ",").map(String.init)
+            note.version += 1
+            state.notes[id] = note
+            answer = Answer(status: 200, headers: ["ETag": "\"\(id).\(note.version)\""], body: Data())
+        }
+        if let key = header("Idempotency-Key") { state.answersByKey[key] = answer }
+        return answer
+    }
+
     func handle(_ request: URLRequest, at now: Duration) -> Answer {
         let method = request.httpMethod ?? "GET"
         let path = request.url?.path ?? "/"
@@ -134,6 +190,7 @@ public final class SimulatedOrigin: Sendable {
                 }
             }
             if path.hasPrefix("/reject/") { return Answer(status: 422, headers: [:], body: Data()) }
+            if path.hasPrefix("/notes/") { return Self.handleNote(String(path.dropFirst("/notes/".count)), method: method, request: request, header: header, &state) }
             guard path.hasPrefix("/docs/") else { return Answer(status: 404, headers: [:], body: Data()) }
             let id = String(path.dropFirst("/docs/".count))
             if method == "GET" || method == "HEAD" {

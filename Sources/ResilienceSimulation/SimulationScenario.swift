@@ -55,8 +55,11 @@ public struct SimulationScenario: Sendable, Hashable, CustomStringConvertible {
     /// An offline-first app: edits shown at once and across relaunches, reads that meet them.
     public static let offlineFirst = SimulationScenario(name: "offline-first")
 
+    /// Devices editing shared notes offline against an origin that versions them: conflicts.
+    public static let conflicts = SimulationScenario(name: "conflicts")
+
     /// Every scenario.
-    public static let all: [SimulationScenario] = [.engine, .auth, .queue, .cache, .offlineFirst]
+    public static let all: [SimulationScenario] = [.engine, .auth, .queue, .cache, .offlineFirst, .conflicts]
 
     /// The scenario called `name`, if there is one.
     public init?(named name: String) {
@@ -78,6 +81,7 @@ public struct SimulationScenario: Sendable, Hashable, CustomStringConvertible {
             case "queue": found = await QueueWorkload(simulation: simulation).run()
             case "cache": found = await CacheWorkload(simulation: simulation).run()
             case "offline-first": found = await OfflineFirstWorkload(simulation: simulation).run()
+            case "conflicts": found = await ConflictsWorkload(simulation: simulation).run()
             default: found = await ClientWorkload(simulation: simulation, authenticated: false).run()
             }
             violations.withLock { $0 = found }

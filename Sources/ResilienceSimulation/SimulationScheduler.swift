@@ -47,8 +47,10 @@ final class SimulationScheduler: SerialExecutor, @unchecked Sendable {
         case stepLimit
     }
 
-    /// The most jobs a run may take (the package's scenarios take well under a million).
-    var stepLimit = 20_000_000
+    /// The most jobs a run may take (the package's scenarios take well under a million). The
+    /// environment's `SIM_STEP_LIMIT` lowers it when hunting a livelock, so that `--trace` shows
+    /// where time stopped in seconds rather than minutes.
+    var stepLimit = ProcessInfo.processInfo.environment["SIM_STEP_LIMIT"].flatMap { Int($0) } ?? 20_000_000
 
     private let lock = NSLock()
     private var jobs: [UnownedJob] = []

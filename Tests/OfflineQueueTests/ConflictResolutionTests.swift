@@ -144,6 +144,8 @@ struct ConflictResolutionTests {
         h.clock.advance(by: .seconds(10))
         _ = await h.engine.flush()
         await h.engine.resolutionsSettled()
+        // Refused once and failed once: the resolved write waits a backoff too.
+        h.clock.advance(by: .seconds(10))
         #expect(await h.engine.flush().delivered == [id])
         // The version fetched once is the one the second answer was made on: no second GET.
         #expect(h.session.requests.map(\.httpMethod) == ["PUT", "GET", "PUT"] && body(of: 2, h) == "merged")
@@ -159,6 +161,7 @@ struct ConflictResolutionTests {
         h.clock.advance(by: .seconds(10))
         _ = await h.engine.flush()
         await h.engine.resolutionsSettled()
+        h.clock.advance(by: .seconds(10))
         #expect(await h.engine.flush().delivered == [id])
         #expect(h.session.requests.map(\.httpMethod) == ["PUT", "GET", "GET", "PUT"])
     }
@@ -237,5 +240,66 @@ struct ConflictResolutionTests {
         await h.monitor.setConnected(true)
         #expect(await h.engine.flush().results.map(\.name) == ["failed(412)"])
         #expect(h.session.callCount == 0)
+    }
+}
+
+@Suite("Conflicts: a server that refuses every write does not spin the queue")
+struct ConflictLoopTests {
+    /// Each round is a 428, a GET and a rebase: the first rebased write goes at once, every later
+    /// one waits the backoff (10 s here), so without the clock moving the queue makes two rounds.
+    @Test func aServerThatAnswers428ForeverCostsABackoffPerRoundNotATightLoop() async throws {
+        var steps: [ScriptedNetworkSession.Step] = []
+        for _ in 0..<20 {
+            steps.append(.status(428))
+            steps.append(.respond(status: 200, headers: ["ETag": "\"v2\""], body: Data("server".utf8)))
+        }
+        let h = try QueueHarness(
+            steps, connected: false,
+            configuration: .init(
+                retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10), conflictResolver: ClosureResolver { _ in .rebase(body: Data("x".utf8)) }))
+        let id = try #require(try await h.engine.enqueue(QueuedRequest(method: .put, url: URL(string: "https://api.example.test/notes/1")!, body: Data("mine".utf8))).queuedID)
+        await h.monitor.setConnected(true)
+        for _ in 0..<3 {
+            _ = await h.engine.flush()
+            await h.engine.resolutionsSettled()
+        }
+        #expect(h.session.callCount == 4)  // 428, GET, 428, GET
+        let waiting = try #require(h.store.entry(id: id))
+        #expect(waiting.attempts == 2 && waiting.nextAttemptAt == h.engine.now.addingTimeInterval(10))
+        h.clock.advance(by: .seconds(10))
+        _ = await h.engine.flush()
+        await h.engine.resolutionsSettled()
+        #expect(h.session.callCount == 6)
+    }
+
+    /// A resolution in progress holds its entry's claim: the store's next backoff end leaves it
+    /// out, or a started queue's timer would fire again and again at the same instant for a pass
+    /// that finds nothing to claim (the simulation's livelock, before this).
+    @Test func anEntryBeingResolvedArmsNoTimer() async throws {
+        struct NotNow: Error {}
+        let gate = Gate()
+        let calls = Locked(0)
+        let resolver = ClosureResolver { _ in
+            if calls.withLock({ count in
+                count += 1; return count
+            }) == 1 {
+                throw NotNow()
+            }
+            await gate.wait()
+            return .discard
+        }
+        let h = try QueueHarness(
+            [.status(412), .respond(status: 200, headers: ["ETag": "\"v2\""], body: Data())], connected: false,
+            configuration: .init(retryPolicy: FixedIntervalRetryPolicy(maxRetries: .max, interval: 10), conflictResolver: resolver))
+        _ = try await h.engine.enqueue(QueuedRequest(method: .put, url: URL(string: "https://api.example.test/notes/1")!, editBase: EditBase(etag: "\"v1\"")))
+        await h.monitor.setConnected(true)
+        _ = await h.engine.flush()
+        await h.engine.resolutionsSettled()
+        h.clock.advance(by: .seconds(10))
+        _ = await h.engine.flush()  // claims it again: the resolver now waits
+        #expect(try await h.store.earliestNextAttempt() == nil)
+        gate.open()
+        await h.engine.resolutionsSettled()
+        #expect(await h.engine.pendingCount() == 0)
     }
 }

@@ -313,9 +313,11 @@ extension PostgresQueueStore {
                 """, logger: logger)
         }
 
-        if let key = entry.coalescingKey, let (placed, holder) = try await replaceHolder(of: key, with: entry, json: json, on: connection) {
+        if let key = entry.coalescingKey, let (placed, holder, stored) = try await replaceHolder(of: key, with: entry, json: json, on: connection) {
             try await notify(notice("s", entry.id, holder.uuidString, fromHere: publishes), on: connection)
-            return (entry.placed(at: UInt64(placed)), holder)
+            // As stored: with the holder's base, when it had one (`QueueEntry.replacing(_:)`).
+            let replacing = (try? Self.decodeEntry(stored, seq: placed)) ?? entry.placed(at: UInt64(placed))
+            return (replacing, holder)
         }
 
         if let limit {
@@ -361,8 +363,12 @@ extension PostgresQueueStore {
     /// the replica sending that row would wait for it to renew, complete or release its claim. The
     /// `UPDATE` locks only a row it changes (an unleased one); should a claim take the row
     /// meanwhile, it waits for that claim's statement, then sees the lease and changes nothing.
-    private func replaceHolder(of key: String, with entry: QueueEntry, json: String, on connection: PostgresConnection) async throws -> (Int64, UUID)? {
-        var placed: (Int64, UUID)?
+    ///
+    /// The edit keeps the holder's base (`baseETag`, `baseLastModified`) when the holder has one:
+    /// the version the user saw before the first of the edits (`QueueEntry.replacing(_:)`). The
+    /// row's entry as stored is returned with its `seq` and the holder's id.
+    private func replaceHolder(of key: String, with entry: QueueEntry, json: String, on connection: PostgresConnection) async throws -> (Int64, UUID, String)? {
+        var placed: (Int64, UUID, String)?
         let replaced = try await connection.query(
             """
             WITH holder AS (
@@ -372,14 +378,18 @@ extension PostgresQueueStore {
             UPDATE \(unescaped: names.queue) AS t
             SET id = \(entry.id), priority = \(Int32(clamping: entry.priority)), ordering_key = \(entry.orderingKey),
                 coalescing_key = \(entry.coalescingKey), next_attempt_at = \(entry.nextAttemptAt), expires_at = \(entry.expiresAt),
-                lease_token = NULL, lease_until = NULL, entry = \(json)::jsonb
+                lease_token = NULL, lease_until = NULL,
+                entry = CASE WHEN t.entry ?| array['baseETag', 'baseLastModified']
+                    THEN (\(json)::jsonb - 'baseETag' - 'baseLastModified')
+                        || jsonb_strip_nulls(jsonb_build_object('baseETag', t.entry -> 'baseETag', 'baseLastModified', t.entry -> 'baseLastModified'))
+                    ELSE \(json)::jsonb END
             FROM holder
             WHERE t.id = holder.id
                 AND t.lease_token IS NULL AND t.ordering_key IS NOT DISTINCT FROM \(entry.orderingKey)
                 AND NOT EXISTS (SELECT 1 FROM \(unescaped: names.queue) x WHERE x.id = \(entry.id))
-            RETURNING t.seq, holder.id
+            RETURNING t.seq, holder.id, t.entry::text
             """, logger: logger)
-        for try await (seq, holder) in replaced.decode((Int64, UUID).self) { placed = (seq, holder) }
+        for try await (seq, holder, stored) in replaced.decode((Int64, UUID, String).self) { placed = (seq, holder, stored) }
         return placed
     }
 

@@ -87,9 +87,15 @@ extension OfflineQueueEngine {
         guard case .done(let step) = held else { return }  // the lease was lost: another consumer resolves it
         do {
             switch step {
-            case .resolved(let resolved):
+            case .resolved(var resolved):
+                // The first resolution's write goes at once. One refused (or failed) before waits
+                // the backoff for its attempts: a server that refuses every version never makes
+                // the queue spin through fetches and sends.
+                if resolved.attempts > 1 {
+                    resolved.nextAttemptAt = now.addingTimeInterval(backoff(afterAttempts: resolved.attempts - 1).seconds)
+                }
                 try await storage.release(claim, keeping: resolved)
-                if isStarted { scheduleTimerIfNeeded(for: now) }
+                scheduleTimerIfNeeded(for: resolved.nextAttemptAt ?? now)
             case .discard(let status):
                 try await storage.complete(claim, reason: .conflict(statusCode: status))
                 subscribers.yield(.failedPermanently(id: entry.id, statusCode: status))

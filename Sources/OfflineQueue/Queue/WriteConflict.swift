@@ -8,9 +8,11 @@ import Foundation
 /// The queue calls it in a task of its own, once the server's current version is fetched, with
 /// the write held out of every pass meanwhile: a slow resolver delays only its own write (and its
 /// ordering key's line). One that throws leaves the conflict stored; it is asked again at the
-/// write's next attempt (after the queue's backoff, counted as an attempt). The conflict and the
-/// server version are stored with the entry before it is asked, and its answer before anything is
-/// sent: a process killed meanwhile asks again at its next launch, and never sends the stale write.
+/// write's next attempt (after the queue's backoff, counted as an attempt), on the server version
+/// fetched for it, which is stored with the conflict then. The conflict is stored with the entry
+/// before the resolution starts, and the answer before anything is sent: a process killed
+/// meanwhile resolves again at its next launch (fetching the server's version again) and never
+/// sends the refused write as it was.
 public protocol ConflictResolver: Sendable {
     /// What to do with `conflict.entry`, given the server's current version.
     func resolve(_ conflict: WriteConflict) async throws -> ConflictResolution

@@ -601,7 +601,11 @@ public final class DiskQueueStore: Sendable {
     /// only the first entry of each coalescing key too), an entry behind an earlier one of its
     /// coalescing key does not count either.
     func earliestBackoffEnd(coalescingFollowers: Bool = true) -> Date? {
-        state.withLock { state in
+        // A claimed entry (being sent, or its conflict resolved in a task of its own) is not
+        // waiting for a time: whoever holds it settles it, and a date it still carries from an
+        // earlier backoff would arm a timer for a pass that finds nothing to claim, again and again.
+        let claimed = claims.withLock { $0.busyIDs }
+        return state.withLock { state in
             var heads: [String: QueueEntry] = [:]
             var earliest: Date?
             var coalescingHeads: [String: UInt64] = [:]
@@ -615,12 +619,12 @@ public final class DiskQueueStore: Sendable {
                 if let key = entry.orderingKey {
                     if let head = heads[key], head.sequence <= entry.sequence { continue }
                     heads[key] = entry
-                } else if let next = entry.nextAttemptAt {
+                } else if let next = entry.nextAttemptAt, !claimed.contains(entry.id) {
                     earliest = min(earliest ?? next, next)
                 }
             }
             // A head's expiry ends its wait too: the pass then sweeps it and its key moves on.
-            for head in heads.values {
+            for head in heads.values where !claimed.contains(head.id) {
                 guard let next = head.nextAttemptAt.map({ min($0, head.expiresAt) }) else { continue }
                 earliest = min(earliest ?? next, next)
             }
