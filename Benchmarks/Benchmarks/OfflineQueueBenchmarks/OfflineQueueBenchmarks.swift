@@ -135,6 +135,114 @@ let benchmarks: @Sendable () -> Void = {
 
     // MARK: 4. Replay 10 000 entries vs sending them directly, interleaved
 
+    // Issue 46: a write based on a version goes with `If-Match`, its base stored in its file. The
+    // cost over today's replay when no conflict occurs (the origin takes every write), 5 000
+    // entries each side, interleaved, alternating which side goes first.
+    let conditional = RatioReport(label: "conditional replay (If-Match) of 5 000 entries / plain replay of 5 000 (time)", invert: false)
+    let conditionalPrepared = PreparedFolder(entries: 5_000, pathPrefix: "/conditional/", baseETag: "\"v1\"")
+    let plainPrepared = PreparedFolder(entries: 5_000, pathPrefix: "/plain/")
+    let conditionalIterations = Mutex(0)
+    Benchmark(
+        "queue: conditional replay vs plain replay, interleaved",
+        configuration: .init(metrics: [.wallClock], timeUnits: .milliseconds, warmupIterations: 0, maxDuration: .seconds(600), maxIterations: 12)
+    ) { benchmark in
+        let conditionalFirst = conditionalIterations.withLock { count in
+            defer { count += 1 }
+            return !count.isMultiple(of: 2)
+        }
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        server.route("/conditional/*", .status(201))
+        server.route("/plain/*", .status(201))
+        let sender = AsyncRequestEngine(session: URLSession(configuration: .ephemeral))
+        let conditionalFolder = try await conditionalPrepared.url(baseURL: server.baseURL)
+        let plainFolder = try await plainPrepared.url(baseURL: server.baseURL)
+        let drain = { (folder: URL) async throws -> Duration in
+            let start = ContinuousClock.now
+            let queue = OfflineQueueEngine(
+                requestEngine: sender, reachabilityMonitor: ManualReachabilityMonitor(isConnected: true), store: try DiskQueueStore(directory: folder), maxQueueSize: 1_000_000)
+            let report = await queue.flush()
+            let time = ContinuousClock.now - start
+            precondition(report.delivered.count == 5_000 && report.remaining == 0, "replay delivered \(report.delivered.count)")
+            return time
+        }
+        let conditionalTime: Duration
+        let plainTime: Duration
+        if conditionalFirst {
+            conditionalTime = try await drain(conditionalFolder)
+            plainTime = try await drain(plainFolder)
+        } else {
+            plainTime = try await drain(plainFolder)
+            conditionalTime = try await drain(conditionalFolder)
+        }
+        precondition(server.requestLog.filter { $0.path.hasPrefix("/conditional/") }.allSatisfy { $0.header("if-match") == "\"v1\"" })
+        conditionalPrepared.remove()
+        plainPrepared.remove()
+        conditional.add(numerator: conditionalTime, denominator: plainTime)
+        benchmark.measurement(.custom("conditional/plain time (‰)"), Int(conditionalTime / plainTime * 1000))
+    } teardown: {
+        conditional.print()
+        conditionalPrepared.remove()
+        plainPrepared.remove()
+    }
+
+    // A conflict's resolution on loopback: 200 writes based on "v1" meet an origin at "v2" (412),
+    // each is stored in conflict, the server's version fetched, a resolver rebases it, and the
+    // rebased write is delivered; beside it, the same 200 writes delivered on their first try.
+    let resolution = RatioReport(label: "200 conflicts resolved and delivered / 200 writes delivered at once (time)", invert: false)
+    let perWrite = Mutex((plain: Duration.zero, resolved: Duration.zero, writes: 0))
+    Benchmark(
+        "queue: conflict resolution vs plain delivery, interleaved",
+        configuration: .init(metrics: [.wallClock], timeUnits: .milliseconds, warmupIterations: 1, maxDuration: .seconds(120), maxIterations: 12)
+    ) { benchmark in
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        server.route(
+            "/note/*",
+            handler: { request in
+                if request.method == "GET" { return .status(200, headers: ["ETag": "\"v2\""], body: "server") }
+                return request.header("if-match") == "\"v1\"" ? .status(412) : .status(201)
+            })
+        let sender = AsyncRequestEngine(session: URLSession(configuration: .ephemeral))
+        let run = { (etag: String) async throws -> Duration in
+            let folder = Folder()
+            defer { folder.remove() }
+            let queue = OfflineQueueEngine(
+                requestEngine: sender, reachabilityMonitor: ManualReachabilityMonitor(isConnected: true), store: try DiskQueueStore(directory: folder.url),
+                maxQueueSize: 1_000_000, configuration: .init(conflictResolver: RebaseOnServer()))
+            for index in 0..<200 {
+                let request = QueuedRequest(method: .put, url: server.url("/note/\(index)"), body: Data("mine".utf8), editBase: EditBase(etag: etag))
+                _ = try await queue.enqueue(request, sending: .onNextDrain)
+            }
+            var counts = queue.pendingCounts.makeAsyncIterator()
+            let start = ContinuousClock.now
+            await queue.start()
+            while let count = await counts.next(), count > 0 {}
+            let time = ContinuousClock.now - start
+            await queue.close()
+            return time
+        }
+        // A-B-B-A; only the drain is timed (not the enqueues that fill each folder).
+        var plainTime = Duration.zero
+        var conflictTime = Duration.zero
+        for conflicts in [false, true, true, false] {
+            let time = try await run(conflicts ? "\"v1\"" : "\"v2\"")
+            if conflicts { conflictTime += time } else { plainTime += time }
+        }
+        resolution.add(numerator: conflictTime, denominator: plainTime)
+        perWrite.withLock { $0 = ($0.plain + plainTime, $0.resolved + conflictTime, $0.writes + 400) }
+        benchmark.measurement(.custom("resolved/plain time (‰)"), Int(conflictTime / plainTime * 1000))
+        benchmark.measurement(.custom("µs per write, resolved"), Int(conflictTime / .microseconds(1)) / 400)
+        benchmark.measurement(.custom("µs per write, plain"), Int(plainTime / .microseconds(1)) / 400)
+    } teardown: {
+        resolution.print()
+        let (plain, resolved, writes) = perWrite.withLock { $0 }
+        if writes > 0 {
+            let micro = { (time: Duration) in Int(time / .microseconds(1)) / writes }
+            print("per write, mean over every iteration: delivered at once \(micro(plain)) µs, resolved then delivered \(micro(resolved)) µs")
+        }
+    }
+
     let replay = RatioReport(label: "replay of 10 000 queued entries / 10 000 direct sends (time)", invert: false)
     let replayPrepared = PreparedFolder(entries: 10_000, pathPrefix: "/replay/")
     let replayIterations = Mutex(0)
@@ -308,11 +416,14 @@ final class Folder: Sendable {
 final class PreparedFolder: Sendable {
     private let count: Int
     private let pathPrefix: String
+    /// The `ETag` every entry's write is based on (`EditBase`), if any: then each goes with `If-Match`.
+    private let baseETag: String?
     private let state = Mutex<URL?>(nil)
 
-    init(entries: Int, pathPrefix: String = "/items/") {
+    init(entries: Int, pathPrefix: String = "/items/", baseETag: String? = nil) {
         count = entries
         self.pathPrefix = pathPrefix
+        self.baseETag = baseETag
     }
 
     /// The folder, made on first use. Entries point at `baseURL` (for replay) or example.test.
@@ -332,6 +443,7 @@ final class PreparedFolder: Sendable {
             object["idempotencyKey"] = UUID().uuidString
             object["url"] = baseURL.absoluteString + pathPrefix + "\(index)"
             object["priority"] = index % 10 == 0 ? 1 : 0
+            if let baseETag { object["baseETag"] = baseETag }
             let data = try JSONSerialization.data(withJSONObject: object)
             try data.write(to: folder.appendingPathComponent("\(id).json"))
         }
@@ -386,4 +498,9 @@ final class RatioReport: Sendable {
                 format: "%@: median %.3f, pooled %.3f, min %.3f, max %.3f over %d iterations",
                 label, median, pooled, ratios.first ?? 0, ratios.last ?? 0, all.count))
     }
+}
+
+/// Rebases every conflict onto the server's version, with the write's own body.
+struct RebaseOnServer: ConflictResolver {
+    func resolve(_ conflict: WriteConflict) async throws -> ConflictResolution { .rebase(body: conflict.entry.body) }
 }
