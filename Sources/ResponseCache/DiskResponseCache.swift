@@ -126,6 +126,23 @@ public final class DiskResponseCache: Sendable {
         /// The newest response stored under each key whose file is not written yet: what a read
         /// answers meanwhile (the index still describes the previous file, if any).
         var pending: [CacheDigest: StoredResponse] = [:]
+        /// Stored responses marked stale since they were stored (`markStale`), by key, with the
+        /// number of the marking: a read answers them invalidated, without their files being
+        /// rewritten; a store of the key ends its mark (the new response carries its own flag),
+        /// and `update` compares the number to notice a marking that came between.
+        var marks: [CacheDigest: UInt64] = [:]
+        var nextMark: UInt64 = 1
+        /// What the marks file (`StaleMarksFile`) must list: each marked key with the version of
+        /// its latest store or removal when it was marked. A file written for a newer version
+        /// (which carries its own flag) ends it.
+        var durableMarks: [CacheDigest: UInt64] = [:]
+        /// Durable marks ended since the marks file was last written (it still lists them, which
+        /// only makes a relaunch revalidate them: see `writeMarks`).
+        var endedMarks = 0
+        /// A background rewrite of the marks file is queued (once many marks have ended).
+        var marksRewriteScheduled = false
+        /// Stored URLs parsed once, for the rules of `markStale(where:)` and `invalidate(where:)`.
+        var parsedURLs: [String: URL] = [:]
         /// For each primary key marked stale, the number of its latest marking (see `staleEpoch`).
         var staleEpochs: [CacheDigest: UInt64] = [:]
         var nextStaleEpoch: UInt64 = 1
@@ -154,6 +171,8 @@ public final class DiskResponseCache: Sendable {
     private let folder: Int32
     private let path: String
     private let pool = BlockingIOPool.shared
+    /// Held while the marks file is written (one writer at a time: they share its temp name).
+    private let marksFile = Locked(())
 
     /// Opens (creating if needed, mode 0700) the cache folder, takes its lock, and indexes every
     /// stored response in it (reading only each file's summary). Torn or corrupt files are deleted
@@ -187,6 +206,11 @@ public final class DiskResponseCache: Sendable {
             state.index.reserveCapacity(opened.entries.count)
             for entry in opened.entries { state.index.insert(entry.summary, size: entry.size) }
             state.statistics.corruptRemoved = opened.corruptRemoved
+            for key in Self.readMarks(folder: descriptor, opened: opened) where state.index[key] != nil {
+                state.marks[key] = state.nextMark
+                state.nextMark += 1
+                state.durableMarks[key] = 0  // every key's version at open
+            }
             self.state = Locked(state)
         } catch {
             FileSystem.closeDescriptor(descriptor)
@@ -225,7 +249,11 @@ public final class DiskResponseCache: Sendable {
             defer { state.released = true }
             return !state.released
         }
-        if release { FileSystem.closeDescriptor(folder) }
+        guard release else { return }
+        // Marks ended since the marks file was written need not survive in it (a relaunch would
+        // only revalidate those responses once more).
+        if state.withLock({ $0.endedMarks > 0 }) { writeMarks(evenIfClosed: true) }
+        FileSystem.closeDescriptor(folder)
     }
 
     /// Whether `close()` was called.
@@ -260,6 +288,9 @@ public final class DiskResponseCache: Sendable {
             state.written = [:]
             state.finished = [:]
             state.staleEpochs = [:]
+            state.marks = [:]
+            state.durableMarks = [:]
+            state.endedMarks = 0
             state.clearedVersion = state.nextVersion
             state.nextVersion += 1
             state.pending = [:]
@@ -278,7 +309,9 @@ public final class DiskResponseCache: Sendable {
         } catch {
             throw ResponseCacheError.storage(operation: error.operation, path: error.path, errno: error.errno)
         }
-        for name in names where CacheFolder.isCacheFile(name) {
+        firstFailure = writeMarks()
+        // The marks file's temp name is its writer's (under `marksFile`), not a leftover.
+        for name in names where CacheFolder.isCacheFile(name) && name != StaleMarksFile.tempName {
             // A file (or a leftover temp file) whose key a write loop owns is that loop's to
             // delete: it is writing a response stored after this clear, or deletes what it wrote.
             if let key = CacheFolder.key(ofFileNamed: name) {
@@ -346,13 +379,57 @@ public final class DiskResponseCache: Sendable {
         matchingSummaries(predicate).map(\.key)
     }
 
+    ///
+    /// The rule runs once per distinct URL as stored, not once per response (a list endpoint's
+    /// many query variants share one stored URL), on URLs parsed once and kept (`URL(string:)`
+    /// costs about a microsecond on Linux); no file is read.
     private func matchingSummaries(_ predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> [StoredResponseSummary] {
-        let summaries = state.withLock { state -> [StoredResponseSummary] in
-            var seen = Set<CacheDigest>()
-            return (state.index.items.values.map(\.summary) + state.memory.values.map(\.summary) + state.pending.values.map(\.summary))
-                .filter { seen.insert($0.key).inserted }
+        struct Group {
+            var url: URL?
+            var summaries: [StoredResponseSummary] = []
         }
-        return summaries.filter { Self.matches($0.method, $0.url, predicate) }
+        var groups = state.withLock { state -> [String: Group] in
+            var groups: [String: Group] = [:]
+            groups.reserveCapacity(state.parsedURLs.count)
+            func add(_ summary: StoredResponseSummary) {
+                groups[summary.url, default: Group(url: state.parsedURLs[summary.url])].summaries.append(summary)
+            }
+            for item in state.index.items.values { add(item.summary) }
+            // What memory or a write in flight holds beyond the index (a new key not yet written).
+            for (key, response) in state.memory where state.index[key] == nil { add(response.summary) }
+            for (key, response) in state.pending where state.index[key] == nil && state.memory[key] == nil { add(response.summary) }
+            return groups
+        }
+        var parsed: [String: URL] = [:]
+        for (url, group) in groups where group.url == nil {
+            guard let parsedURL = URL(string: url) else { continue }
+            groups[url]?.url = parsedURL
+            parsed[url] = parsedURL
+        }
+        if !parsed.isEmpty {
+            state.withLock { state in
+                // Kept for the URLs stored now; forgotten all at once when most are gone.
+                if state.parsedURLs.count > 2 * state.index.count + 1_024 { state.parsedURLs = [:] }
+                state.parsedURLs.merge(parsed) { old, _ in old }
+            }
+        }
+        var matching: [StoredResponseSummary] = []
+        for group in groups.values {
+            guard let url = group.url else { continue }
+            // Once per method a URL is stored under (GET, and sometimes HEAD).
+            var last: (method: String, verdict: Bool)?
+            for summary in group.summaries {
+                let verdict: Bool
+                if let last, last.method == summary.method {
+                    verdict = last.verdict
+                } else {
+                    verdict = HTTPMethod(rawValue: summary.method).map { predicate($0, url) } ?? false
+                    last = (summary.method, verdict)
+                }
+                if verdict { matching.append(summary) }
+            }
+        }
+        return matching
     }
 
     /// Marks stale the stored responses whose method and URL match `predicate` (URLs as stored,
@@ -365,13 +442,7 @@ public final class DiskResponseCache: Sendable {
         // otherwise store the state from before it as fresh.
         bumpStaleEpochs(Set(summaries.map(\.primaryKey)).union(matchingExchanges(predicate)))
         let keys = summaries.map(\.key)
-        for key in keys {
-            update(key) { stored in
-                var invalidated = stored
-                invalidated.isInvalidated = true
-                return invalidated
-            }
-        }
+        mark(keys)
         return keys.count
     }
 
@@ -403,6 +474,7 @@ public final class DiskResponseCache: Sendable {
             state.index.remove(key)
             state.memory[key] = nil
             state.memoryIndex.remove(key)
+            state.marks[key] = nil
             state.queued[key] = nil
             state.pending[key] = nil
             state.written[key] = nil
@@ -440,9 +512,10 @@ public final class DiskResponseCache: Sendable {
     /// the newer one stays: a change made from an older response must not overwrite it).
     @discardableResult
     func update(_ key: CacheDigest, _ change: (StoredResponse) -> StoredResponse) -> StoreOutcome {
-        let version = state.withLock { Self.version(of: key, in: $0) }
+        // A marking in between counts as a change: the stale flag read here would be lost.
+        let (version, mark) = state.withLock { (Self.version(of: key, in: $0), $0.marks[key]) }
         guard let current = read(key) else { return .overtaken }
-        return store(change(current), ifUnchangedSince: version)
+        return store(change(current), ifUnchangedSince: (version, mark))
     }
 
     /// What `store` did with a response.
@@ -507,7 +580,9 @@ public final class DiskResponseCache: Sendable {
     /// Starts a new stale epoch for these primary keys, whether anything is stored under them or not.
     func bumpStaleEpochs(_ primaryKeys: some Sequence<CacheDigest>) {
         // In a fixed order: the numbers name shared exchanges, and a set's order varies by run.
-        let ordered = primaryKeys.sorted { $0.hex < $1.hex }
+        // (The digests' own order, which is their hex strings' order without making a string per
+        // comparison: sorting 5 000 by `hex` took 50–100 ms.)
+        let ordered = primaryKeys.sorted()
         state.withLock { state in
             for key in ordered {
                 state.staleEpochs[key] = state.nextStaleEpoch
@@ -520,12 +595,74 @@ public final class DiskResponseCache: Sendable {
     /// kept, to be shown offline and revalidated, never served as fresh again.
     func markStale(_ primaryKeys: [CacheDigest]) {
         bumpStaleEpochs(primaryKeys)
-        for key in variantKeys(of: primaryKeys) {
-            update(key) { stored in
-                var invalidated = stored
-                invalidated.isInvalidated = true
-                return invalidated
+        mark(variantKeys(of: primaryKeys))
+    }
+
+    /// Marks the responses stored under `keys` stale: in memory at once, and on disk by one write
+    /// of the marks file — not by rewriting each response's file, so marking 5 000 responses costs
+    /// about what marking 10 does. When the marks file cannot be written (a full or failing disk),
+    /// the responses are removed instead: a relaunch must never read one back as fresh.
+    private func mark(_ keys: [CacheDigest]) {
+        guard !keys.isEmpty else { return }
+        state.withLock { state in
+            for key in keys where state.index[key] != nil || state.pending[key] != nil || state.memory[key] != nil {
+                state.marks[key] = state.nextMark
+                state.nextMark += 1
+                state.durableMarks[key] = Self.version(of: key, in: state)
             }
+        }
+        if writeMarks() != nil { remove(keys) }
+    }
+
+    /// Writes the marks file from `durableMarks` (removing it when there are none), after
+    /// forgetting the marks of keys that no longer have a file; returns the failure, if the write
+    /// failed (also counted as a store failure). A closed cache writes nothing (another cache may
+    /// own the folder now), unless `close()` itself asks, before it lets the folder go.
+    @discardableResult
+    private func writeMarks(evenIfClosed: Bool = false) -> ResponseCacheError? {
+        marksFile.withLock { _ -> ResponseCacheError? in
+            let keys = state.withLock { state -> [CacheDigest]? in
+                state.marksRewriteScheduled = false
+                guard evenIfClosed || !state.closed else { return nil }
+                state.durableMarks = state.durableMarks.filter { key, _ in
+                    state.index[key] != nil || state.pending[key] != nil || state.fileOwners.contains(key) || state.undeleted.contains(key)
+                }
+                state.endedMarks = 0
+                return state.durableMarks.keys.sorted()
+            }
+            guard let keys else { return nil }
+            do throws(FileSystemError) {
+                if keys.isEmpty {
+                    try FileSystem.removeFile(path + "/" + StaleMarksFile.name)
+                } else {
+                    try FileSystem.writeFile(
+                        StaleMarksFile.encode(keys), to: path + "/" + StaleMarksFile.name, via: path + "/" + StaleMarksFile.tempName, sync: false)
+                }
+                return nil
+            } catch {
+                let failure = ResponseCacheError.storage(operation: error.operation, path: error.path, errno: error.errno)
+                state.withLock { state in
+                    state.statistics.storeFailures += 1
+                    state.statistics.lastStoreFailure = failure
+                }
+                return failure
+            }
+        }
+    }
+
+    /// The keys the folder's marks file lists. A damaged or unreadable one lists every response
+    /// opened: which were marked is unknown, and a marked one must not be served as fresh.
+    private static func readMarks(folder: Int32, opened: CacheFolder.Opened) -> [CacheDigest] {
+        var buffer: [UInt8] = []
+        var info = stat()
+        switch FileSystem.readRegularFile(named: StaleMarksFile.name, in: folder, maximumSize: 1 << 30, into: &buffer, info: &info) {
+        case .vanished:
+            return []
+        case .bytes(let length):
+            if let keys = buffer.withUnsafeBytes({ StaleMarksFile.decode(UnsafeRawBufferPointer(rebasing: $0[0..<length])) }) { return keys }
+            return opened.entries.map(\.summary.key)
+        case .notRegular, .tooLarge, .failed:
+            return opened.entries.map(\.summary.key)
         }
     }
 
@@ -554,9 +691,10 @@ public final class DiskResponseCache: Sendable {
             case none
         }
         let found = state.withLock { state -> Found in
-            if let response = state.pending[key] ?? state.memory[key] {
+            if var response = state.pending[key] ?? state.memory[key] {
                 state.memoryIndex.touch(key)
                 state.index.touch(key)
+                if state.marks[key] != nil { response.isInvalidated = true }
                 return .response(response)
             }
             return state.index[key].map { .disk(size: $0.size) } ?? .none
@@ -564,7 +702,10 @@ public final class DiskResponseCache: Sendable {
         switch found {
         case .response(let response): return response
         case .none: return nil
-        case .disk(let size): return readFile(key, expectedSize: size)
+        case .disk(let size):
+            guard var response = readFile(key, expectedSize: size) else { return nil }
+            if state.withLock({ $0.marks[key] != nil }) { response.isInvalidated = true }
+            return response
         }
     }
 
@@ -618,9 +759,9 @@ public final class DiskResponseCache: Sendable {
     /// file, written in the background after the least recently used files are deleted to make
     /// room. A write that fails is counted; the caller is never told (it already has its
     /// response). With `ifUnchangedSince`, only if the key's latest store or removal is still that
-    /// version (see `update`).
+    /// version and no marking stale came since (see `update`).
     @discardableResult
-    func store(_ response: StoredResponse, ifUnchangedSince expected: UInt64? = nil) -> StoreOutcome {
+    func store(_ response: StoredResponse, ifUnchangedSince expected: (version: UInt64, mark: UInt64?)? = nil) -> StoreOutcome {
         let data: Data
         do {
             data = try CacheFileFormat.encode(response)
@@ -634,7 +775,9 @@ public final class DiskResponseCache: Sendable {
         }
         let admitted = state.withLock { state -> (Bool, [CacheDigest], UInt64?)? in
             guard !state.closed else { return nil }
-            if let expected, Self.version(of: response.key, in: state) != expected { return (false, [], nil) }
+            if let expected, Self.version(of: response.key, in: state) != expected.version || state.marks[response.key] != expected.mark {
+                return (false, [], nil)
+            }
             // At most `maxVariants` per URL: a server that varies on a header whose value changes
             // with every request must not fill the cache with one URL's variants. Oldest stored
             // first; of equal age, the one stored earlier in this process.
@@ -656,6 +799,7 @@ public final class DiskResponseCache: Sendable {
             let version = state.nextVersion
             state.nextVersion += 1
             state.latest[response.key] = version
+            state.marks[response.key] = nil  // the response carries its own flag
             state.pending[response.key] = response
             state.queued[response.key] = .write(WriteJob(response: response, data: data, version: version))
             return (state.fileOwners.insert(response.key).inserted, dropped.filter { Self.claimFileDeletion($0, in: &state) }, version)
@@ -744,6 +888,7 @@ public final class DiskResponseCache: Sendable {
                     failure = error
                 }
             }
+            var rewriteMarks = false
             let (unwanted, waiting, annotating) = state.withLock { state -> (Bool, [CacheDigest], [WaiterList<Void, CacheDigest>.Waiter]) in
                 state.reserved[key] = nil
                 state.inFlight[key] = nil
@@ -761,8 +906,23 @@ public final class DiskResponseCache: Sendable {
                 if let failure {
                     state.statistics.storeFailures += 1
                     state.statistics.lastStoreFailure = .storage(operation: failure.operation, path: failure.path, errno: failure.errno)
-                    // The file left is the previous one: kept while the index holds it, else it goes.
+                    // The file left is the previous one: kept while the index holds it, else it
+                    // goes; marked stale again if the marks file lists it.
+                    if state.index[key] != nil, state.durableMarks[key] != nil {
+                        state.marks[key] = state.nextMark
+                        state.nextMark += 1
+                    }
                     return (state.index[key] == nil, waiting, annotating)
+                }
+                if let marked = state.durableMarks[key], job.version > marked {
+                    state.durableMarks[key] = nil  // this file carries its own flag
+                    state.endedMarks += 1
+                    // Many ended (revalidations after a marking of many): the file is rewritten in
+                    // the background, so a relaunch does not revalidate them all again.
+                    if state.endedMarks >= 64, state.endedMarks >= state.durableMarks.count, !state.marksRewriteScheduled {
+                        state.marksRewriteScheduled = true
+                        rewriteMarks = true
+                    }
                 }
                 state.index.insert(job.response.summary, size: job.data.count)
                 state.undeleted.remove(key)  // the file is this response's now
@@ -771,6 +931,7 @@ public final class DiskResponseCache: Sendable {
                 return (false, waiting, annotating)
             }
             if unwanted { deleteFile(key) } else if failure == nil { retryUndeleted() }
+            if rewriteMarks { pool.submit { [self] in writeMarks() } }
             for waiter in annotating { waiter.continuation.resume(returning: ()) }
             for waiter in waiting { pool.submit { [self] in fileLoop(waiter) } }
         }
@@ -824,7 +985,7 @@ public final class DiskResponseCache: Sendable {
         let claimed = state.withLock { state -> [CacheDigest] in
             guard !state.undeleted.isEmpty else { return [] }
             guard !state.closed else { return [] }
-            return state.undeleted.sorted { $0.hex < $1.hex }.filter { state.index[$0] == nil && state.fileOwners.insert($0).inserted }
+            return state.undeleted.sorted().filter { state.index[$0] == nil && state.fileOwners.insert($0).inserted }
         }
         deleteFiles(claimed)
     }
@@ -857,6 +1018,7 @@ public final class DiskResponseCache: Sendable {
             state.index.remove(key)
             state.memory[key] = nil
             state.memoryIndex.remove(key)
+            state.marks[key] = nil
         }
         state.statistics.evicted += victims.count
         return victims

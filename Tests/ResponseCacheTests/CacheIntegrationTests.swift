@@ -273,6 +273,50 @@ struct CacheIntegrationTests {
         #endif
     }
 
+    /// Issue 49: a marking stale rewrites no response file, so its durability is the marks
+    /// file's. A child process stores 20 reads through URLSession from a real server, has one
+    /// marked stale by a delivered PUT (§4.4) and one by `markStale(where:)`, and is killed with
+    /// SIGKILL at once; the next process, offline, shows exactly those two stale.
+    @Test func marksStaleSurviveASIGKILLedProcessWithoutAResponseFileRewritten() async throws {
+        #if os(Linux) || os(macOS)
+        let server = try LoopbackHTTPServer()
+        defer { server.shutdown() }
+        server.route(
+            "/items/*",
+            handler: { request in
+                request.method == "PUT" ? .status(204) : .status(200, headers: ["Cache-Control": "max-age=3600"], body: request.path)
+            })
+        let folder = TemporaryDirectory()
+        let (path, base) = (folder.url.path, server.url("/items/").absoluteString)
+        try await ExitTests.oneAtATime {
+            await #expect(processExitsWith: .signal(SIGKILL)) { [path = path as String, base = base as String] in
+                let engine = try CacheIntegrationTests.engine(URL(fileURLWithPath: path))
+                for item in 0..<20 {
+                    _ = try await engine.response(for: Feed(url: try #require(URL(string: base + "\(item)"))), mode: .online, staleTime: .http)
+                }
+                await engine.cache.waitForWrites()
+                let stored = engine.cache.statistics.stored
+                struct Put: NetworkRequest {
+                    let url: URL
+                    var method: HTTPMethod { .put }
+                }
+                _ = try await engine.response(for: Put(url: try #require(URL(string: base + "3"))))
+                #expect(engine.markStale { _, url in url.path == "/items/7" } == 1)
+                await engine.cache.waitForWrites()
+                #expect(engine.cache.statistics.stored == stored)  // no response file written again
+                kill(getpid(), SIGKILL)
+            }
+        }
+        let engine = try Self.engine(folder.url, connected: false)
+        var stale: [Int] = []
+        for item in 0..<20 {
+            let answer = try await engine.response(for: Feed(url: server.url("/items/\(item)")), mode: .offlineFirst, staleTime: .http)
+            if answer.isStale { stale.append(item) }
+        }
+        #expect(stale == [3, 7])
+        #endif
+    }
+
     static func stored(item: Int, body: String) -> StoredResponse {
         let url = "https://example.test/items/\(item)"
         return StoredResponse(

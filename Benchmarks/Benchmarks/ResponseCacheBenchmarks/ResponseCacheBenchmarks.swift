@@ -19,7 +19,11 @@ import Glibc
 // 2. opening a folder of 10 000 and of 100 000 stored responses — target: under 1 s, memory linear;
 // 3. 1 000 concurrent readers of one stale key through URLSession to LoopbackHTTPServer — target:
 //    exactly one upstream revalidation;
-// 4. 10 000 stores of random sizes — target: the folder never above maxBytes.
+// 4. 10 000 stores of random sizes — target: the folder never above maxBytes;
+// 5. markStale(where:) over a cache of 5 000 stored responses, opened cold from its folder (as
+//    after a relaunch), when 10 match and when all 5 000 match — target: under 2 ms and under
+//    100 ms (issue 49); the rule evaluated alone over the same 5 000 (method, URL) pairs is the
+//    same run's floor.
 // Each prints its figures in its teardown; see ../../README.md.
 
 let benchmarks: @Sendable () -> Void = {
@@ -174,9 +178,106 @@ let benchmarks: @Sendable () -> Void = {
         bound.withLock { $0.append((largest, maxBytes)) }
         benchmark.measurement(.custom("largest folder seen (KiB)", useScalingFactor: false), largest >> 10)
     } teardown: {
-        for (largest, maxBytes) in bound.withLock({ $0 }) {
-            print("10 000 random stores: largest folder seen \(largest) bytes, maxBytes \(maxBytes)")
+        for run in bound.withLock({ $0 }) {
+            print("10 000 random stores: largest folder seen \(run.largest) bytes, maxBytes \(run.maxBytes)")
         }
+    }
+    // MARK: 5. markStale(where:) over 5 000 stored responses
+
+    // Two caches of 5 000: 5 000 distinct paths (`/items/N`: the rule runs 5 000 times), and the
+    // issue's list endpoint (4 990 query variants of `/list?page=N`, which share one stored URL,
+    // and 10 `/items/N`). Rules on `url.path`, as apps write them; the floor is the same rules run
+    // alone over the same distinct URLs, parsed beforehand.
+    for workload in StaleWorkload.allCases {
+        let staleReport = StaleReport(label: workload.label)
+        Benchmark(
+            "cache: markStale over 5 000 stored responses, \(workload.label) (10 match, all match)",
+            configuration: .init(metrics: [.wallClock], timeUnits: .milliseconds, warmupIterations: 1, maxDuration: .seconds(300), maxIterations: 10)
+        ) { benchmark in
+            // A fresh folder each iteration: a marking changes what the next one would find.
+            let prepared = PreparedCache(paths: workload.paths)
+            defer { prepared.remove() }
+            let url = try await prepared.url()
+            let cache = try DiskResponseCache(directory: url, maxBytes: 1 << 30)
+            let tenRule = workload.tenRule, allRule = workload.allRule
+            let distinct = Set(workload.paths.map { HTTPCachePolicyURL.stored($0) }).map { URL(string: $0)! }
+            let floorStart = ContinuousClock.now
+            let floorTen = distinct.filter { tenRule(.get, $0) }.count
+            let floorAll = distinct.filter { allRule(.get, $0) }.count
+            let floor = ContinuousClock.now - floorStart
+            precondition(floorTen == 10 && floorAll == distinct.count)
+            benchmark.startMeasurement()
+            let tenStart = ContinuousClock.now
+            let ten = cache.markStale(where: tenRule)
+            let tenTime = ContinuousClock.now - tenStart
+            let allStart = ContinuousClock.now
+            let all = cache.markStale(where: allRule)
+            let allTime = ContinuousClock.now - allStart
+            benchmark.stopMeasurement()
+            precondition(ten == 10 && all == 5_000, "marked \(ten) and \(all)")
+            await cache.waitForWrites()
+            await cache.close()
+            // The marks survive a relaunch: a response reopened is stale.
+            let reopened = try DiskResponseCache(directory: url, maxBytes: 1 << 30)
+            let engine = CachedRequestEngine(
+                requestEngine: AsyncRequestEngine(session: SizedBodySession()), cache: reopened,
+                reachabilityMonitor: ManualReachabilityMonitor(isConnected: false))
+            let sampleURL = URL(string: "https://example.test" + workload.paths[4_990])!
+            let sample = try await engine.response(for: SizedRead(url: sampleURL, size: 200), mode: .offlineFirst, staleTime: .seconds(3600))
+            precondition(sample.isStale, "a marked response read back fresh after the relaunch")
+            await reopened.close()
+            staleReport.add(ten: tenTime, all: allTime, floor: floor)
+            benchmark.measurement(.custom("markStale, 10 of 5 000 match (µs)", useScalingFactor: false), Int(tenTime.microseconds))
+            benchmark.measurement(.custom("markStale, all 5 000 match (µs)", useScalingFactor: false), Int(allTime.microseconds))
+        } teardown: {
+            staleReport.print()
+        }
+    }
+}
+
+enum StaleWorkload: CaseIterable {
+    case distinctPaths
+    case listVariants
+
+    var label: String {
+        switch self {
+        case .distinctPaths: "5 000 distinct paths"
+        case .listVariants: "4 990 query variants of one list + 10 paths"
+        }
+    }
+
+    /// The paths (with query) stored, 5 000.
+    var paths: [String] {
+        switch self {
+        case .distinctPaths: (0..<5_000).map { "/items/\($0)" }
+        case .listVariants: (0..<4_990).map { "/list?page=\($0)" } + (0..<10).map { "/items/\($0)" }
+        }
+    }
+
+    var tenRule: @Sendable (HTTPMethod, URL) -> Bool {
+        switch self {
+        case .distinctPaths:
+            let targets = Set((0..<10).map { "/items/\($0 * 499)" })
+            return { method, url in method == .get && targets.contains(url.path) }
+        case .listVariants:
+            return { method, url in method == .get && url.path.hasPrefix("/items/") }
+        }
+    }
+
+    var allRule: @Sendable (HTTPMethod, URL) -> Bool {
+        { method, url in
+            let path = url.path
+            return method == .get && (path.hasPrefix("/items/") || path == "/list")
+        }
+    }
+}
+
+/// A URL as the cache stores it: query values dropped, names kept (for the floor's distinct URLs).
+enum HTTPCachePolicyURL {
+    static func stored(_ path: String) -> String {
+        var components = URLComponents(string: "https://example.test" + path)!
+        components.queryItems = components.queryItems?.map { URLQueryItem(name: $0.name, value: nil) }
+        return components.string!
     }
 }
 
@@ -203,7 +304,12 @@ final class CacheStores: Sendable {
 
     /// Stores a `size`-byte response for `/items/<index>` (replacing what that URL held).
     func store(index: Int, size: Int) async throws {
-        let request = SizedRead(url: URL(string: "https://example.test/items/\(index)")!, size: size)
+        try await store(path: "/items/\(index)", size: size)
+    }
+
+    /// Stores a `size`-byte response for `path` (and query) on example.test.
+    func store(path: String, size: Int) async throws {
+        let request = SizedRead(url: URL(string: "https://example.test" + path)!, size: size)
         _ = try await engine.response(for: request, mode: .always, staleTime: .zero)
     }
 }
@@ -221,6 +327,30 @@ struct SizedBodySession: NetworkSession {
         let size = request.value(forHTTPHeaderField: "X-Body-Size").flatMap(Int.init) ?? 0
         let response = HTTPURLResponse(url: request.url!, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: ["Cache-Control": "max-age=3600"])!
         return (Data(repeating: 0x62, count: size), response)
+    }
+}
+
+final class StaleReport: Sendable {
+    private let label: String
+    init(label: String) { self.label = label }
+    private let samples = Mutex<(ten: [Duration], all: [Duration], floor: [Duration])>(([], [], []))
+
+    func add(ten: Duration, all: Duration, floor: Duration) {
+        samples.withLock {
+            $0.ten.append(ten); $0.all.append(all); $0.floor.append(floor)
+        }
+    }
+
+    func print() {
+        let (ten, all, floor) = samples.withLock { $0 }
+        guard !ten.isEmpty else { return }
+        Swift.print(
+            "markStale over 5 000 stored responses, \(label): "
+                + String(
+                    format: "10 match %.0f µs (%.0f–%.0f), all match %.1f ms (%.1f–%.1f); both rules alone over parsed URLs %.0f µs; %d iterations",
+                    percentile(ten, 0.5).microseconds, ten.min()!.microseconds, ten.max()!.microseconds,
+                    percentile(all, 0.5).microseconds / 1_000, all.min()!.microseconds / 1_000, all.max()!.microseconds / 1_000,
+                    percentile(floor, 0.5).microseconds, ten.count))
     }
 }
 
@@ -284,10 +414,11 @@ final class Folder: Sendable {
 
 /// A folder of N stored responses (200-byte bodies), written once and reused by every iteration.
 final class PreparedCache: Sendable {
-    private let count: Int
+    private let paths: [String]
     private let state = Mutex<URL?>(nil)
 
-    init(entries: Int) { count = entries }
+    init(entries: Int) { paths = (0..<entries).map { "/items/\($0)" } }
+    init(paths: [String]) { self.paths = paths }
 
     func url() async throws -> URL {
         if let url = state.withLock({ $0 }) { return url }
@@ -295,8 +426,8 @@ final class PreparedCache: Sendable {
         do {
             let cache = try DiskResponseCache(directory: folder, maxBytes: 1 << 30, memoryBytes: 0)
             let stores = CacheStores(cache)
-            for index in 0..<count {
-                try await stores.store(index: index, size: 200)
+            for (index, path) in paths.enumerated() {
+                try await stores.store(path: path, size: 200)
                 if index % 1_000 == 999 { await cache.waitForWrites() }
             }
             await cache.waitForWrites()

@@ -1,0 +1,181 @@
+import Foundation
+import ResilienceTestSupport
+import ResilienceTesting
+import Testing
+
+@testable import ResponseCache
+
+/// Marking stale without rewriting the responses' files (issue 49): the marks live in memory and
+/// in one small file, `stale-marks`, and behave as the flag in each file did.
+@Suite("DiskResponseCache: stale marks in one file, not in each response's", .timeLimit(.minutes(1)))
+struct StaleMarksTests {
+    private func fileBytes(_ directory: TemporaryDirectory, _ response: StoredResponse) throws -> Data {
+        try Data(contentsOf: directory.url.appendingPathComponent(response.key.hex + ".rc"))
+    }
+
+    private var marksPath: (TemporaryDirectory) -> String { { $0.url.appendingPathComponent("stale-marks").path } }
+
+    @Test func aMarkingRewritesNoResponseFileAndSurvivesAKilledProcess() async throws {
+        let directory = TemporaryDirectory()
+        let responses = (0..<20).map { storedResponse("/items/\($0)") }
+        var before: [Data] = []
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20, memoryBytes: 0)
+            for response in responses { cache.store(response) }
+            await cache.waitForWrites()
+            before = try responses.map { try fileBytes(directory, $0) }
+            let stored = cache.statistics.stored
+            #expect(cache.markStale { _, url in url.path.hasSuffix("/3") || url.path.hasSuffix("/7") } == 2)
+            #expect(cache.response(for: responses[3].key)?.isInvalidated == true)
+            #expect(cache.response(for: responses[4].key)?.isInvalidated == false)
+            await cache.waitForWrites()
+            #expect(cache.statistics.stored == stored)  // no file written again
+            #expect(try responses.map { try fileBytes(directory, $0) } == before)
+            #expect(FileManager.default.fileExists(atPath: marksPath(directory)))
+            // No close(): the process "dies" with the cache (deinit only lets the folder go).
+        }
+        let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20, memoryBytes: 0)
+        let stale = responses.indices.filter { reopened.response(for: responses[$0].key)?.isInvalidated == true }
+        #expect(stale == [3, 7])
+    }
+
+    @Test func markingAllOfFiveThousandIsOneSmallFileAndEveryOneReadsStale() async throws {
+        let directory = TemporaryDirectory()
+        let responses = (0..<5_000).map { storedResponse("/list/\($0)") }
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 64 << 20, memoryBytes: 0)
+        for response in responses { cache.store(response) }
+        await cache.waitForWrites()
+        let stored = cache.statistics.stored
+        #expect(cache.markStale { method, url in method == .get && url.path.hasPrefix("/list/") } == 5_000)
+        await cache.waitForWrites()
+        #expect(cache.statistics.stored == stored)
+        let size = try FileManager.default.attributesOfItem(atPath: marksPath(directory))[.size] as? NSNumber
+        #expect(size?.intValue == 12 + 5_000 * 16 + 16)
+        await cache.close()
+        let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 64 << 20, memoryBytes: 0)
+        #expect(responses.allSatisfy { reopened.response(for: $0.key)?.isInvalidated == true })
+    }
+
+    @Test func aResponseStoredAgainEndsItsMarkAndCloseWritesThatDown() async throws {
+        let directory = TemporaryDirectory()
+        let feed = storedResponse("/feed", body: "old"), other = storedResponse("/other")
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+            cache.store(feed)
+            cache.store(other)
+            await cache.waitForWrites()
+            #expect(cache.markStale { _, _ in true } == 2)
+            cache.store(storedResponse("/feed", body: "revalidated"))  // a 200 or a 304, say
+            #expect(cache.response(for: feed.key)?.isInvalidated == false)
+            await cache.waitForWrites()
+            await cache.close()
+        }
+        let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        let read = try #require(reopened.response(for: feed.key))
+        #expect(read.body == Data("revalidated".utf8) && !read.isInvalidated)
+        #expect(reopened.response(for: other.key)?.isInvalidated == true)
+    }
+
+    @Test func afterAKillAResponseStoredAgainSinceTheLastMarkingIsAtWorstRevalidatedOnceMore() async throws {
+        let directory = TemporaryDirectory()
+        let feed = storedResponse("/feed", body: "old")
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+            cache.store(feed)
+            await cache.waitForWrites()
+            cache.markStale([feed.primaryKey])
+            cache.store(storedResponse("/feed", body: "revalidated"))
+            await cache.waitForWrites()
+        }
+        // The marks file still lists it (only the next marking, many ended marks or close() rewrite
+        // it): stale, so revalidated once more — never the other way round.
+        let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        let read = try #require(reopened.response(for: feed.key))
+        #expect(read.body == Data("revalidated".utf8) && read.isInvalidated)
+    }
+
+    @Test func aMarkingBetweenAnUpdatesReadAndItsStoreOvertakesTheUpdate() async throws {
+        let directory = TemporaryDirectory()
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        let feed = storedResponse("/feed")
+        cache.store(feed)
+        let outcome = cache.update(feed.key) { current in
+            cache.markStale([feed.primaryKey])  // a delivered write, while a 304 was being applied
+            var refreshed = current
+            refreshed.isInvalidated = false
+            return refreshed
+        }
+        #expect(outcome == .overtaken)
+        #expect(cache.response(for: feed.key)?.isInvalidated == true)
+    }
+
+    @Test func aDamagedMarksFileMarksEveryResponseStale() async throws {
+        let directory = TemporaryDirectory()
+        let responses = (0..<3).map { storedResponse("/\($0)") }
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+            for response in responses { cache.store(response) }
+            await cache.waitForWrites()
+            cache.markStale([responses[0].primaryKey])
+            await cache.close()
+        }
+        var bytes = try Data(contentsOf: URL(fileURLWithPath: marksPath(directory)))
+        bytes[bytes.count - 1] ^= 0xFF
+        try bytes.write(to: URL(fileURLWithPath: marksPath(directory)))
+        let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        #expect(responses.allSatisfy { reopened.response(for: $0.key)?.isInvalidated == true })
+        // The file is written afresh at the next marking.
+        reopened.markStale([responses[1].primaryKey])
+        let rewritten = try Data(contentsOf: URL(fileURLWithPath: marksPath(directory)))
+        #expect(rewritten.withUnsafeBytes { StaleMarksFile.decode($0) }.map(Set.init) == Set(responses.map(\.key)))
+    }
+
+    @Test func whenTheMarksFileCannotBeWrittenTheMatchesAreRemovedNotLeftFresh() async throws {
+        let directory = TemporaryDirectory()
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        let feed = storedResponse("/feed"), other = storedResponse("/other")
+        cache.store(feed)
+        cache.store(other)
+        await cache.waitForWrites()
+        // A folder where the marks file's temp file goes: its O_EXCL create fails.
+        try FileManager.default.createDirectory(at: directory.url.appendingPathComponent(".stale-marks.tmp"), withIntermediateDirectories: false)
+        #expect(cache.markStale { _, url in url.path == "/feed" } == 1)
+        #expect(cache.response(for: feed.key) == nil)
+        #expect(cache.response(for: other.key)?.isInvalidated == false)
+        #expect(cache.statistics.storeFailures == 1)
+        #expect(cache.statistics.lastStoreFailure?.isStorage(operation: "create") == true)
+        await cache.waitForWrites()
+        #expect(!directory.fileNames.contains(feed.key.hex + ".rc"))
+    }
+
+    @Test func clearRemovesTheMarksFile() async throws {
+        let directory = TemporaryDirectory()
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        let feed = storedResponse("/feed")
+        cache.store(feed)
+        await cache.waitForWrites()
+        cache.markStale([feed.primaryKey])
+        #expect(FileManager.default.fileExists(atPath: marksPath(directory)))
+        try cache.clear()
+        #expect(!FileManager.default.fileExists(atPath: marksPath(directory)))
+        cache.store(feed)
+        #expect(cache.response(for: feed.key)?.isInvalidated == false)
+    }
+
+    @Test func theMarksFileFormatRoundTripsAndRejectsEveryCut() {
+        let keys = (0..<5).map { CacheDigest("key \($0)") }
+        let data = StaleMarksFile.encode(keys)
+        #expect(data.withUnsafeBytes { StaleMarksFile.decode($0) } == keys)
+        for length in 0..<data.count {
+            #expect(data.prefix(length).withUnsafeBytes { StaleMarksFile.decode($0) } == nil)
+        }
+        #expect(StaleMarksFile.encode([]).withUnsafeBytes { StaleMarksFile.decode($0) } == [])
+    }
+}
+
+extension ResponseCacheError {
+    fileprivate func isStorage(operation expected: String) -> Bool {
+        if case .storage(let operation, _, _) = self { return operation == expected }
+        return false
+    }
+}
