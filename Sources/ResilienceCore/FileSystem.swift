@@ -39,6 +39,8 @@ package enum FileSystemEntryKind: Sendable, Equatable {
 /// replaces. Descriptors it returns are its own numbers, closed with `FileSystem.closeDescriptor`.
 package protocol FileSystemStandIn: AnyObject, Sendable {
     func writeFile(_ data: Data, to path: String, via tempPath: String, sync: Bool) throws(FileSystemError)
+    /// Appends to an existing file (`ENOENT` when there is none), without syncing it.
+    func appendFile(_ data: Data, to path: String) throws(FileSystemError)
     func syncDirectory(_ path: String) throws(FileSystemError)
     func removeFile(_ path: String) throws(FileSystemError)
     func moveFile(_ from: String, to: String) throws(FileSystemError)
@@ -90,6 +92,39 @@ package enum FileSystem {
             unlink(tempPath)
             throw failed
         }
+    }
+
+    /// Appends `data` to the existing regular file at `path` (never creating it: `ENOENT` when it
+    /// is missing, `ELOOP` for a symbolic link) in one `write` where the kernel allows, without
+    /// syncing it. A crash of the process leaves the whole append or none of it in practice; a
+    /// power loss may leave part of it (readers must check).
+    package static func appendFile(_ data: Data, to path: String) throws(FileSystemError) {
+        if let disk = SimulationPoints.fileSystem { return try disk.appendFile(data, to: path) }
+        let fd = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else { throw failure("open", path) }
+        var failed: FileSystemError?
+        var info = stat()
+        if fstat(fd, &info) != 0 {
+            failed = failure("fstat", path)
+        } else if info.st_mode & S_IFMT != S_IFREG {
+            failed = FileSystemError(operation: "open", path: path, errno: EINVAL)
+        }
+        if failed == nil {
+            data.withUnsafeBytes { (buffer: UnsafeRawBufferPointer) in
+                var offset = 0
+                while offset < buffer.count, let base = buffer.baseAddress {
+                    let written = write(fd, base + offset, buffer.count - offset)
+                    if written < 0 {
+                        if errno == EINTR { continue }
+                        failed = failure("write", path)
+                        return
+                    }
+                    offset += written
+                }
+            }
+        }
+        if close(fd) != 0, failed == nil { failed = failure("close", path) }
+        if let failed { throw failed }
     }
 
     /// fsyncs a directory so that renames and unlinks in it survive a crash.

@@ -248,6 +248,22 @@ extension SimulatedDisk: FileSystemStandIn {
         }
     }
 
+    package func appendFile(_ data: Data, to path: String) throws(FileSystemError) {
+        let now = SimulationPoints.date().timeIntervalSince1970
+        try change { state throws(FileSystemError) in
+            let (folder, name) = Self.split(path)
+            try Self.check(&state, 0, "open", path)
+            guard let id = state.tree[folder]?[name], state.files[id] != nil else {
+                throw FileSystemError(operation: "open", path: path, errno: ENOENT)
+            }
+            try Self.check(&state, state.faults.write, "write", path)
+            // Unsynced from here: a crash may leave the file whole, empty or cut short.
+            state.files[id]?.content += [UInt8](data)
+            state.files[id]?.synced = false
+            state.files[id]?.modified = now
+        }
+    }
+
     package func syncDirectory(_ path: String) throws(FileSystemError) {
         try change { state throws(FileSystemError) in
             let folder = Self.normalized(path)

@@ -20,12 +20,73 @@ struct CacheIndex: Sendable {
     /// response without `Vary` is stored under its primary key itself and needs no entry here,
     /// so opening a folder of such responses builds no second table.
     private var varyingKeys: [CacheDigest: [CacheDigest]] = [:]
+    /// The keys stored under each method and URL as stored, and that URL parsed once it was
+    /// needed: what `markStale(where:)` and `invalidate(where:)` run their rules on, once per
+    /// distinct URL however many responses share it (a list endpoint's query variants, `Vary`
+    /// variants, partitions). Built on first use (`indexURLs()`), so an open does not pay for it,
+    /// then kept up to date.
+    private(set) var urls: [StoredURL: URLEntry] = [:]
+    private(set) var indexesURLs = false
     private(set) var totalBytes = 0
     /// The least recently used item (evicted first) and the most recently used one.
     private(set) var oldest: CacheDigest?
     private(set) var newest: CacheDigest?
 
     var count: Int { items.count }
+
+    /// A method and a URL as stored (without query values).
+    struct StoredURL: Hashable, Sendable {
+        let method: String
+        let url: String
+    }
+
+    struct URLEntry: Sendable {
+        /// One key without a set's allocation (most URLs hold one response).
+        fileprivate(set) var keys: Keys
+        /// `url` parsed, once a rule needed it (nil before, and for a URL that does not parse).
+        var parsed: URL?
+    }
+
+    enum Keys: Sendable {
+        case one(CacheDigest)
+        case many(Set<CacheDigest>)
+
+        func forEach(_ body: (CacheDigest) -> Void) {
+            switch self {
+            case .one(let key): body(key)
+            case .many(let keys): for key in keys { body(key) }
+            }
+        }
+    }
+
+    /// Builds `urls`, if it is not built yet.
+    mutating func indexURLs() {
+        guard !indexesURLs else { return }
+        indexesURLs = true
+        for (key, item) in items { addURL(of: item.summary, key: key) }
+    }
+
+    private mutating func addURL(of summary: StoredResponseSummary, key: CacheDigest) {
+        let url = StoredURL(method: summary.method, url: summary.url)
+        // Taken out and put back, so that its set is not shared while it changes (no copy).
+        if var entry = urls.removeValue(forKey: url) {
+            switch entry.keys {
+            case .one(let other): entry.keys = .many([other, key])
+            case .many(var keys):
+                entry.keys = .one(key)  // lets go of the set, so the insert does not copy it
+                keys.insert(key)
+                entry.keys = .many(keys)
+            }
+            urls[url] = entry
+        } else {
+            urls[url] = URLEntry(keys: .one(key), parsed: nil)
+        }
+    }
+
+    /// Keeps the parsed form of a stored URL (for the next rule).
+    mutating func setParsed(_ parsed: URL, for url: StoredURL) {
+        urls[url]?.parsed = parsed
+    }
 
     subscript(key: CacheDigest) -> Item? { items[key] }
 
@@ -50,6 +111,7 @@ struct CacheIndex: Sendable {
         if oldest == nil { oldest = summary.key }
         items[summary.key] = item
         if summary.key != summary.primaryKey { varyingKeys[summary.primaryKey, default: []].append(summary.key) }
+        if indexesURLs { addURL(of: summary, key: summary.key) }
         totalBytes += item.size
     }
 
@@ -70,6 +132,17 @@ struct CacheIndex: Sendable {
         unlink(key, item)
         items[key] = nil
         let primaryKey = item.summary.primaryKey
+        let url = StoredURL(method: item.summary.method, url: item.summary.url)
+        if indexesURLs, var entry = urls.removeValue(forKey: url) {
+            switch entry.keys {
+            case .one: break
+            case .many(var keys):
+                entry.keys = .one(key)  // lets go of the set, so the removal does not copy it
+                keys.remove(key)
+                entry.keys = keys.count == 1 ? .one(keys.first!) : .many(keys)
+                urls[url] = entry
+            }
+        }
         if key != primaryKey {
             varyingKeys[primaryKey]?.removeAll { $0 == key }
             if varyingKeys[primaryKey]?.isEmpty == true { varyingKeys[primaryKey] = nil }
@@ -109,6 +182,7 @@ struct CacheIndex: Sendable {
     mutating func removeAll() {
         items = [:]
         varyingKeys = [:]
+        urls = [:]
         totalBytes = 0
         oldest = nil
         newest = nil

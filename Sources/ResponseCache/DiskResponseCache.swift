@@ -141,8 +141,9 @@ public final class DiskResponseCache: Sendable {
         var endedMarks = 0
         /// A background rewrite of the marks file is queued (once many marks have ended).
         var marksRewriteScheduled = false
-        /// Stored URLs parsed once, for the rules of `markStale(where:)` and `invalidate(where:)`.
-        var parsedURLs: [String: URL] = [:]
+        /// The records in the marks file (appended since its last rewrite, or read at open): it
+        /// is rewritten when they are many more than the marks that still hold.
+        var marksFileRecords = 0
         /// For each primary key marked stale, the number of its latest marking (see `staleEpoch`).
         var staleEpochs: [CacheDigest: UInt64] = [:]
         var nextStaleEpoch: UInt64 = 1
@@ -191,6 +192,7 @@ public final class DiskResponseCache: Sendable {
         self.memoryBytes = min(max(0, memoryBytes), max(0, maxBytes))
         path = directory.path
         let lock: FileSystem.LockResult
+        var rewriteMarksAtOpen = false
         do {
             try FileSystem.makeDirectoryTree(directory.path)
             try FileSystem.makeDirectory(directory.path)
@@ -206,11 +208,14 @@ public final class DiskResponseCache: Sendable {
             state.index.reserveCapacity(opened.entries.count)
             for entry in opened.entries { state.index.insert(entry.summary, size: entry.size) }
             state.statistics.corruptRemoved = opened.corruptRemoved
-            for key in Self.readMarks(folder: descriptor, opened: opened) where state.index[key] != nil {
+            let (marked, records, rewrite) = Self.readMarks(folder: descriptor, opened: opened)
+            for key in marked where state.index[key] != nil {
                 state.marks[key] = state.nextMark
                 state.nextMark += 1
                 state.durableMarks[key] = 0  // every key's version at open
             }
+            state.marksFileRecords = records
+            rewriteMarksAtOpen = rewrite
             self.state = Locked(state)
         } catch {
             FileSystem.closeDescriptor(descriptor)
@@ -221,6 +226,8 @@ public final class DiskResponseCache: Sendable {
         }
         deleteFiles(excess)
         state.withLock { Self.updateTotals(&$0) }
+        // Damaged or cut by a power loss: written afresh, before anything is appended to it.
+        if rewriteMarksAtOpen { writeMarks() }
     }
 
     deinit {
@@ -379,57 +386,63 @@ public final class DiskResponseCache: Sendable {
         matchingSummaries(predicate).map(\.key)
     }
 
-    ///
-    /// The rule runs once per distinct URL as stored, not once per response (a list endpoint's
-    /// many query variants share one stored URL), on URLs parsed once and kept (`URL(string:)`
-    /// costs about a microsecond on Linux); no file is read.
+    /// The summaries of every stored response (written, in memory or waiting to be written)
+    /// whose method and stored URL match. The rule runs once per distinct method and URL as stored
+    /// (`CacheIndex.urls`), not once per response (a list endpoint's query variants share one
+    /// stored URL), on URLs parsed once and kept (`URL(string:)` costs about a microsecond on
+    /// Linux); no file is read.
     private func matchingSummaries(_ predicate: (_ method: HTTPMethod, _ url: URL) -> Bool) -> [StoredResponseSummary] {
-        struct Group {
-            var url: URL?
+        typealias StoredURL = CacheIndex.StoredURL
+        // The distinct URLs stored (written, kept in memory, or waiting to be written), each with
+        // its parsed form if a rule parsed it before.
+        let candidates = state.withLock { state -> [(url: StoredURL, parsed: URL?)] in
+            state.index.indexURLs()
+            state.memoryIndex.indexURLs()
+            var candidates: [(url: StoredURL, parsed: URL?)] = []
+            candidates.reserveCapacity(state.index.urls.count)
+            for (url, entry) in state.index.urls { candidates.append((url, entry.parsed)) }
+            for (url, entry) in state.memoryIndex.urls where state.index.urls[url] == nil { candidates.append((url, entry.parsed)) }
+            var seen = Set<StoredURL>()
+            for response in state.pending.values {
+                let url = StoredURL(method: response.method, url: response.url)
+                if state.index.urls[url] == nil, state.memoryIndex.urls[url] == nil, seen.insert(url).inserted { candidates.append((url, nil)) }
+            }
+            return candidates
+        }
+        // The rule, outside the lock (it is the caller's code), once per distinct URL.
+        var parsedNow: [(StoredURL, URL)] = []
+        var matched: [StoredURL] = []
+        for candidate in candidates {
+            var parsed = candidate.parsed
+            if parsed == nil {
+                parsed = URL(string: candidate.url.url)
+                if let parsed { parsedNow.append((candidate.url, parsed)) }
+            }
+            guard let parsed, let method = HTTPMethod(rawValue: candidate.url.method), predicate(method, parsed) else { continue }
+            matched.append(candidate.url)
+        }
+        return state.withLock { state in
+            for (url, parsed) in parsedNow {
+                state.index.setParsed(parsed, for: url)
+                state.memoryIndex.setParsed(parsed, for: url)
+            }
             var summaries: [StoredResponseSummary] = []
-        }
-        var groups = state.withLock { state -> [String: Group] in
-            var groups: [String: Group] = [:]
-            groups.reserveCapacity(state.parsedURLs.count)
-            func add(_ summary: StoredResponseSummary) {
-                groups[summary.url, default: Group(url: state.parsedURLs[summary.url])].summaries.append(summary)
-            }
-            for item in state.index.items.values { add(item.summary) }
-            // What memory or a write in flight holds beyond the index (a new key not yet written).
-            for (key, response) in state.memory where state.index[key] == nil { add(response.summary) }
-            for (key, response) in state.pending where state.index[key] == nil && state.memory[key] == nil { add(response.summary) }
-            return groups
-        }
-        var parsed: [String: URL] = [:]
-        for (url, group) in groups where group.url == nil {
-            guard let parsedURL = URL(string: url) else { continue }
-            groups[url]?.url = parsedURL
-            parsed[url] = parsedURL
-        }
-        if !parsed.isEmpty {
-            state.withLock { state in
-                // Kept for the URLs stored now; forgotten all at once when most are gone.
-                if state.parsedURLs.count > 2 * state.index.count + 1_024 { state.parsedURLs = [:] }
-                state.parsedURLs.merge(parsed) { old, _ in old }
-            }
-        }
-        var matching: [StoredResponseSummary] = []
-        for group in groups.values {
-            guard let url = group.url else { continue }
-            // Once per method a URL is stored under (GET, and sometimes HEAD).
-            var last: (method: String, verdict: Bool)?
-            for summary in group.summaries {
-                let verdict: Bool
-                if let last, last.method == summary.method {
-                    verdict = last.verdict
-                } else {
-                    verdict = HTTPMethod(rawValue: summary.method).map { predicate($0, url) } ?? false
-                    last = (summary.method, verdict)
+            for url in matched {
+                state.index.urls[url]?.keys.forEach { key in
+                    if let summary = state.index[key]?.summary { summaries.append(summary) }
                 }
-                if verdict { matching.append(summary) }
+                state.memoryIndex.urls[url]?.keys.forEach { key in
+                    if state.index[key] == nil, let summary = state.memoryIndex[key]?.summary { summaries.append(summary) }
+                }
             }
+            if !state.pending.isEmpty, !matched.isEmpty {
+                let matchedURLs = Set(matched)
+                for (key, response) in state.pending where state.index[key] == nil && state.memoryIndex[key] == nil {
+                    if matchedURLs.contains(StoredURL(method: response.method, url: response.url)) { summaries.append(response.summary) }
+                }
+            }
+            return summaries
         }
-        return matching
     }
 
     /// Marks stale the stored responses whose method and URL match `predicate` (URLs as stored,
@@ -598,20 +611,57 @@ public final class DiskResponseCache: Sendable {
         mark(variantKeys(of: primaryKeys))
     }
 
-    /// Marks the responses stored under `keys` stale: in memory at once, and on disk by one write
-    /// of the marks file — not by rewriting each response's file, so marking 5 000 responses costs
-    /// about what marking 10 does. When the marks file cannot be written (a full or failing disk),
-    /// the responses are removed instead: a relaunch must never read one back as fresh.
+    /// Marks the responses stored under `keys` stale: in memory at once, and on disk by one
+    /// append to the marks file — not by rewriting each response's file, so marking 5 000
+    /// responses costs little more than marking 10. When the marks file cannot be written (a full
+    /// or failing disk), the responses are removed instead: a relaunch must never read one back as
+    /// fresh.
     private func mark(_ keys: [CacheDigest]) {
         guard !keys.isEmpty else { return }
-        state.withLock { state in
+        let marked = state.withLock { state -> [CacheDigest] in
+            var marked: [CacheDigest] = []
             for key in keys where state.index[key] != nil || state.pending[key] != nil || state.memory[key] != nil {
                 state.marks[key] = state.nextMark
                 state.nextMark += 1
                 state.durableMarks[key] = Self.version(of: key, in: state)
+                marked.append(key)
             }
+            return marked
         }
-        if writeMarks() != nil { remove(keys) }
+        guard !marked.isEmpty else { return }
+        if appendMarks(marked) != nil { remove(keys) }
+    }
+
+    /// Appends `keys` to the marks file (writing it whole when there is none), then rewrites it
+    /// whole when it holds many more records than marks; returns the failure, if the append (or
+    /// the first write) failed.
+    private func appendMarks(_ keys: [CacheDigest]) -> ResponseCacheError? {
+        let (failure, compact) = marksFile.withLock { _ -> (ResponseCacheError?, Bool) in
+            guard !state.withLock({ $0.closed }) else { return (nil, false) }  // the folder may be another cache's
+            do throws(FileSystemError) {
+                try FileSystem.appendFile(StaleMarksFile.records(keys), to: path + "/" + StaleMarksFile.name)
+            } catch {
+                // None yet (or cleared): written whole, with these.
+                if error.errno == ENOENT { return (writeMarksLocked(), false) }
+                return (noteStoreFailure(error), false)
+            }
+            let compact = state.withLock { state in
+                state.marksFileRecords += keys.count
+                return state.marksFileRecords > max(1_024, 2 * state.durableMarks.count)
+            }
+            return (nil, compact)
+        }
+        if compact { writeMarks() }
+        return failure
+    }
+
+    private func noteStoreFailure(_ error: FileSystemError) -> ResponseCacheError {
+        let failure = ResponseCacheError.storage(operation: error.operation, path: error.path, errno: error.errno)
+        state.withLock { state in
+            state.statistics.storeFailures += 1
+            state.statistics.lastStoreFailure = failure
+        }
+        return failure
     }
 
     /// Writes the marks file from `durableMarks` (removing it when there are none), after
@@ -620,49 +670,51 @@ public final class DiskResponseCache: Sendable {
     /// own the folder now), unless `close()` itself asks, before it lets the folder go.
     @discardableResult
     private func writeMarks(evenIfClosed: Bool = false) -> ResponseCacheError? {
-        marksFile.withLock { _ -> ResponseCacheError? in
-            let keys = state.withLock { state -> [CacheDigest]? in
-                state.marksRewriteScheduled = false
-                guard evenIfClosed || !state.closed else { return nil }
-                state.durableMarks = state.durableMarks.filter { key, _ in
-                    state.index[key] != nil || state.pending[key] != nil || state.fileOwners.contains(key) || state.undeleted.contains(key)
-                }
-                state.endedMarks = 0
-                return state.durableMarks.keys.sorted()
+        marksFile.withLock { _ in writeMarksLocked(evenIfClosed: evenIfClosed) }
+    }
+
+    /// `writeMarks`, for a caller holding `marksFile`.
+    private func writeMarksLocked(evenIfClosed: Bool = false) -> ResponseCacheError? {
+        let keys = state.withLock { state -> [CacheDigest]? in
+            state.marksRewriteScheduled = false
+            guard evenIfClosed || !state.closed else { return nil }
+            state.durableMarks = state.durableMarks.filter { key, _ in
+                state.index[key] != nil || state.pending[key] != nil || state.fileOwners.contains(key) || state.undeleted.contains(key)
             }
-            guard let keys else { return nil }
-            do throws(FileSystemError) {
-                if keys.isEmpty {
-                    try FileSystem.removeFile(path + "/" + StaleMarksFile.name)
-                } else {
-                    try FileSystem.writeFile(
-                        StaleMarksFile.encode(keys), to: path + "/" + StaleMarksFile.name, via: path + "/" + StaleMarksFile.tempName, sync: false)
-                }
-                return nil
-            } catch {
-                let failure = ResponseCacheError.storage(operation: error.operation, path: error.path, errno: error.errno)
-                state.withLock { state in
-                    state.statistics.storeFailures += 1
-                    state.statistics.lastStoreFailure = failure
-                }
-                return failure
+            state.endedMarks = 0
+            state.marksFileRecords = state.durableMarks.count
+            return state.durableMarks.keys.sorted()
+        }
+        guard let keys else { return nil }
+        do throws(FileSystemError) {
+            if keys.isEmpty {
+                try FileSystem.removeFile(path + "/" + StaleMarksFile.name)
+            } else {
+                try FileSystem.writeFile(
+                    StaleMarksFile.encode(keys), to: path + "/" + StaleMarksFile.name, via: path + "/" + StaleMarksFile.tempName, sync: false)
             }
+            return nil
+        } catch {
+            return noteStoreFailure(error)
         }
     }
 
-    /// The keys the folder's marks file lists. A damaged or unreadable one lists every response
-    /// opened: which were marked is unknown, and a marked one must not be served as fresh.
-    private static func readMarks(folder: Int32, opened: CacheFolder.Opened) -> [CacheDigest] {
+    /// The keys the folder's marks file lists, how many records it holds, and whether it must be
+    /// written afresh. A damaged or unreadable one lists every response opened: which were marked
+    /// is unknown, and a marked one must not be served as fresh.
+    private static func readMarks(folder: Int32, opened: CacheFolder.Opened) -> (keys: [CacheDigest], records: Int, rewrite: Bool) {
         var buffer: [UInt8] = []
         var info = stat()
         switch FileSystem.readRegularFile(named: StaleMarksFile.name, in: folder, maximumSize: 1 << 30, into: &buffer, info: &info) {
         case .vanished:
-            return []
+            return ([], 0, false)
         case .bytes(let length):
-            if let keys = buffer.withUnsafeBytes({ StaleMarksFile.decode(UnsafeRawBufferPointer(rebasing: $0[0..<length])) }) { return keys }
-            return opened.entries.map(\.summary.key)
+            switch buffer.withUnsafeBytes({ StaleMarksFile.decode(UnsafeRawBufferPointer(rebasing: $0[0..<length])) }) {
+            case .keys(let keys, let cut): return (keys, keys.count, cut)
+            case .damaged: return (opened.entries.map(\.summary.key), 0, true)
+            }
         case .notRegular, .tooLarge, .failed:
-            return opened.entries.map(\.summary.key)
+            return (opened.entries.map(\.summary.key), 0, true)
         }
     }
 

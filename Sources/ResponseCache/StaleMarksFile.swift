@@ -1,55 +1,81 @@
 import Foundation
 
 /// The file that keeps `markStale` durable without rewriting a single response's file: the keys
-/// of the stored responses marked stale since their files were written, in one small file the
-/// cache rewrites (to a temp name, then renamed) each time it marks something stale.
+/// of the stored responses marked stale, appended by each marking (one `write`, no file created),
+/// and rewritten whole (temp name, then rename) now and then to drop the marks that ended.
 ///
 /// ```
 /// offset 0   "RCSM"                  magic
 ///        4   u32 format version (1)
-///        8   u32 key count n
-///       12   n × 16 bytes            key digests (high, low: u64 each)
-///   12+16n   16 bytes digest         SipHash-2-4 ×2 of everything before it
+///        8   records, 20 bytes each: a key digest (high, low: u64 each), then a u32 check
+///            (the low 32 bits of the digest of those 16 bytes)
 /// ```
-/// Little-endian. A file that does not match its length or its digest is damaged: the cache
-/// then treats every response it opens as stale (it cannot tell which were marked), which costs
-/// a revalidation each and never serves a marked response as fresh.
+/// Little-endian. A part of a record at the end is an append a power loss cut: ignored (that
+/// marking is lost, as a response written just before a power loss may be). A record whose check
+/// fails, or a wrong header, is damage: the cache then treats every response it opens as stale
+/// (it cannot tell which were marked), which costs a revalidation each and never serves a marked
+/// response as fresh. Either way the cache writes the file afresh at open.
 enum StaleMarksFile {
     /// Its name in the cache folder: not a cache file (`CacheFolder.isCacheFile`), so opening the
     /// folder and `clear()`'s listing pass it by.
     static let name = "stale-marks"
     static let tempName = ".stale-marks.tmp"
+    static let headerSize = 8
+    static let recordSize = 20
 
     private static let magic: [UInt8] = Array("RCSM".utf8)
     private static let version: UInt32 = 1
 
-    static func encode(_ keys: [CacheDigest]) -> Data {
+    /// A whole file listing `keys`.
+    static func encode(_ keys: some Collection<CacheDigest>) -> Data {
         var bytes: [UInt8] = []
-        bytes.reserveCapacity(12 + keys.count * 16 + 16)
+        bytes.reserveCapacity(headerSize + keys.count * recordSize)
         bytes += magic
         append(version, to: &bytes)
-        append(UInt32(truncatingIfNeeded: keys.count), to: &bytes)
-        for key in keys {
-            append(key.high, to: &bytes)
-            append(key.low, to: &bytes)
-        }
-        let digest = bytes.withUnsafeBytes { CacheDigest($0) }
-        append(digest.high, to: &bytes)
-        append(digest.low, to: &bytes)
+        appendRecords(keys, to: &bytes)
         return Data(bytes)
     }
 
-    /// The keys the file lists, or nil when it is damaged (or of a version this reader does not know).
-    static func decode(_ bytes: UnsafeRawBufferPointer) -> [CacheDigest]? {
-        guard bytes.count >= 28, Array(bytes[0..<4]) == magic, load(UInt32.self, bytes, at: 4) == version else { return nil }
-        let count = Int(load(UInt32.self, bytes, at: 8))
-        guard count <= (bytes.count - 28) / 16, bytes.count == 12 + count * 16 + 16 else { return nil }
-        let end = 12 + count * 16
-        let digest = CacheDigest(UnsafeRawBufferPointer(rebasing: bytes[0..<end]))
-        guard digest.high == load(UInt64.self, bytes, at: end), digest.low == load(UInt64.self, bytes, at: end + 8) else { return nil }
-        return (0..<count).map { index in
-            CacheDigest(high: load(UInt64.self, bytes, at: 12 + index * 16), low: load(UInt64.self, bytes, at: 20 + index * 16))
+    /// Records for `keys`, to append to a file.
+    static func records(_ keys: some Collection<CacheDigest>) -> Data {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(keys.count * recordSize)
+        appendRecords(keys, to: &bytes)
+        return Data(bytes)
+    }
+
+    /// What a file says.
+    enum Contents: Equatable {
+        /// The keys of its whole records, and whether a part of one followed them.
+        case keys([CacheDigest], cut: Bool)
+        case damaged
+    }
+
+    static func decode(_ bytes: UnsafeRawBufferPointer) -> Contents {
+        guard bytes.count >= headerSize, Array(bytes[0..<4]) == magic, load(UInt32.self, bytes, at: 4) == version else { return .damaged }
+        let count = (bytes.count - headerSize) / recordSize
+        var keys: [CacheDigest] = []
+        keys.reserveCapacity(count)
+        for index in 0..<count {
+            let offset = headerSize + index * recordSize
+            let key = CacheDigest(high: load(UInt64.self, bytes, at: offset), low: load(UInt64.self, bytes, at: offset + 8))
+            guard load(UInt32.self, bytes, at: offset + 16) == check(key) else { return .damaged }
+            keys.append(key)
         }
+        return .keys(keys, cut: (bytes.count - headerSize) % recordSize != 0)
+    }
+
+    private static func appendRecords(_ keys: some Collection<CacheDigest>, to bytes: inout [UInt8]) {
+        for key in keys {
+            append(key.high, to: &bytes)
+            append(key.low, to: &bytes)
+            append(check(key), to: &bytes)
+        }
+    }
+
+    private static func check(_ key: CacheDigest) -> UInt32 {
+        var raw = (key.high.littleEndian, key.low.littleEndian)
+        return UInt32(truncatingIfNeeded: withUnsafeBytes(of: &raw) { CacheDigest($0) }.low)
     }
 
     private static func append<Integer: FixedWidthInteger>(_ value: Integer, to bytes: inout [UInt8]) {

@@ -1,4 +1,5 @@
 import Foundation
+import ResilienceCore
 import ResilienceTestSupport
 import ResilienceTesting
 import Testing
@@ -50,7 +51,7 @@ struct StaleMarksTests {
         await cache.waitForWrites()
         #expect(cache.statistics.stored == stored)
         let size = try FileManager.default.attributesOfItem(atPath: marksPath(directory))[.size] as? NSNumber
-        #expect(size?.intValue == 12 + 5_000 * 16 + 16)
+        #expect(size?.intValue == StaleMarksFile.headerSize + 5_000 * StaleMarksFile.recordSize)
         await cache.close()
         let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 64 << 20, memoryBytes: 0)
         #expect(responses.allSatisfy { reopened.response(for: $0.key)?.isInvalidated == true })
@@ -127,7 +128,60 @@ struct StaleMarksTests {
         // The file is written afresh at the next marking.
         reopened.markStale([responses[1].primaryKey])
         let rewritten = try Data(contentsOf: URL(fileURLWithPath: marksPath(directory)))
-        #expect(rewritten.withUnsafeBytes { StaleMarksFile.decode($0) }.map(Set.init) == Set(responses.map(\.key)))
+        guard case .keys(let keys, cut: false) = rewritten.withUnsafeBytes({ StaleMarksFile.decode($0) }) else {
+            Issue.record("the marks file was not written afresh")
+            return
+        }
+        #expect(Set(keys) == Set(responses.map(\.key)))
+    }
+
+    @Test func anAppendCutByAPowerLossLosesOnlyItselfAndTheFileIsWrittenAfresh() async throws {
+        let directory = TemporaryDirectory()
+        let responses = (0..<3).map { storedResponse("/\($0)") }
+        do {
+            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+            for response in responses { cache.store(response) }
+            await cache.waitForWrites()
+            cache.markStale([responses[0].primaryKey])
+            cache.markStale([responses[1].primaryKey])  // appended
+            await cache.waitForWrites()
+        }
+        // The second append, cut: only part of its record reached the disk.
+        let url = URL(fileURLWithPath: marksPath(directory))
+        let bytes = try Data(contentsOf: url)
+        #expect(bytes.count == StaleMarksFile.headerSize + 2 * StaleMarksFile.recordSize)
+        try bytes.prefix(bytes.count - 7).write(to: url)
+        let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        #expect(responses.map { reopened.response(for: $0.key)?.isInvalidated } == [true, false, false])
+        #expect(try Data(contentsOf: url).count == StaleMarksFile.headerSize + StaleMarksFile.recordSize)  // afresh, whole
+        reopened.markStale([responses[2].primaryKey])
+        await reopened.close()
+        let again = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        #expect(responses.map { again.response(for: $0.key)?.isInvalidated } == [true, false, true])
+    }
+
+    @Test func theMarksFileIsRewrittenWhenMostOfItsRecordsNoLongerHold() async throws {
+        let directory = TemporaryDirectory()
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 16 << 20)
+        let responses = (0..<600).map { storedResponse("/items/\($0)") }
+        for response in responses { cache.store(response) }
+        await cache.waitForWrites()
+        let url = URL(fileURLWithPath: marksPath(directory))
+        // Each round marks all 600 and then stores them again (revalidated): the marks end, the
+        // records stay until the file holds more than twice the marks that hold (1 024 at least).
+        for _ in 0..<3 {
+            #expect(cache.markStale { _, url in url.path.hasPrefix("/items/") } == 600)
+            for response in responses { cache.store(response) }
+            await cache.waitForWrites()
+        }
+        // 1 800 appended; never more than twice the 600 that held at an append (the third round's
+        // append is rewritten at once unless a background rewrite shrank the file before it).
+        let size = try Data(contentsOf: url).count
+        #expect(size <= StaleMarksFile.headerSize + 1_200 * StaleMarksFile.recordSize)
+        #expect(responses.allSatisfy { cache.response(for: $0.key)?.isInvalidated == false })
+        // No mark holds any more: close() leaves no marks file behind.
+        await cache.close()
+        #expect(!FileManager.default.fileExists(atPath: url.path))
     }
 
     @Test func whenTheMarksFileCannotBeWrittenTheMatchesAreRemovedNotLeftFresh() async throws {
@@ -162,14 +216,24 @@ struct StaleMarksTests {
         #expect(cache.response(for: feed.key)?.isInvalidated == false)
     }
 
-    @Test func theMarksFileFormatRoundTripsAndRejectsEveryCut() {
+    @Test func theMarksFileFormatRoundTripsReadsACutTailAndRejectsAFlippedByte() {
         let keys = (0..<5).map { CacheDigest("key \($0)") }
-        let data = StaleMarksFile.encode(keys)
-        #expect(data.withUnsafeBytes { StaleMarksFile.decode($0) } == keys)
+        var data = StaleMarksFile.encode(keys.prefix(3))
+        data += StaleMarksFile.records(keys.suffix(2))  // an append
+        #expect(data.withUnsafeBytes { StaleMarksFile.decode($0) } == .keys(keys, cut: false))
         for length in 0..<data.count {
-            #expect(data.prefix(length).withUnsafeBytes { StaleMarksFile.decode($0) } == nil)
+            let whole = max(0, length - StaleMarksFile.headerSize) / StaleMarksFile.recordSize
+            let expected: StaleMarksFile.Contents =
+                length < StaleMarksFile.headerSize
+                ? .damaged : .keys(Array(keys.prefix(whole)), cut: (length - StaleMarksFile.headerSize) % StaleMarksFile.recordSize != 0)
+            #expect(data.prefix(length).withUnsafeBytes { StaleMarksFile.decode($0) } == expected, "length \(length)")
         }
-        #expect(StaleMarksFile.encode([]).withUnsafeBytes { StaleMarksFile.decode($0) } == [])
+        for position in 0..<data.count {
+            var flipped = data
+            flipped[position] ^= 0x01
+            #expect(flipped.withUnsafeBytes { StaleMarksFile.decode($0) } == .damaged, "byte \(position)")
+        }
+        #expect(StaleMarksFile.encode([]).withUnsafeBytes { StaleMarksFile.decode($0) } == .keys([], cut: false))
     }
 }
 
@@ -177,5 +241,41 @@ extension ResponseCacheError {
     fileprivate func isStorage(operation expected: String) -> Bool {
         if case .storage(let operation, _, _) = self { return operation == expected }
         return false
+    }
+}
+
+/// The cache index's table of stored URLs (what marking rules run on) against a model.
+@Suite("CacheIndex: the stored URLs' table")
+struct CacheIndexURLTests {
+    @Test func theURLTableMatchesAModelUnderRandomInsertsAndRemovals() {
+        var generator = SeededGenerator(seed: 49)
+        var index = CacheIndex()
+        var model: [CacheDigest: CacheIndex.StoredURL] = [:]
+        for step in 0..<4_000 {
+            if step == 500 { index.indexURLs() }  // built late: from what is there, then kept
+            let key = CacheDigest("k\(Int.random(in: 0..<60, using: &generator))")
+            if Bool.random(using: &generator) {
+                // Six URLs, two methods: many keys share a URL (query or Vary variants).
+                let url = CacheIndex.StoredURL(
+                    method: Bool.random(using: &generator) ? "GET" : "HEAD", url: "https://example.test/list\(Int.random(in: 0..<6, using: &generator))")
+                index.insert(StoredResponseSummary(key: key, primaryKey: key, method: url.method, url: url.url, partition: nil, storedAt: Date()), size: 1)
+                model[key] = url
+            } else {
+                index.remove(key)
+                model[key] = nil
+            }
+            guard index.indexesURLs else { continue }
+            var expected: [CacheIndex.StoredURL: Set<CacheDigest>] = [:]
+            for (key, url) in model { expected[url, default: []].insert(key) }
+            var actual: [CacheIndex.StoredURL: Set<CacheDigest>] = [:]
+            for (url, entry) in index.urls {
+                var keys = Set<CacheDigest>()
+                entry.keys.forEach { keys.insert($0) }
+                if case .many(let set) = entry.keys { #expect(set.count > 1, "a set of one at step \(step)") }
+                actual[url] = keys
+            }
+            #expect(actual == expected, "step \(step)")
+            if actual != expected { return }
+        }
     }
 }
