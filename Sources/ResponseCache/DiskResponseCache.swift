@@ -441,6 +441,9 @@ public final class DiskResponseCache: Sendable {
                     if matchedURLs.contains(StoredURL(method: response.method, url: response.url)) { summaries.append(response.summary) }
                 }
             }
+            // In a fixed order (the tables' order varies from one instance to the next): what is
+            // marked or removed first must not depend on it (a simulation replays a seed exactly).
+            summaries.sort { $0.key < $1.key }
             return summaries
         }
     }

@@ -57,14 +57,20 @@ extension OfflineQueueEngine {
     /// Cancels the resolutions in progress and waits for them: each hands its claim back with what
     /// it stored so far (the conflict stays; the next pass, or the next launch, resolves it again).
     func cancelResolutions() async {
-        let running = resolutions.values
+        let running = resolutionsInOrder()
         for task in running { task.cancel() }
         for task in running { await task.value }
     }
 
     /// Waits until every resolution started so far has stored its answer (or given up).
     package func resolutionsSettled() async {
-        while let task = resolutions.values.first { await task.value }
+        while let task = resolutionsInOrder().first { await task.value }
+    }
+
+    /// The resolutions in progress, by entry id: a fixed order, where the table's varies from one
+    /// instance to the next (a simulation must replay a seed step for step).
+    private func resolutionsInOrder() -> [Task<Void, Never>] {
+        resolutions.sorted { $0.key.uuidString < $1.key.uuidString }.map(\.value)
     }
 
     /// How a resolution ended.
