@@ -72,19 +72,7 @@ package enum FileSystem {
         if let disk = SimulationPoints.fileSystem { return try disk.writeFile(data, to: path, via: tempPath, sync: sync) }
         let fd = open(tempPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw failure("create", tempPath) }
-        var failed: FileSystemError?
-        data.withUnsafeBytes { (buffer: UnsafeRawBufferPointer) in
-            var offset = 0
-            while offset < buffer.count, let base = buffer.baseAddress {
-                let written = write(fd, base + offset, buffer.count - offset)
-                if written < 0 {
-                    if errno == EINTR { continue }
-                    failed = failure("write", tempPath)
-                    return
-                }
-                offset += written
-            }
-        }
+        var failed = writeAll(data, to: fd, path: tempPath)
         if sync, failed == nil, fsync(fd) != 0 { failed = failure("fsync", tempPath) }
         if close(fd) != 0, failed == nil { failed = failure("close", tempPath) }
         if failed == nil, rename(tempPath, path) != 0 { failed = failure("rename", path) }
@@ -109,22 +97,25 @@ package enum FileSystem {
         } else if info.st_mode & S_IFMT != S_IFREG {
             failed = FileSystemError(operation: "open", path: path, errno: EINVAL)
         }
-        if failed == nil {
-            data.withUnsafeBytes { (buffer: UnsafeRawBufferPointer) in
-                var offset = 0
-                while offset < buffer.count, let base = buffer.baseAddress {
-                    let written = write(fd, base + offset, buffer.count - offset)
-                    if written < 0 {
-                        if errno == EINTR { continue }
-                        failed = failure("write", path)
-                        return
-                    }
-                    offset += written
-                }
-            }
-        }
+        if failed == nil { failed = writeAll(data, to: fd, path: path) }
         if close(fd) != 0, failed == nil { failed = failure("close", path) }
         if let failed { throw failed }
+    }
+
+    /// Writes all of `data` to `fd` (again after a short write or `EINTR`); the failure, if any.
+    private static func writeAll(_ data: Data, to fd: Int32, path: String) -> FileSystemError? {
+        data.withUnsafeBytes { (buffer: UnsafeRawBufferPointer) -> FileSystemError? in
+            var offset = 0
+            while offset < buffer.count, let base = buffer.baseAddress {
+                let written = write(fd, base + offset, buffer.count - offset)
+                if written < 0 {
+                    if errno == EINTR { continue }
+                    return failure("write", path)
+                }
+                offset += written
+            }
+            return nil
+        }
     }
 
     /// fsyncs a directory so that renames and unlinks in it survive a crash.

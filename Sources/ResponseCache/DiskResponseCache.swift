@@ -758,9 +758,7 @@ public final class DiskResponseCache: Sendable {
         case .response(let response): return response
         case .none: return nil
         case .disk(let size):
-            guard var response = readFile(key, expectedSize: size) else { return nil }
-            if state.withLock({ $0.marks[key] != nil }) { response.isInvalidated = true }
-            return response
+            return readFile(key, expectedSize: size)
         }
     }
 
@@ -789,22 +787,23 @@ public final class DiskResponseCache: Sendable {
         case .vanished, .failed:
             break  // gone (evicted or cleared meanwhile) or unreadable now: a miss, not a verdict
         }
-        let response = decoded
-        let deletes = state.withLock { state -> Bool in
-            if let response {
+        let (deletes, marked) = state.withLock { state -> (Bool, Bool) in
+            if let decoded {
                 state.index.touch(key)
-                Self.remember(response, in: &state, budget: memoryBytes)
-                return false
+                Self.remember(decoded, in: &state, budget: memoryBytes)  // as in its file: a mark is applied on each read
+                return (false, state.marks[key] != nil)
             }
-            guard corrupt else { return false }
+            guard corrupt else { return (false, false) }
             if state.index.remove(key) != nil {
                 state.statistics.corruptRemoved += 1
                 Self.updateTotals(&state)
             }
-            return Self.claimFileDeletion(key, in: &state)
+            return (Self.claimFileDeletion(key, in: &state), false)
         }
         if deletes { deleteFiles([key]) }
-        if response != nil { FileSystem.touch(named: name, in: folder) }  // recency survives a restart
+        guard var response = decoded else { return nil }
+        FileSystem.touch(named: name, in: folder)  // recency survives a restart
+        if marked { response.isInvalidated = true }
         return response
     }
 

@@ -16,6 +16,14 @@ struct StaleMarksTests {
 
     private var marksPath: (TemporaryDirectory) -> String { { $0.url.appendingPathComponent("stale-marks").path } }
 
+    /// A cache on `directory` with `responses` stored and written.
+    private func cache(storing responses: [StoredResponse], in directory: TemporaryDirectory) async throws -> DiskResponseCache {
+        let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        for response in responses { cache.store(response) }
+        await cache.waitForWrites()
+        return cache
+    }
+
     @Test func aMarkingRewritesNoResponseFileAndSurvivesAKilledProcess() async throws {
         let directory = TemporaryDirectory()
         let responses = (0..<20).map { storedResponse("/items/\($0)") }
@@ -114,9 +122,7 @@ struct StaleMarksTests {
         let directory = TemporaryDirectory()
         let responses = (0..<3).map { storedResponse("/\($0)") }
         do {
-            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
-            for response in responses { cache.store(response) }
-            await cache.waitForWrites()
+            let cache = try await cache(storing: responses, in: directory)
             cache.markStale([responses[0].primaryKey])
             await cache.close()
         }
@@ -125,7 +131,7 @@ struct StaleMarksTests {
         try bytes.write(to: URL(fileURLWithPath: marksPath(directory)))
         let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
         #expect(responses.allSatisfy { reopened.response(for: $0.key)?.isInvalidated == true })
-        // The file is written afresh at the next marking.
+        // The file was written afresh at the open, so this marking appends to a sound file.
         reopened.markStale([responses[1].primaryKey])
         let rewritten = try Data(contentsOf: URL(fileURLWithPath: marksPath(directory)))
         guard case .keys(let keys, cut: false) = rewritten.withUnsafeBytes({ StaleMarksFile.decode($0) }) else {
@@ -139,9 +145,7 @@ struct StaleMarksTests {
         let directory = TemporaryDirectory()
         let responses = (0..<3).map { storedResponse("/\($0)") }
         do {
-            let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
-            for response in responses { cache.store(response) }
-            await cache.waitForWrites()
+            let cache = try await cache(storing: responses, in: directory)
             cache.markStale([responses[0].primaryKey])
             cache.markStale([responses[1].primaryKey])  // appended
             await cache.waitForWrites()
