@@ -220,6 +220,17 @@ struct StaleMarksTests {
         #expect(cache.response(for: feed.key)?.isInvalidated == false)
     }
 
+    @Test func aClosedCacheMarksOnlyInMemoryAndNeverWritesToTheNextUsersFolder() async throws {
+        let directory = TemporaryDirectory()
+        let feed = storedResponse("/feed")
+        let first = try await cache(storing: [feed], in: directory)
+        await first.close()
+        let next = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)  // a user switch
+        #expect(first.markStale { _, _ in true } == 1)  // the closed cache still holds it in memory
+        #expect(!FileManager.default.fileExists(atPath: marksPath(directory)))
+        #expect(next.response(for: feed.key)?.isInvalidated == false)
+    }
+
     @Test func theMarksFileFormatRoundTripsReadsACutTailAndRejectsAFlippedByte() {
         let keys = (0..<5).map { CacheDigest("key \($0)") }
         var data = StaleMarksFile.encode(keys.prefix(3))
