@@ -69,6 +69,10 @@ public final class SimulatedNetwork: NetworkSession {
         var hosts: [String: Host] = [:]
         var requests = 0
         var attempts: [String: Int] = [:]
+        var inFlight = 0
+        var mostInFlight = 0
+        var inFlightByOrderingKey: [String: Int] = [:]
+        var mostInFlightByOrderingKey: [String: Int] = [:]
     }
 
     private let state = Locked(State())
@@ -90,9 +94,35 @@ public final class SimulatedNetwork: NetworkSession {
     /// How many attempts of each request named by an `X-Sim-Request` header reached the network.
     public var attemptsByRequest: [String: Int] { state.withLock { $0.attempts } }
 
+    /// The most requests that were on the network at once.
+    public var mostInFlight: Int { state.withLock { $0.mostInFlight } }
+
+    /// The most requests of each ordering key (an `X-Sim-Order: KEY:SEQUENCE` header) that were on
+    /// the network at once: a queue that keeps one entry of a key in flight never has more than 1.
+    public var mostInFlightByOrderingKey: [String: Int] { state.withLock { $0.mostInFlightByOrderingKey } }
+
     public var honorsTimeoutAndCancellation: Bool { true }
 
     public func data(for request: URLRequest) async throws -> (Data, URLResponse) {
+        let orderingKey = request.value(forHTTPHeaderField: "X-Sim-Order").flatMap { $0.split(separator: ":").first.map(String.init) }
+        state.withLock { state in
+            state.inFlight += 1
+            state.mostInFlight = max(state.mostInFlight, state.inFlight)
+            if let orderingKey {
+                state.inFlightByOrderingKey[orderingKey, default: 0] += 1
+                state.mostInFlightByOrderingKey[orderingKey] = max(state.mostInFlightByOrderingKey[orderingKey] ?? 0, state.inFlightByOrderingKey[orderingKey]!)
+            }
+        }
+        defer {
+            state.withLock { state in
+                state.inFlight -= 1
+                if let orderingKey { state.inFlightByOrderingKey[orderingKey, default: 1] -= 1 }
+            }
+        }
+        return try await exchange(request)
+    }
+
+    private func exchange(_ request: URLRequest) async throws -> (Data, URLResponse) {
         let (simulation, host) = state.withLock { state -> (Simulation?, Host) in
             state.requests += 1
             if let name = request.value(forHTTPHeaderField: "X-Sim-Request") { state.attempts[name, default: 0] += 1 }

@@ -17,15 +17,22 @@ import RequestEngine
 /// after its file was written), none takes effect twice (one `Idempotency-Key` across attempts,
 /// replays, restarts and crashes), acknowledged writes of one ordering key take effect in the
 /// order they were enqueued, no entry file is found damaged on reopening, and the queue ends empty.
+///
+/// The concurrent-deliveries scenario runs the same workload on a queue with
+/// `maxConcurrentDeliveries` drawn from 2...16 and four ordering keys, so that a pass has many
+/// entries in flight at once; besides the invariants above, no two requests of one ordering key are
+/// ever on the network at once (in any scenario).
 struct QueueWorkload {
     let simulation: Simulation
+    /// `maxConcurrentDeliveries` 1, or drawn from 2...16 (the concurrent-deliveries scenario).
+    var concurrentDeliveries = false
 
     static let host = "api.sim"
     static let writers = 4
     static let bursts = 6
     static let writesPerBurst = 5
     static let coalescingKeys = 3
-    static let orderingKeys = 2
+    var orderingKeys: Int { concurrentDeliveries ? 4 : 2 }
 
     private struct Written {
         var acknowledged: [String] = []
@@ -50,9 +57,11 @@ struct QueueWorkload {
         )
         let written = Locked(Written())
         var violations: [String] = []
+        let deliveries = concurrentDeliveries ? simulation.random(in: 2...16) : 1
+        if concurrentDeliveries { simulation.record("maxConcurrentDeliveries \(deliveries)") }
         var engine: OfflineQueueEngine!
         do {
-            engine = try makeEngine(folder)
+            engine = try makeEngine(folder, deliveries: deliveries)
         } catch {
             return ["the queue folder could not be opened: \(error)"]
         }
@@ -86,7 +95,7 @@ struct QueueWorkload {
                     violations.append("the stopped queue's store lived on for \(waited) after stop()\(oldStore != nil ? ", and still does" : "")")
                 }
                 if crashes { simulation.disk.restart() }
-                guard let reopened = try? makeEngine(folder, reopening: true, violations: &violations) else { return violations }
+                guard let reopened = try? makeEngine(folder, deliveries: deliveries, reopening: true, violations: &violations) else { return violations }
                 engine = reopened
                 drainer = await start(reopened, drains: drains)
                 simulation.record("restart: \(reopened.disk?.entryCount ?? 0) entries on disk, old store gone after \(waited)")
@@ -168,25 +177,28 @@ struct QueueWorkload {
         }
     }
 
-    private func makeEngine(_ folder: URL) throws -> OfflineQueueEngine {
-        Self.makeQueue(on: try DiskQueueStore(directory: folder), over: simulation.makeRequestEngine(), in: simulation)
+    private func makeEngine(_ folder: URL, deliveries: Int) throws -> OfflineQueueEngine {
+        Self.makeQueue(on: try DiskQueueStore(directory: folder), over: simulation.makeRequestEngine(), in: simulation, deliveries: deliveries)
     }
 
     /// The scenarios' queue: on `store`, over `requestEngine`, retrying for ever with seeded backoff.
-    static func makeQueue(on store: DiskQueueStore, over requestEngine: AsyncRequestEngine, in simulation: Simulation) -> OfflineQueueEngine {
+    static func makeQueue(on store: DiskQueueStore, over requestEngine: AsyncRequestEngine, in simulation: Simulation, deliveries: Int = 1) -> OfflineQueueEngine {
         OfflineQueueEngine(
             requestEngine: requestEngine,
             reachabilityMonitor: simulation.connectivity,
             store: store,
             maxQueueSize: 10_000,
-            configuration: .init(retryPolicy: SeededRetryPolicy(simulation: simulation, maxRetries: .max, base: .milliseconds(500))),
+            configuration: .init(
+                retryPolicy: SeededRetryPolicy(simulation: simulation, maxRetries: .max, base: .milliseconds(500)),
+                maxConcurrentDeliveries: deliveries
+            ),
             clock: simulation.clock
         )
     }
 
-    private func makeEngine(_ folder: URL, reopening: Bool, violations: inout [String]) throws -> OfflineQueueEngine {
+    private func makeEngine(_ folder: URL, deliveries: Int, reopening: Bool, violations: inout [String]) throws -> OfflineQueueEngine {
         do {
-            let engine = try makeEngine(folder)
+            let engine = try makeEngine(folder, deliveries: deliveries)
             if let quarantined = engine.disk?.openReport.quarantined, !quarantined.isEmpty {
                 violations.append("reopening quarantined \(quarantined.count) entry files")
             }
@@ -221,7 +233,7 @@ struct QueueWorkload {
             request.coalescingKey = key
             edit = (key, version)
         case 4...6:
-            let key = "o\(simulation.random(in: 0...(Self.orderingKeys - 1)))"
+            let key = "o\(simulation.random(in: 0...(orderingKeys - 1)))"
             let sequence = written.withLock { state -> Int in
                 state.orderSequence[key, default: 0] += 1
                 return state.orderSequence[key]!
@@ -299,6 +311,11 @@ struct QueueWorkload {
             let order = origin.appliedOrder(of: key).filter { acknowledged.contains($0) }
             if order != order.sorted() { violations.append("ordering key \(key) applied out of order: \(order)") }
         }
+        // One entry of an ordering key in flight at a time, however many the queue sends at once.
+        for (key, most) in simulation.network.mostInFlightByOrderingKey.sorted(by: { $0.key < $1.key }) where most > 1 {
+            violations.append("ordering key \(key) had \(most) requests on the network at once")
+        }
+        simulation.record("most requests on the network at once: \(simulation.network.mostInFlight)")
         // Every acknowledged write that is not a coalescing edit (which a newer one may replace)
         // took effect.
         for name in written.acknowledged where !written.edits.contains(name) && origin.effects(of: name) == 0 {

@@ -17,6 +17,8 @@ import Retry
 /// - ``queue``: `OfflineQueueEngine` on a `DiskQueueStore` (drained by its own passes or a
 ///   `DrainService`) across connectivity flips, network and disk faults, restarts, power cuts and
 ///   priority changes (see `SimulationScenario+Queue.swift`).
+/// - ``concurrentDeliveries``: the queue's workload with `maxConcurrentDeliveries` 2...16 and
+///   four ordering keys.
 /// - ``cache``: two users' `CachedRequestEngine`s on one `DiskResponseCache`, documents changing
 ///   on the server, callers' own revalidations, disk faults and power cuts (see
 ///   `SimulationScenario+Cache.swift`).
@@ -58,8 +60,12 @@ public struct SimulationScenario: Sendable, Hashable, CustomStringConvertible {
     /// Devices editing shared notes offline against an origin that versions them: conflicts.
     public static let conflicts = SimulationScenario(name: "conflicts")
 
+    /// The offline queue's workload with many entries in flight at once
+    /// (`maxConcurrentDeliveries` 2...16): each ordering key still one at a time, in order.
+    public static let concurrentDeliveries = SimulationScenario(name: "concurrent-deliveries")
+
     /// Every scenario.
-    public static let all: [SimulationScenario] = [.engine, .auth, .queue, .cache, .offlineFirst, .conflicts]
+    public static let all: [SimulationScenario] = [.engine, .auth, .queue, .cache, .offlineFirst, .conflicts, .concurrentDeliveries]
 
     /// The scenario called `name`, if there is one.
     public init?(named name: String) {
@@ -79,6 +85,7 @@ public struct SimulationScenario: Sendable, Hashable, CustomStringConvertible {
             switch name {
             case "auth": found = await ClientWorkload(simulation: simulation, authenticated: true).run()
             case "queue": found = await QueueWorkload(simulation: simulation).run()
+            case "concurrent-deliveries": found = await QueueWorkload(simulation: simulation, concurrentDeliveries: true).run()
             case "cache": found = await CacheWorkload(simulation: simulation).run()
             case "offline-first": found = await OfflineFirstWorkload(simulation: simulation).run()
             case "conflicts": found = await ConflictsWorkload(simulation: simulation).run()

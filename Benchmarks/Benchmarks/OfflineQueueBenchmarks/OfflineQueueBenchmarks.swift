@@ -22,7 +22,10 @@ import Darwin
 //    target: >= 3x the sequential rate;
 // 3. opening a folder of 10 000 and 100 000 entries: time and peak RSS;
 // 4. replaying 10 000 entries to LoopbackHTTPServer vs sending the same 10 000 requests directly
-//    through AsyncRequestEngine — target: <= 1.15x.
+//    through AsyncRequestEngine — target: <= 1.15x;
+// 6. replay with `maxConcurrentDeliveries` 1, 16 and 64 against an origin answering in 0, 50 and
+//    200 ms, interleaved — target: N = 16 at least 10x N = 1 at 50 ms; each rate beside the
+//    Little's-law bound (N / latency).
 // Ratios are printed by each benchmark's teardown; see ../../README.md for the figures.
 
 let benchmarks: @Sendable () -> Void = {
@@ -323,6 +326,73 @@ let benchmarks: @Sendable () -> Void = {
     } teardown: {
         replay.print()
         replayPrepared.remove()
+    }
+
+    concurrentDeliveryBenchmarks()
+}
+
+// MARK: 6. Concurrent deliveries against a slow origin (issue 49)
+
+/// The disk queue's replay rate at `maxConcurrentDeliveries` 1, 16 and 64, against a loopback
+/// origin that answers each request `latency` after reading it: the three drains of an iteration
+/// run one after another, in an order that rotates from one iteration to the next.
+func concurrentDeliveryBenchmarks() {
+    for latency in [0, 50, 200] {
+        let limits = [1, 16, 64]
+        // About one second of deliveries at the Little's-law bound (2 000 entries at 0 ms).
+        let entries = { (limit: Int) -> Int in latency == 0 ? 2_000 : max(8, limit * 1_000 / latency) }
+        let folders = Dictionary(uniqueKeysWithValues: limits.map { ($0, PreparedFolder(entries: entries($0), pathPrefix: "/slow/")) })
+        let rates = Mutex<[Int: [Double]]>([:])
+        let iterations = Mutex(0)
+        Benchmark(
+            "queue: concurrent deliveries N = 1, 16, 64, \(latency) ms origin, interleaved",
+            configuration: .init(metrics: [.wallClock], timeUnits: .milliseconds, warmupIterations: 1, maxDuration: .seconds(120), maxIterations: 7)
+        ) { benchmark in
+            let rotation = iterations.withLock { count in
+                defer { count += 1 }
+                return count % limits.count
+            }
+            let server = try LoopbackHTTPServer()
+            defer { server.shutdown() }
+            server.route("/slow/*", LoopbackResponse(status: 201, delay: .milliseconds(latency)))
+            let configuration = URLSessionConfiguration.ephemeral
+            configuration.httpMaximumConnectionsPerHost = 64
+            let sender = AsyncRequestEngine(session: URLSession(configuration: configuration))
+            for limit in limits[rotation...] + limits[..<rotation] {
+                let folder = try await folders[limit]!.url(baseURL: server.baseURL)
+                sync()
+                let start = ContinuousClock.now
+                let queue = OfflineQueueEngine(
+                    requestEngine: sender, reachabilityMonitor: ManualReachabilityMonitor(isConnected: true), store: try DiskQueueStore(directory: folder),
+                    maxQueueSize: 1_000_000, configuration: .init(maxConcurrentDeliveries: limit))
+                let report = await queue.flush()
+                let time = ContinuousClock.now - start
+                precondition(report.delivered.count == entries(limit) && report.remaining == 0, "replay delivered \(report.delivered.count)")
+                await queue.close()
+                folders[limit]!.remove()
+                let rate = Double(entries(limit)) / (time / .seconds(1))
+                rates.withLock { $0[limit, default: []].append(rate) }
+                benchmark.measurement(.custom("N = \(limit) deliveries/s"), Int(rate))
+            }
+        } teardown: {
+            for folder in folders.values { folder.remove() }
+            let all = rates.withLock { $0 }
+            guard let one = all[1], !one.isEmpty else { return }
+            for limit in limits {
+                guard let samples = all[limit], !samples.isEmpty else { continue }
+                let median = samples.sorted()[samples.count / 2]
+                let bound =
+                    latency == 0
+                    ? "no bound (instant origin)"
+                    : String(format: "Little's-law bound %.0f/s, %.0f %% of it", Double(limit) * 1_000 / Double(latency), median / (Double(limit) * 1_000 / Double(latency)) * 100)
+                // Ratios per iteration (both drains of one iteration ran minutes apart at most).
+                let ratios = zip(samples, one).map { $0 / $1 }.sorted()
+                Swift.print(
+                    String(
+                        format: "disk queue, %d ms origin, N = %d: median %.1f deliveries/s (min %.1f, max %.1f, %d iterations); %@; x N = 1: median %.2f",
+                        latency, limit, median, samples.min() ?? 0, samples.max() ?? 0, samples.count, bound, ratios[ratios.count / 2]))
+            }
+        }
     }
 }
 

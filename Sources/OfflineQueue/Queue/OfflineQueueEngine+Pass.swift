@@ -98,22 +98,55 @@ extension OfflineQueueEngine {
     }
 
     private func claimAndSend(_ report: inout FlushReport) async throws {
-        var handled: Set<UUID> = []
+        let limit = max(1, configuration.maxConcurrentDeliveries)
+        if limit == 1 {
+            try await claimAndSendOneAtATime(&report)
+        } else {
+            try await claimAndSendConcurrently(&report, limit: limit)
+        }
+    }
+
+    /// What to do with a claimed entry before it is sent.
+    private enum ClaimTriage {
+        /// Send it.
+        case send
+        /// It went to a resolution of its conflict (which holds the claim).
+        case resolving
+        /// Handed back: it was sent in this pass already, or its conflict is being resolved; the
+        /// pass claims nothing more.
+        case handedBack
+    }
+
+    /// Sends a claimed entry, unless it is in conflict (its resolution starts) or was sent in this
+    /// pass already (kept with no wait: the claim goes back, and the pass ends rather than send it
+    /// twice).
+    private func triage(_ claim: QueueClaim, handled: inout Set<UUID>) async throws -> ClaimTriage {
         let storage = self.storage
+        if claim.entry.conflict != nil, let resolver = configuration.conflictResolver {
+            // Resolved in a task of its own, which holds the claim: the pass goes on.
+            guard resolutions[claim.entry.id] == nil else {
+                try await settled { try await storage.release(claim, keeping: claim.entry) }
+                return .handedBack
+            }
+            startResolving(claim, with: resolver)
+            return .resolving
+        }
+        guard handled.insert(claim.entry.id).inserted else {
+            try await settled { try await storage.release(claim, keeping: claim.entry) }
+            return .handedBack
+        }
+        return .send
+    }
+
+    /// `maxConcurrentDeliveries` 1: one entry at a time, each settled before the next is claimed.
+    private func claimAndSendOneAtATime(_ report: inout FlushReport) async throws {
+        var handled: Set<UUID> = []
         while !Task.isCancelled {
             guard let claim = try await storage.claim(upTo: 1, now: now, lease: configuration.claimLease).first else { return }
-            if claim.entry.conflict != nil, let resolver = configuration.conflictResolver {
-                // Resolved in a task of its own, which holds the claim: the pass goes on.
-                guard resolutions[claim.entry.id] == nil else {
-                    try await settled { try await storage.release(claim, keeping: claim.entry) }
-                    return
-                }
-                startResolving(claim, with: resolver)
-                continue
-            }
-            guard handled.insert(claim.entry.id).inserted else {
-                try await settled { try await storage.release(claim, keeping: claim.entry) }
-                return
+            switch try await triage(claim, handled: &handled) {
+            case .resolving: continue
+            case .handedBack: return
+            case .send: break
             }
             switch try await replay(claim, report: &report) {
             case .outcome(.offline):
@@ -127,6 +160,98 @@ extension OfflineQueueEngine {
             }
         }
         report.wasCancelled = true
+    }
+
+    /// One entry's delivery in a concurrent pass: what `replay` returned, the results it recorded,
+    /// or the storage error it met.
+    private struct Delivery: Sendable {
+        var send: ClaimedSend?
+        var report: FlushReport
+        var error: (any Error)?
+        /// Whether the entry had an ordering or coalescing key: its successor may be claimable now.
+        var hadKey: Bool
+    }
+
+    /// `maxConcurrentDeliveries` N > 1: up to `limit` entries in flight, each in a child task of the
+    /// pass. The storage's rules decide what is claimable (one entry in flight per ordering key, a
+    /// coalesced edit never replacing one in flight); the pass fills its free slots with one claim
+    /// call, and claims again once a quarter of its slots were freed since (so a database is asked once
+    /// for several entries, not once per delivery), or at once when the entry that ended had an
+    /// ordering or coalescing key (its successor may be waiting for it), or when nothing is in
+    /// flight. A send that finds no network, a cancellation, an entry met twice or a storage error
+    /// stop the claiming: the deliveries in flight end as they would have (a cancellation cuts
+    /// them), then the pass ends, throwing the first storage error.
+    private func claimAndSendConcurrently(_ report: inout FlushReport, limit: Int) async throws {
+        var handled: Set<UUID> = []
+        var failure: (any Error)?
+        let trigger = report.trigger
+        let refill = max(1, limit / 4)
+        await withTaskGroup(of: Delivery.self) { group in
+            var inFlight = 0
+            var claiming = true
+            var claimNow = true
+            // Deliveries ended since the last claim.
+            var freed = 0
+            while true {
+                if claiming, claimNow, inFlight < limit, !Task.isCancelled {
+                    claimNow = false
+                    freed = 0
+                    do {
+                        let wanted = limit - inFlight
+                        let claims = try await storage.claim(upTo: wanted, now: now, lease: configuration.claimLease)
+                        for claim in claims {
+                            guard claiming else {
+                                try await settled { try await self.storage.release(claim, keeping: claim.entry) }
+                                continue
+                            }
+                            switch try await triage(claim, handled: &handled) {
+                            case .resolving: claimNow = claims.count == wanted  // its slot is free again
+                            case .handedBack: claiming = false
+                            case .send:
+                                inFlight += 1
+                                group.addTask { await self.delivery(of: claim, trigger: trigger) }
+                            }
+                        }
+                        if claimNow { continue }
+                    } catch {
+                        failure = failure ?? error
+                        claiming = false
+                    }
+                }
+                guard inFlight > 0, let delivery = await group.next() else { break }
+                inFlight -= 1
+                freed += 1
+                if inFlight == 0 || freed >= refill || delivery.hadKey { claimNow = true }
+                report.results += delivery.report.results
+                if let error = delivery.error {
+                    failure = failure ?? error
+                    claiming = false
+                }
+                switch delivery.send {
+                case .outcome(.offline)?:
+                    report.endedOffline = true
+                    claiming = false
+                case .outcome(.stop)?:
+                    report.wasCancelled = true
+                    claiming = false
+                default:
+                    break
+                }
+            }
+        }
+        if let failure { throw failure }
+        if Task.isCancelled { report.wasCancelled = true }
+    }
+
+    private func delivery(of claim: QueueClaim, trigger: FlushReport.Trigger) async -> Delivery {
+        var local = FlushReport(trigger: trigger)
+        let hadKey = claim.entry.orderingKey != nil || claim.entry.coalescingKey != nil
+        do {
+            let send = try await replay(claim, report: &local)
+            return Delivery(send: send, report: local, error: nil, hadKey: hadKey)
+        } catch {
+            return Delivery(send: nil, report: local, error: error, hadKey: hadKey)
+        }
     }
 
     private func replay(_ claim: QueueClaim, report: inout FlushReport) async throws -> ClaimedSend {

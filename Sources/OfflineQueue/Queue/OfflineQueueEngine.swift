@@ -61,6 +61,15 @@ public actor OfflineQueueEngine {
         /// a write without a base): see `ConflictResolver`. `nil` (the default): such a write is
         /// rejected as any other 4xx (`failedPermanently`, removed as `rejected(statusCode:)`).
         public var conflictResolver: (any ConflictResolver)?
+        /// How many entries a pass has in flight at once. With 1 (the default) entries go one at a
+        /// time in priority-then-FIFO order: an app's strict replay order. With N > 1, a pass keeps
+        /// up to N entries in flight, claimed in priority-then-FIFO order: entries of different
+        /// ordering keys (and entries without one) go together and may land in any order; an
+        /// entry with an ordering key still waits for its predecessor to be settled, and a newer
+        /// edit of a coalescing key still replaces only an entry that is not in flight. The request
+        /// engine's per-host limits still apply to the requests. Conflicts being resolved
+        /// (`conflictResolver`) do not count. Values below 1 count as 1.
+        public var maxConcurrentDeliveries: Int
 
         public init(
             retryPolicy: any RetryPolicy = ExponentialRetryPolicy(maxRetries: .max, baseDelay: 1, maxDelay: 300, jitter: .equal),
@@ -71,7 +80,8 @@ public actor OfflineQueueEngine {
             replayHeaders: (@Sendable (QueueEntry) async -> [String: String])? = nil,
             claimLease: Duration = .seconds(30),
             storagePollInterval: Duration = .seconds(5),
-            conflictResolver: (any ConflictResolver)? = nil
+            conflictResolver: (any ConflictResolver)? = nil,
+            maxConcurrentDeliveries: Int = 1
         ) {
             self.retryPolicy = retryPolicy
             self.maxAttempts = maxAttempts.map { max(1, $0) }
@@ -82,6 +92,7 @@ public actor OfflineQueueEngine {
             self.claimLease = max(.milliseconds(3), claimLease)
             self.storagePollInterval = max(.milliseconds(1), storagePollInterval)
             self.conflictResolver = conflictResolver
+            self.maxConcurrentDeliveries = max(1, maxConcurrentDeliveries)
         }
     }
 

@@ -122,6 +122,8 @@ public final class DiskQueueStore: Sendable {
     /// being replaced by an `add` (`nil` token): neither is offered by `claim`. In memory only: one
     /// engine uses a folder, and a crash drops its claims with it (see DiskQueueStore+QueueStorage.swift).
     let claims = Locked(DiskClaims())
+    /// The notes of entries on the wire asked for (numbered in order) and the newest written.
+    private let sendingNotes = Locked<(asked: UInt64, written: UInt64)>((0, 0))
 
     /// Opens (creating if needed, mode 0700) the queue folder, takes its lock, and loads every
     /// entry in it.
@@ -219,12 +221,28 @@ public final class DiskQueueStore: Sendable {
     /// renamed into place, not fsynced (a kill keeps it, a power loss may not). Only an engine
     /// whose sends a layer above observes (OfflineFirst) notes them. A failure to write it is
     /// ignored: the next launch then knows less (an entry with a counted attempt is known anyway).
+    ///
+    /// Notes may be asked for concurrently (a queue with `maxConcurrentDeliveries` > 1): they are
+    /// written one at a time, and a note older than the one already written is dropped, so the
+    /// newest set stands.
     package func noteSending(_ ids: Set<UUID>) async {
         guard gate.enter() else { return }
         defer { gate.leave() }
         let path = directoryPath + "/" + Self.sendingNoteName
         let text = ids.map(\.uuidString).sorted().joined(separator: "\n")
-        try? await pool.run { try FileSystem.writeFile(Data(text.utf8), to: path, via: path + ".tmp", sync: false) }
+        let notes = sendingNotes
+        let number = notes.withLock { notes -> UInt64 in
+            notes.asked += 1
+            return notes.asked
+        }
+        try? await pool.run {
+            // Held while writing, on a pool thread: the note's temporary file is one name.
+            try notes.withLock { notes in
+                guard notes.written < number else { return }
+                try FileSystem.writeFile(Data(text.utf8), to: path, via: path + ".tmp", sync: false)
+                notes.written = number
+            }
+        }
     }
 
     private static func readSendingNote(_ directory: String) -> Set<UUID> {
