@@ -129,12 +129,17 @@ public final class OfflineFirstClient: Sendable {
             for await (sequence, change) in start.changes {
                 if case .removed(let entry, .delivered) = change {
                     // Every read a delivered write could have changed is stale now.
+                    // Rules made of patterns are answered from the cache's index; closures run
+                    // on every stored URL.
+                    let applying = invalidations.filter { $0.mutations(entry) }
                     let rules =
                         optimisticUpdates.filter { $0.mutations(entry) }.map(\.reads)
-                        + invalidations.filter { $0.mutations(entry) }.map(\.reads)
+                        + applying.filter { $0.readPatterns == nil }.map(\.reads)
+                    let patterns = applying.flatMap { $0.readPatterns ?? [] }
                     if !rules.isEmpty {
                         reads.markStale { method, url in method == .get && rules.contains { $0(url) } }
                     }
+                    if !patterns.isEmpty { reads.markStale(matching: patterns) }
                 }
                 progress.listenerApplied(change, sequence: sequence)
             }

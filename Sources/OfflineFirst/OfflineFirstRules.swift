@@ -1,5 +1,6 @@
 import Foundation
 import OfflineQueue
+import ResponseCache
 
 /// How a pending write changes what a read shows: which queue entries it applies to, which reads
 /// (by URL) it changes, and the body to show — a pure function of the read's current body (`nil`
@@ -50,9 +51,26 @@ public struct Invalidation: Sendable {
     /// Whether it makes the read of a URL stale. Stored responses are matched by their URL as
     /// stored, which keeps query parameter names but not their values.
     public let reads: @Sendable (URL) -> Bool
+    /// The reads as patterns, for a rule made with `init(mutations:readsMatching:)`: a delivery
+    /// then marks them from the cache's index of stored paths (`markStale(matching:)`), running no
+    /// code per stored URL — the way to keep a delivery's invalidation cheap in a large cache.
+    public let readPatterns: [CacheURLPattern]?
 
     public init(mutations: @escaping @Sendable (QueueEntry) -> Bool, reads: @escaping @Sendable (URL) -> Bool) {
         self.mutations = mutations
         self.reads = reads
+        self.readPatterns = nil
+    }
+
+    /// A rule whose reads are the stored responses `patterns` match (any method, as
+    /// `CachedRequestEngine.markStale(matching:)` marks them).
+    ///
+    /// ```swift
+    /// Invalidation(mutations: { $0.url.path.hasPrefix("/notes") }, readsMatching: [.pathPrefix("/notes"), .path("/me/counts")])
+    /// ```
+    public init(mutations: @escaping @Sendable (QueueEntry) -> Bool, readsMatching patterns: [CacheURLPattern]) {
+        self.mutations = mutations
+        self.reads = { url in patterns.contains { $0.matches(url) } }
+        self.readPatterns = patterns
     }
 }

@@ -73,6 +73,9 @@ public final class SimulatedNetwork: NetworkSession {
         var mostInFlight = 0
         var inFlightByOrderingKey: [String: Int] = [:]
         var mostInFlightByOrderingKey: [String: Int] = [:]
+        /// Calls so far, and those in flight (started, not returned, not cancelled).
+        var calls = 0
+        var live: Set<Int> = []
     }
 
     private let state = Locked(State())
@@ -94,32 +97,47 @@ public final class SimulatedNetwork: NetworkSession {
     /// How many attempts of each request named by an `X-Sim-Request` header reached the network.
     public var attemptsByRequest: [String: Int] { state.withLock { $0.attempts } }
 
-    /// The most requests that were on the network at once.
+    /// The most requests that were on the network at once (a request counts until it returns or
+    /// its caller cancels it).
     public var mostInFlight: Int { state.withLock { $0.mostInFlight } }
 
     /// The most requests of each ordering key (an `X-Sim-Order: KEY:SEQUENCE` header) that were on
-    /// the network at once: a queue that keeps one entry of a key in flight never has more than 1.
+    /// the network at once, counted as `mostInFlight` counts: a queue that keeps one entry of a key
+    /// in flight never has more than 1. (An enqueue's first attempt that outlived its bound is
+    /// cancelled and not waited for — the bound is for senders that ignore cancellation — so a
+    /// request counts until it returns or is cancelled.)
     public var mostInFlightByOrderingKey: [String: Int] { state.withLock { $0.mostInFlightByOrderingKey } }
 
     public var honorsTimeoutAndCancellation: Bool { true }
 
     public func data(for request: URLRequest) async throws -> (Data, URLResponse) {
         let orderingKey = request.value(forHTTPHeaderField: "X-Sim-Order").flatMap { $0.split(separator: ":").first.map(String.init) }
-        state.withLock { state in
+        let call = state.withLock { state -> Int in
+            state.calls += 1
+            state.live.insert(state.calls)
             state.inFlight += 1
             state.mostInFlight = max(state.mostInFlight, state.inFlight)
             if let orderingKey {
                 state.inFlightByOrderingKey[orderingKey, default: 0] += 1
                 state.mostInFlightByOrderingKey[orderingKey] = max(state.mostInFlightByOrderingKey[orderingKey] ?? 0, state.inFlightByOrderingKey[orderingKey]!)
             }
+            return state.calls
         }
-        defer {
+        // In flight until it returns or its caller cancels it: a cancelled request is withdrawn
+        // (a copy that still lands is a duplicate its Idempotency-Key lets the origin ignore).
+        let withdraw = { @Sendable [state] in
             state.withLock { state in
+                guard state.live.remove(call) != nil else { return }
                 state.inFlight -= 1
                 if let orderingKey { state.inFlightByOrderingKey[orderingKey, default: 1] -= 1 }
             }
         }
-        return try await exchange(request)
+        defer { withdraw() }
+        return try await withTaskCancellationHandler {
+            try await exchange(request)
+        } onCancel: {
+            withdraw()
+        }
     }
 
     private func exchange(_ request: URLRequest) async throws -> (Data, URLResponse) {

@@ -21,7 +21,8 @@ import RequestEngine
 /// The concurrent-deliveries scenario runs the same workload on a queue with
 /// `maxConcurrentDeliveries` drawn from 2...16 and four ordering keys, so that a pass has many
 /// entries in flight at once; besides the invariants above, no two requests of one ordering key are
-/// ever on the network at once (in any scenario).
+/// ever on the network at once (in either scenario; a request counts until it returns or its caller
+/// cancels it: `SimulatedNetwork.mostInFlightByOrderingKey`).
 struct QueueWorkload {
     let simulation: Simulation
     /// `maxConcurrentDeliveries` 1, or drawn from 2...16 (the concurrent-deliveries scenario).

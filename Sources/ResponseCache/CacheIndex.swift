@@ -27,6 +27,14 @@ struct CacheIndex: Sendable {
     /// then kept up to date.
     private(set) var urls: [StoredURL: URLEntry] = [:]
     private(set) var indexesURLs = false
+    /// The stored URLs by their path (`byPath`) and by each path a `CacheURLPattern` with subpaths
+    /// may name to reach them (`underPath`: `/`, `/a`, `/a/b` for `/a/b`), and each URL's host and
+    /// path: what `markStale(matching:)` looks up. Built on the first such marking
+    /// (`indexPaths()`), then kept up to date.
+    private var byPath: [String: Set<StoredURL>] = [:]
+    private var underPath: [String: Set<StoredURL>] = [:]
+    private var parts: [StoredURL: StoredURLParts] = [:]
+    private(set) var indexesPaths = false
     private(set) var totalBytes = 0
     /// The least recently used item (evicted first) and the most recently used one.
     private(set) var oldest: CacheDigest?
@@ -66,6 +74,40 @@ struct CacheIndex: Sendable {
         for (key, item) in items { addURL(of: item.summary, key: key) }
     }
 
+    /// Builds the path tables (and `urls`), if they are not built yet.
+    mutating func indexPaths() {
+        indexURLs()
+        guard !indexesPaths else { return }
+        indexesPaths = true
+        for url in urls.keys { addPaths(of: url) }
+    }
+
+    /// The stored URLs `pattern` matches.
+    func urls(matching pattern: CacheURLPattern) -> [StoredURL] {
+        let candidates = (pattern.includesSubpaths ? underPath : byPath)[pattern.path] ?? []
+        guard pattern.host != nil else { return Array(candidates) }
+        return candidates.filter { url in parts[url].map(pattern.matches) ?? false }
+    }
+
+    private mutating func addPaths(of url: StoredURL) {
+        let urlParts = StoredURLParts(url.url)
+        parts[url] = urlParts
+        byPath[urlParts.path, default: []].insert(url)
+        for path in urlParts.enclosingPaths { underPath[path, default: []].insert(url) }
+    }
+
+    private mutating func removePaths(of url: StoredURL) {
+        guard indexesPaths, let urlParts = parts.removeValue(forKey: url) else { return }
+        Self.remove(url, at: urlParts.path, from: &byPath)
+        for path in urlParts.enclosingPaths { Self.remove(url, at: path, from: &underPath) }
+    }
+
+    private static func remove(_ url: StoredURL, at path: String, from table: inout [String: Set<StoredURL>]) {
+        guard var urls = table.removeValue(forKey: path) else { return }  // taken out: no copy
+        urls.remove(url)
+        if !urls.isEmpty { table[path] = urls }
+    }
+
     private mutating func addURL(of summary: StoredResponseSummary, key: CacheDigest) {
         let url = StoredURL(method: summary.method, url: summary.url)
         // Taken out and put back, so that its set is not shared while it changes (no copy).
@@ -80,6 +122,7 @@ struct CacheIndex: Sendable {
             urls[url] = entry
         } else {
             urls[url] = URLEntry(keys: .one(key), parsed: nil)
+            if indexesPaths { addPaths(of: url) }
         }
     }
 
@@ -135,7 +178,7 @@ struct CacheIndex: Sendable {
         let url = StoredURL(method: item.summary.method, url: item.summary.url)
         if indexesURLs, var entry = urls.removeValue(forKey: url) {
             switch entry.keys {
-            case .one: break
+            case .one: removePaths(of: url)  // its last response
             case .many(var keys):
                 entry.keys = .one(key)  // lets go of the set, so the removal does not copy it
                 keys.remove(key)
@@ -183,6 +226,9 @@ struct CacheIndex: Sendable {
         items = [:]
         varyingKeys = [:]
         urls = [:]
+        byPath = [:]
+        underPath = [:]
+        parts = [:]
         totalBytes = 0
         oldest = nil
         newest = nil

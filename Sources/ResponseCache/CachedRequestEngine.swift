@@ -225,6 +225,13 @@ public final class CachedRequestEngine: RequestSending {
         cache.markStale(where: predicate)
     }
 
+    /// `markStale(where:)` for rules the cache answers from its index of stored paths (a path, or
+    /// everything under one), without running code once per stored URL: `CacheURLPattern`.
+    @discardableResult
+    public func markStale(matching patterns: [CacheURLPattern]) -> Int {
+        cache.markStale(matching: patterns)
+    }
+
     /// Waits until every background revalidation started so far has finished: before a test
     /// reads what the cache holds, or before an app lets the process be suspended.
     public func waitForBackgroundRevalidations() async {

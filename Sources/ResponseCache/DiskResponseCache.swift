@@ -462,6 +462,47 @@ public final class DiskResponseCache: Sendable {
         return keys.count
     }
 
+    /// Marks stale the stored responses (any method) whose stored URL one of `patterns` matches,
+    /// as `markStale(where:)` does, found from the cache's index of stored paths (built on the
+    /// first such marking) rather than by a rule run on every stored URL. Returns how many.
+    @discardableResult
+    public func markStale(matching patterns: [CacheURLPattern]) -> Int {
+        guard !patterns.isEmpty else { return 0 }
+        let summaries = state.withLock { state -> [StoredResponseSummary] in
+            state.index.indexPaths()
+            state.memoryIndex.indexPaths()
+            var matched = Set<CacheIndex.StoredURL>()
+            for pattern in patterns {
+                matched.formUnion(state.index.urls(matching: pattern))
+                matched.formUnion(state.memoryIndex.urls(matching: pattern))
+            }
+            var summaries: [StoredResponseSummary] = []
+            for url in matched {
+                state.index.urls[url]?.keys.forEach { key in
+                    if let summary = state.index[key]?.summary { summaries.append(summary) }
+                }
+                state.memoryIndex.urls[url]?.keys.forEach { key in
+                    if state.index[key] == nil, let summary = state.memoryIndex[key]?.summary { summaries.append(summary) }
+                }
+            }
+            for (key, response) in state.pending where state.index[key] == nil && state.memoryIndex[key] == nil {
+                let parts = StoredURLParts(response.url)
+                if patterns.contains(where: { $0.matches(parts) }) { summaries.append(response.summary) }
+            }
+            summaries.sort { $0.key < $1.key }  // a fixed order, as `matchingSummaries` keeps
+            return summaries
+        }
+        let exchanges = state.withLock { $0.exchanges }
+        let inFlight = exchanges.compactMap { key, exchange -> CacheDigest? in
+            let parts = StoredURLParts(exchange.url)
+            return patterns.contains { $0.matches(parts) } ? key : nil
+        }
+        bumpStaleEpochs(Set(summaries.map(\.primaryKey)).union(inFlight))
+        let keys = summaries.map(\.key)
+        mark(keys)
+        return keys.count
+    }
+
     /// Deletes what is stored for `method` and `url`: every partition and every `Vary` variant of
     /// it, and — since stored URLs keep no query values — every URL differing from it only in its
     /// query values. Returns how many responses were deleted.

@@ -190,8 +190,13 @@ struct OfflineFirstClientTests {
         await reader.cancel()
     }
 
-    @Test func aDeliveredWriteMarksTheReadsItsInvalidationNamesStaleEvenWithNoScreenShowingThem() async throws {
-        let counted = Invalidation(mutations: { $0.method == "POST" }, reads: { $0.path == "/notes" })
+    /// With the reads as a closure, and as a pattern the cache answers from its index.
+    @Test(arguments: [false, true])
+    func aDeliveredWriteMarksTheReadsItsInvalidationNamesStaleEvenWithNoScreenShowingThem(byPattern: Bool) async throws {
+        let counted =
+            byPattern
+            ? Invalidation(mutations: { $0.method == "POST" }, readsMatching: [.path("/notes")])
+            : Invalidation(mutations: { $0.method == "POST" }, reads: { $0.path == "/notes" })
         let h = try OfflineFirstHarness(notes: ["a"], updates: [], invalidations: [counted])
         _ = try await h.reads.response(for: NotesList(), mode: .online, staleTime: .http)
         #expect(h.origin.reads == 1)

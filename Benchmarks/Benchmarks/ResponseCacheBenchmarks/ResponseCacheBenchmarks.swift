@@ -188,54 +188,60 @@ let benchmarks: @Sendable () -> Void = {
     // issue's list endpoint (4 990 query variants of `/list?page=N`, which share one stored URL,
     // and 10 `/items/N`). Rules on `url.path`, as apps write them; the floor is the same rules run
     // alone over the same distinct URLs, parsed beforehand.
+    // Each also by `CacheURLPattern` (`markStale(matching:)`): the same matches found from the
+    // cache's index of stored paths, with no rule run per stored URL.
     for workload in StaleWorkload.allCases {
-        let staleReport = StaleReport(label: workload.label)
-        Benchmark(
-            "cache: markStale over 5 000 stored responses, \(workload.label) (10 match, all match)",
-            configuration: .init(metrics: [.wallClock], timeUnits: .milliseconds, warmupIterations: 1, maxDuration: .seconds(300), maxIterations: 10)
-        ) { benchmark in
-            // A fresh folder each iteration: a marking changes what the next one would find.
-            let prepared = PreparedCache(paths: workload.paths)
-            defer { prepared.remove() }
-            let url = try await prepared.url()
-            let cache = try DiskResponseCache(directory: url, maxBytes: 1 << 30)
-            let tenRule = workload.tenRule, allRule = workload.allRule
-            let distinct = Set(workload.paths.map { HTTPCachePolicyURL.stored($0) }).map { URL(string: $0)! }
-            let floorStart = ContinuousClock.now
-            let floorTen = distinct.filter { tenRule(.get, $0) }.count
-            let floorAll = distinct.filter { allRule(.get, $0) }.count
-            let floor = ContinuousClock.now - floorStart
-            precondition(floorTen == 10 && floorAll == distinct.count)
-            benchmark.startMeasurement()
-            let tenStart = ContinuousClock.now
-            let ten = cache.markStale(where: tenRule)
-            let tenTime = ContinuousClock.now - tenStart
-            // Again, warm (what a delivered write's invalidation costs once the cache has marked
-            // anything since it opened: the URL table built, the marks file there).
-            let warmStart = ContinuousClock.now
-            let warm = cache.markStale(where: tenRule)
-            let warmTime = ContinuousClock.now - warmStart
-            let allStart = ContinuousClock.now
-            let all = cache.markStale(where: allRule)
-            let allTime = ContinuousClock.now - allStart
-            benchmark.stopMeasurement()
-            precondition(ten == 10 && warm == 10 && all == 5_000, "marked \(ten), \(warm) and \(all)")
-            await cache.waitForWrites()
-            await cache.close()
-            // The marks survive a relaunch: a response reopened is stale.
-            let reopened = try DiskResponseCache(directory: url, maxBytes: 1 << 30)
-            let engine = CachedRequestEngine(
-                requestEngine: AsyncRequestEngine(session: SizedBodySession()), cache: reopened,
-                reachabilityMonitor: ManualReachabilityMonitor(isConnected: false))
-            let sampleURL = URL(string: "https://example.test" + workload.paths[4_990])!
-            let sample = try await engine.response(for: SizedRead(url: sampleURL, size: 200), mode: .offlineFirst, staleTime: .seconds(3600))
-            precondition(sample.isStale, "a marked response read back fresh after the relaunch")
-            await reopened.close()
-            staleReport.add(ten: tenTime, warm: warmTime, all: allTime, floor: floor)
-            benchmark.measurement(.custom("markStale, 10 of 5 000 match (µs)", useScalingFactor: false), Int(tenTime.microseconds))
-            benchmark.measurement(.custom("markStale, all 5 000 match (µs)", useScalingFactor: false), Int(allTime.microseconds))
-        } teardown: {
-            staleReport.print()
+        for byPattern in [false, true] {
+            let staleReport = StaleReport(label: workload.label + (byPattern ? ", by CacheURLPattern" : ""))
+            Benchmark(
+                "cache: markStale over 5 000 stored responses, \(workload.label)\(byPattern ? ", by CacheURLPattern" : "") (10 match, all match)",
+                configuration: .init(metrics: [.wallClock], timeUnits: .milliseconds, warmupIterations: 1, maxDuration: .seconds(300), maxIterations: 10)
+            ) { benchmark in
+                // A fresh folder each iteration: a marking changes what the next one would find.
+                let prepared = PreparedCache(paths: workload.paths)
+                defer { prepared.remove() }
+                let url = try await prepared.url()
+                let cache = try DiskResponseCache(directory: url, maxBytes: 1 << 30)
+                let tenRule = workload.tenRule, allRule = workload.allRule
+                let markTen = { byPattern ? cache.markStale(matching: workload.tenPatterns) : cache.markStale(where: tenRule) }
+                let markAll = { byPattern ? cache.markStale(matching: workload.allPatterns) : cache.markStale(where: allRule) }
+                let distinct = Set(workload.paths.map { HTTPCachePolicyURL.stored($0) }).map { URL(string: $0)! }
+                let floorStart = ContinuousClock.now
+                let floorTen = distinct.filter { tenRule(.get, $0) }.count
+                let floorAll = distinct.filter { allRule(.get, $0) }.count
+                let floor = ContinuousClock.now - floorStart
+                precondition(floorTen == 10 && floorAll == distinct.count)
+                benchmark.startMeasurement()
+                let tenStart = ContinuousClock.now
+                let ten = markTen()
+                let tenTime = ContinuousClock.now - tenStart
+                // Again, warm (what a delivered write's invalidation costs once the cache has marked
+                // anything since it opened: the URL table built, the marks file there).
+                let warmStart = ContinuousClock.now
+                let warm = markTen()
+                let warmTime = ContinuousClock.now - warmStart
+                let allStart = ContinuousClock.now
+                let all = markAll()
+                let allTime = ContinuousClock.now - allStart
+                benchmark.stopMeasurement()
+                precondition(ten == 10 && warm == 10 && all == 5_000, "marked \(ten), \(warm) and \(all)")
+                await cache.waitForWrites()
+                await cache.close()
+                // The marks survive a relaunch: a response reopened is stale.
+                let reopened = try DiskResponseCache(directory: url, maxBytes: 1 << 30)
+                let engine = CachedRequestEngine(
+                    requestEngine: AsyncRequestEngine(session: SizedBodySession()), cache: reopened,
+                    reachabilityMonitor: ManualReachabilityMonitor(isConnected: false))
+                let sampleURL = URL(string: "https://example.test" + workload.paths[4_990])!
+                let sample = try await engine.response(for: SizedRead(url: sampleURL, size: 200), mode: .offlineFirst, staleTime: .seconds(3600))
+                precondition(sample.isStale, "a marked response read back fresh after the relaunch")
+                await reopened.close()
+                staleReport.add(ten: tenTime, warm: warmTime, all: allTime, floor: floor)
+                benchmark.measurement(.custom("markStale, 10 of 5 000 match (µs)", useScalingFactor: false), Int(tenTime.microseconds))
+                benchmark.measurement(.custom("markStale, all 5 000 match (µs)", useScalingFactor: false), Int(allTime.microseconds))
+            } teardown: {
+                staleReport.print()
+            }
         }
     }
 }
@@ -268,6 +274,17 @@ enum StaleWorkload: CaseIterable {
             return { method, url in method == .get && url.path.hasPrefix("/items/") }
         }
     }
+
+    /// `tenRule` as patterns the cache answers from its index.
+    var tenPatterns: [CacheURLPattern] {
+        switch self {
+        case .distinctPaths: (0..<10).map { .path("/items/\($0 * 499)") }
+        case .listVariants: [.pathPrefix("/items")]
+        }
+    }
+
+    /// `allRule` as patterns.
+    var allPatterns: [CacheURLPattern] { [.pathPrefix("/items"), .path("/list")] }
 
     var allRule: @Sendable (HTTPMethod, URL) -> Bool {
         { method, url in
