@@ -142,6 +142,7 @@ let package = Package(
                 .product(name: "RequestEngine", package: "Resilience"),
                 .product(name: "ResilienceTesting", package: "Resilience"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -72,7 +72,7 @@ start)
     else
         # Loopback only, no Unix socket outside the folder, enough connections for parallel tests.
         as_owner "$pg_ctl" --pgdata="$data" --log="$logfile" --wait --timeout=60 \
-            -o "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories='$dir' -c max_connections=200 -c fsync=off" \
+            -o "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories='$dir' -c max_connections=200 -c fsync=off -c shared_preload_libraries=pg_stat_statements" \
             start >/dev/null || { cat "$logfile" >&2; exit 1; }
     fi
     # The test database; `postgres` is the maintenance database every cluster has.

@@ -233,10 +233,13 @@ package enum FileSystem {
         guard let dir = opendir(path) else { throw failure("opendir", path) }
         defer { closedir(dir) }
         var entries: [DirectoryEntry] = []
+        // `d_name` is read in place, up to its NUL: the record `readdir` returns is only as long as
+        // its name (`d_reclen`), so copying the declared 256-byte array read past it — past the
+        // end of the listing's buffer, for the last record of a full one (a SIGSEGV, seen once
+        // in a benchmark's replay of a folder being opened).
+        let nameOffset = MemoryLayout<dirent>.offset(of: \dirent.d_name)!
         while let entry = readdir(dir) {
-            let name = withUnsafePointer(to: entry.pointee.d_name) { pointer in
-                pointer.withMemoryRebound(to: CChar.self, capacity: Int(NAME_MAX) + 1) { String(cString: $0) }
-            }
+            let name = String(cString: UnsafeRawPointer(entry).advanced(by: nameOffset).assumingMemoryBound(to: CChar.self))
             guard name != "." && name != ".." else { continue }
             let type = entry.pointee.d_type
             entries.append(DirectoryEntry(name: name, isRegularFile: type == UInt8(DT_UNKNOWN) ? nil : type == UInt8(DT_REG)))

@@ -199,18 +199,18 @@ import FoundationNetworking
             requestEngine: AsyncRequestEngine(session: session, clock: clock),
             reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
             store: storage,
-            configuration: Self.configuration(8),
+            configuration: Self.configuration(16),
             clock: clock
         )
-        for index in 1...8 { _ = try await engine.enqueue(Mutation("/n\(index)")) }
+        for index in 1...16 { _ = try await engine.enqueue(Mutation("/n\(index)")) }
         let pass = Task { await engine.flush(.ignoringReachability) }
-        await session.waitForCalls(8)
-        #expect(storage.claimCalls == 1)  // eight claims in one call
+        await session.waitForCalls(16)
+        #expect(storage.claimCalls == 1)  // sixteen claims in one call
         session.releaseHeld()
         let report = await pass.value
-        #expect(report.delivered.count == 8)
-        // Then one claim per quarter of the slots freed (two deliveries ending here): four that
+        #expect(report.delivered.count == 16)
+        // Then one claim per eighth of the slots freed (two deliveries ending here): eight that
         // find nothing left, not one per delivery.
-        #expect(storage.claimCalls == 5)
+        #expect(storage.claimCalls == 9)
     }
 }

@@ -120,6 +120,7 @@ extension PostgresQueueStore: QueueStorage {
             }
             // UPDATE … RETURNING keeps no order: the claims go back in claim order.
             claimed.sort { ($0.priority, $1.claim.entry.sequence) > ($1.priority, $0.claim.entry.sequence) }
+            completions.claimed(claimed.map(\.claim))
             return claimed.map(\.claim)
         }
     }
@@ -127,31 +128,35 @@ extension PostgresQueueStore: QueueStorage {
     nonisolated(nonsending) public func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
         let leaseEnds = now.addingTimeInterval(lease.timeInterval)
         let id = claim.entry.id
-        try await settle(claim, "renew") {
-            """
-            UPDATE \(unescaped: names.queue) SET lease_until = \(leaseEnds)
-            WHERE id = \(id) AND lease_token = \(claim.token)
-            RETURNING id
-            """
+        do {
+            try await settle(claim, "renew") {
+                """
+                UPDATE \(unescaped: names.queue) SET lease_until = \(leaseEnds)
+                WHERE id = \(id) AND lease_token = \(claim.token)
+                RETURNING id
+                """
+            }
+        } catch OfflineQueueError.claimLost(let id) {
+            claimSettledOtherwise(claim)  // its consumer stops; nothing will settle it
+            throw OfflineQueueError.claimLost(id: id)
         }
+        completions.renewed(claim.token, until: leaseEnds)
         return QueueClaim(entry: claim.entry, token: claim.token, leaseEnds: leaseEnds)
     }
 
     /// Deletes the claim's row: a delivered entry leaves no row behind.
+    /// Completions of claims in flight at once share one statement (`CompletionBatcher`): a
+    /// completion waits at most `Configuration.completionWindow` for the others, and not at all
+    /// when no other claim of this store is out.
     nonisolated(nonsending) public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
-        let id = claim.entry.id
-        try await settle(claim, "complete") {
-            """
-            WITH done AS (DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id)
-            SELECT done.id FROM done, LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("r")) || done.id::text || \("|" + reason.notice))) AS notified
-            """
-        }
+        guard try await completeInBatch(claim, reason: reason) else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
         changeFeed.publish(.removed(claim.entry, reason: reason))
     }
 
     /// Writes `entry` (attempts, next attempt time, last error) into the claim's row and clears its
     /// lease; the row keeps its `seq`.
     nonisolated(nonsending) public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
+        claimSettledOtherwise(claim)
         let id = claim.entry.id
         let json = try Self.encodeEntry(entry)
         try await settle(claim, "release") {
@@ -172,6 +177,7 @@ extension PostgresQueueStore: QueueStorage {
     /// Moves the claim's row to `<table>_dead_letter` as `entry`, in one statement (both or
     /// neither).
     nonisolated(nonsending) public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
+        claimSettledOtherwise(claim)
         let id = claim.entry.id
         let json = try Self.encodeEntry(entry)
         try await settle(claim, "deadLetter") {

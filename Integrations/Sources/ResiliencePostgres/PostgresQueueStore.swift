@@ -85,6 +85,25 @@ public final class PostgresQueueStore: Sendable {
     let logger: Logger
     /// How long `arrivals()` waits before listening again after its connection failed.
     let reconnectDelay: Duration
+    /// The store's tunables.
+    public let configuration: Configuration
+    /// Gathers the completions of claims in flight at once into one statement.
+    let completions: CompletionBatcher
+
+    /// Tunables; the defaults are what the benchmarks measured (Benchmarks/README.md).
+    public struct Configuration: Sendable {
+        /// The longest a completion waits for others of this store's claims in flight to share
+        /// its statement (`DELETE … USING unnest(…)`). A completion never waits when no other
+        /// claim of the store is out (an engine sending one entry at a time). Default 5 ms.
+        public var completionWindow: Duration
+        /// The most completions in one statement. Default 256.
+        public var maximumCompletionBatch: Int
+
+        public init(completionWindow: Duration = .milliseconds(5), maximumCompletionBatch: Int = 256) {
+            self.completionWindow = max(.zero, completionWindow)
+            self.maximumCompletionBatch = max(1, maximumCompletionBatch)
+        }
+    }
 
     /// A store on `tableName` (created by `migrate()`).
     ///
@@ -100,12 +119,14 @@ public final class PostgresQueueStore: Sendable {
     ///     unreadable rows by id; never an entry's JSON.
     ///   - reconnectDelay: how long `arrivals()` waits before listening again after its connection
     ///     failed.
+    ///   - configuration: the tunables (completion batching); the defaults need no change.
     public init(
         client: PostgresClient,
         tableName: String = "resilience_queue",
         secretPolicy: QueueSecretPolicy = .standard,
         logger: Logger = Logger(label: "ResiliencePostgres"),
-        reconnectDelay: Duration = .seconds(1)
+        reconnectDelay: Duration = .seconds(1),
+        configuration: Configuration = Configuration()
     ) throws(PostgresQueueStoreError) {
         guard Self.isPlainIdentifier(tableName) else { throw .invalidTableName(tableName) }
         self.client = client
@@ -114,6 +135,8 @@ public final class PostgresQueueStore: Sendable {
         self.names = TableNames(tableName)
         self.logger = logger
         self.reconnectDelay = reconnectDelay
+        self.configuration = configuration
+        self.completions = CompletionBatcher(window: configuration.completionWindow, maximumBatch: configuration.maximumCompletionBatch)
         let (names, follower) = (self.names, self.follower)
         changeFeed = QueueChangeFeed { feed in
             follower.start(feed: feed, client: client, names: names, logger: logger, reconnectDelay: reconnectDelay)

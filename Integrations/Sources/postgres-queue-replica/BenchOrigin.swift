@@ -21,7 +21,8 @@ final class BenchOrigin: Sendable {
         let mutex = Mutex(State())
     }
 
-    init() throws {
+    /// An origin that answers each request `latency` after reading it.
+    init(latency: Duration = .zero) throws {
         server = try LoopbackHTTPServer()
         let box = state
         server.route("/effects/*") { request in
@@ -35,7 +36,7 @@ final class BenchOrigin: Sendable {
                 return reached
             }
             reached?.resume()
-            return .status(201)
+            return .status(201).delayed(by: latency)
         }
     }
 

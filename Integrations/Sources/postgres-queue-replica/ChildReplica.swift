@@ -12,9 +12,11 @@ final class ChildReplica: Sendable {
     private let process: Process
     private let output: Pipe
 
-    /// Starts `drain --table tableName` and returns once the child says `READY`.
-    static func start(table: String, leaseMilliseconds: Int, pollMilliseconds: Int) async throws -> ChildReplica {
-        let child = try ChildReplica(arguments: ["drain", "--table", table, "--lease-ms", "\(leaseMilliseconds)", "--poll-ms", "\(pollMilliseconds)"])
+    /// Starts `drain --table tableName --deliveries N` and returns once the child says `READY`.
+    static func start(table: String, leaseMilliseconds: Int, pollMilliseconds: Int, deliveries: Int) async throws -> ChildReplica {
+        let child = try ChildReplica(arguments: [
+            "drain", "--table", table, "--lease-ms", "\(leaseMilliseconds)", "--poll-ms", "\(pollMilliseconds)", "--deliveries", "\(deliveries)",
+        ])
         try await child.waitUntilReady()
         return child
     }

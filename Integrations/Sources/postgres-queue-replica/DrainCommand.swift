@@ -7,21 +7,23 @@ import ResiliencePostgres
 
 /// `drain`: one replica of a service that delivers the table's entries. It migrates the table
 /// (as every replica does at start), starts an `OfflineQueueEngine` over a `PostgresQueueStore` and
-/// sends through `AsyncRequestEngine` over AsyncHTTPClient until it is killed. It prints `READY`
+/// sends through `AsyncRequestEngine` over AsyncHTTPClient until it is killed, with up to
+/// `--deliveries` entries in flight (`maxConcurrentDeliveries`, default 1). It prints `READY`
 /// once started, and a line to standard error for each entry whose attempt did not deliver it.
 enum DrainCommand {
     static func run(_ arguments: ReplicaArguments) async throws {
         let tableName = try arguments.tableName()
         let lease = Duration.milliseconds(try arguments.integer("lease-ms", default: 2_000, minimum: 3))
         let poll = Duration.milliseconds(try arguments.integer("poll-ms", default: 500, minimum: 1))
+        let deliveries = try arguments.integer("deliveries", default: 1, minimum: 1)
         try await ReplicaDatabase.withClient { client in
             let store = try PostgresQueueStore(client: client, tableName: tableName)
             try await migrate(store)
             let engine = OfflineQueueEngine(
-                requestEngine: AsyncRequestEngine(session: AsyncHTTPClientSession()),
+                requestEngine: AsyncRequestEngine(session: ReplicaRequests.session(connections: deliveries)),
                 reachabilityMonitor: ManualReachabilityMonitor(isConnected: true),
                 store: store,
-                configuration: .init(claimLease: lease, storagePollInterval: poll)
+                configuration: .init(claimLease: lease, storagePollInterval: poll, maxConcurrentDeliveries: deliveries)
             )
             let results = await engine.results
             await engine.start()

@@ -1,5 +1,7 @@
+import AsyncHTTPClient
 import Foundation
 import OfflineQueue
+import ResilienceAsyncHTTPClient
 
 /// The entries the replicas deliver: entry `number` of a run is a POST to
 /// `<origin>/effects/<key>` with ordering key `k<number % keys>` (none when `keys` is 0), the
@@ -32,4 +34,16 @@ struct ReplicaEntry: Sendable {
 
     /// The line `enqueue` prints once the entry is committed: `ACK <idempotency key> <key> <index>`.
     var acknowledgement: String { "ACK \(idempotencyKey) \(orderingKey ?? "-") \(index)" }
+}
+
+enum ReplicaRequests {
+    /// The session a replica sends through: the shared AsyncHTTPClient, or, for more requests in
+    /// flight than its 8 connections per host, a client of its own with a connection per request
+    /// (kept for the life of the process, as the shared one is).
+    static func session(connections: Int) -> AsyncHTTPClientSession {
+        guard connections > 8 else { return AsyncHTTPClientSession() }
+        var configuration = AsyncHTTPClientSession.recommendedConfiguration
+        configuration.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = connections
+        return AsyncHTTPClientSession(client: HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration))
+    }
 }

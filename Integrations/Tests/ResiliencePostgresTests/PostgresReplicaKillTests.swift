@@ -11,8 +11,9 @@ import Glibc
 import Darwin
 #endif
 
-/// Issue 29's replica test: four `postgres-queue-replica drain` processes deliver one table to a
-/// loopback origin while a fifth process enqueues 10 000 entries over 200 ordering keys, and
+/// Issue 29's replica test (and issue 49's, at 32 deliveries in flight per replica): four
+/// `postgres-queue-replica drain` processes deliver one table to a loopback origin while a fifth
+/// process enqueues 10 000 entries over 200 ordering keys, and
 /// replicas are SIGKILLed 20 times at random moments and restarted. Every acknowledged entry must
 /// reach the origin, each idempotency key must have exactly one effect there, no ordering key may
 /// see an entry's first effect before an earlier entry's, and the table must end empty.
@@ -32,7 +33,10 @@ struct PostgresReplicaKillTests {
     /// on 2 cores, most of it the enqueue process's).
     static let deadline: Duration = .seconds(240)
 
-    @Test func testEveryAcknowledgedEntryIsDeliveredOnceAndInOrderThroughTwentySIGKILLs() async throws {
+    /// At `maxConcurrentDeliveries` 1 (each replica sends one entry at a time) and 32 (issue 49:
+    /// each replica has up to 32 entries in flight, one per ordering key).
+    @Test(arguments: [1, 32])
+    func testEveryAcknowledgedEntryIsDeliveredOnceAndInOrderThroughTwentySIGKILLs(deliveries: Int) async throws {
         let binary = try #require(
             ReplicaProcess.binary, "postgres-queue-replica is not beside the test bundle: build with `swift build --build-tests --package-path Integrations`")
         let seed = ProcessInfo.processInfo.environment["RESILIENCE_REPLICA_SEED"].flatMap(UInt64.init) ?? 29
@@ -45,7 +49,7 @@ struct PostgresReplicaKillTests {
         try await PostgresTestDatabase.withClient { client in
             let store = try PostgresQueueStore(client: client, tableName: table)
             try await store.migrate()
-            let fleet = ReplicaFleet(binary: binary, table: table, folder: folder, leaseMilliseconds: Self.leaseMilliseconds)
+            let fleet = ReplicaFleet(binary: binary, table: table, folder: folder, leaseMilliseconds: Self.leaseMilliseconds, deliveries: deliveries)
             let enqueuer: ReplicaProcess
             do {
                 for slot in 0..<Self.replicas { try await fleet.start(slot) }
@@ -120,7 +124,7 @@ struct PostgresReplicaKillTests {
             print(
                 """
                 replica test: \(outcome.acknowledged.count) acknowledged entries over \(Self.orderingKeys) ordering keys, \
-                \(Self.replicas) replicas, \(outcome.kills) SIGKILLs (seed \(seed)), lease \(Self.leaseMilliseconds) ms: \
+                \(Self.replicas) replicas at \(deliveries) in flight each, \(outcome.kills) SIGKILLs (seed \(seed)), lease \(Self.leaseMilliseconds) ms: \
                 \(effects.count) effects, \(origin.duplicates) duplicate deliveries absorbed by the origin, \
                 \(origin.violations.count) order violations, \(missing.count) missing, \(outcome.remainingRows.count) rows left, \
                 in \(Self.seconds(outcome.duration)) (the enqueue process done after \(Self.seconds(outcome.enqueueDuration)), \
@@ -191,6 +195,8 @@ actor ReplicaFleet {
     let table: String
     let folder: URL
     let leaseMilliseconds: Int
+    /// Each replica's `maxConcurrentDeliveries`.
+    let deliveries: Int
     private var running: [Int: ReplicaProcess] = [:]
     private var incarnations: [Int: Int] = [:]
     /// How many replicas were SIGKILLed.
@@ -198,11 +204,12 @@ actor ReplicaFleet {
     /// Whether `killAtRandomMoments` has ended.
     private(set) var killsAreOver = false
 
-    init(binary: URL, table: String, folder: URL, leaseMilliseconds: Int) {
+    init(binary: URL, table: String, folder: URL, leaseMilliseconds: Int, deliveries: Int) {
         self.binary = binary
         self.table = table
         self.folder = folder
         self.leaseMilliseconds = leaseMilliseconds
+        self.deliveries = deliveries
     }
 
     /// Starts a replica in `slot`.
@@ -211,7 +218,7 @@ actor ReplicaFleet {
         incarnations[slot] = incarnation + 1
         running[slot] = try ReplicaProcess(
             binary: binary,
-            arguments: ["drain", "--table", table, "--lease-ms", "\(leaseMilliseconds)", "--poll-ms", "500"],
+            arguments: ["drain", "--table", table, "--lease-ms", "\(leaseMilliseconds)", "--poll-ms", "500", "--deliveries", "\(deliveries)"],
             outputURL: folder.appendingPathComponent("drain-\(slot)-\(incarnation).log"))
     }
 

@@ -175,7 +175,7 @@ extension OfflineQueueEngine {
     /// `maxConcurrentDeliveries` N > 1: up to `limit` entries in flight, each in a child task of the
     /// pass. The storage's rules decide what is claimable (one entry in flight per ordering key, a
     /// coalesced edit never replacing one in flight); the pass fills its free slots with one claim
-    /// call, and claims again once a quarter of its slots were freed since (so a database is asked once
+    /// call, and claims again once an eighth of its slots were freed since (so a database is asked once
     /// for several entries, not once per delivery), or at once when the entry that ended had an
     /// ordering or coalescing key (its successor may be waiting for it), or when nothing is in
     /// flight. A send that finds no network, a cancellation, an entry met twice or a storage error
@@ -185,7 +185,7 @@ extension OfflineQueueEngine {
         var handled: Set<UUID> = []
         var failure: (any Error)?
         let trigger = report.trigger
-        let refill = max(1, limit / 4)
+        let refill = max(1, limit / 8)
         await withTaskGroup(of: Delivery.self) { group in
             var inFlight = 0
             var claiming = true
