@@ -213,4 +213,27 @@ import FoundationNetworking
         // find nothing left, not one per delivery.
         #expect(storage.claimCalls == 9)
     }
+
+    @Test func aClaimThatFailsEndsThePassWithTheErrorOnceTheDeliveriesInFlightSettle() async throws {
+        let storage = InMemoryQueueStorage()
+        let clock = ManualClock()
+        let session = ScriptedNetworkSession([.held(.status(201))])
+        let engine = OfflineQueueEngine(
+            requestEngine: AsyncRequestEngine(session: session, clock: clock),
+            reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
+            store: storage,
+            configuration: Self.configuration(4),
+            clock: clock
+        )
+        for index in 1...6 { _ = try await engine.enqueue(Mutation("/n\(index)")) }
+        let pass = Task { await engine.flush(.ignoringReachability) }
+        await session.waitForCalls(4)
+        storage.failNextClaims(1)  // the refill after the first delivery ends
+        session.releaseHeld()
+        let report = await pass.value
+        #expect(report.storageError != nil)
+        #expect(report.delivered.count == 4)  // every delivery in flight settled
+        #expect(report.remaining == 2)
+        #expect(session.callCount == 4)
+    }
 }

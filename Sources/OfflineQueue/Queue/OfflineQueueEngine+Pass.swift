@@ -196,14 +196,23 @@ extension OfflineQueueEngine {
                 if claiming, claimNow, inFlight < limit, !Task.isCancelled {
                     claimNow = false
                     freed = 0
+                    let wanted = limit - inFlight
+                    let claims: [QueueClaim]
                     do {
-                        let wanted = limit - inFlight
-                        let claims = try await storage.claim(upTo: wanted, now: now, lease: configuration.claimLease)
-                        for claim in claims {
-                            guard claiming else {
-                                try await settled { try await self.storage.release(claim, keeping: claim.entry) }
-                                continue
-                            }
+                        claims = try await storage.claim(upTo: wanted, now: now, lease: configuration.claimLease)
+                    } catch {
+                        failure = failure ?? error
+                        claiming = false
+                        claims = []
+                    }
+                    for claim in claims {
+                        guard claiming else {
+                            // Claimed with the others, not to be sent now: handed back untouched
+                            // (a storage that refuses leaves it to its lease).
+                            _ = try? await settled { try await self.storage.release(claim, keeping: claim.entry) }
+                            continue
+                        }
+                        do {
                             switch try await triage(claim, handled: &handled) {
                             case .resolving: claimNow = claims.count == wanted  // its slot is free again
                             case .handedBack: claiming = false
@@ -211,12 +220,12 @@ extension OfflineQueueEngine {
                                 inFlight += 1
                                 group.addTask { await self.delivery(of: claim, trigger: trigger) }
                             }
+                        } catch {
+                            failure = failure ?? error
+                            claiming = false
                         }
-                        if claimNow { continue }
-                    } catch {
-                        failure = failure ?? error
-                        claiming = false
                     }
+                    if claimNow, claiming { continue }
                 }
                 guard inFlight > 0, let delivery = await group.next() else { break }
                 inFlight -= 1
