@@ -21,6 +21,7 @@ let package = Package(
             name: "fuzz-cache-headers",
             dependencies: ["FuzzSupport", .product(name: "ResponseCache", package: "Resilience"), .product(name: "Retry", package: "Resilience")]
         ),
+        .executableTarget(name: "fuzz-stale-marks", dependencies: ["FuzzSupport", .product(name: "ResponseCache", package: "Resilience")]),
         .executableTarget(name: "fuzz-http-date", dependencies: ["FuzzSupport", .product(name: "Retry", package: "Resilience")]),
         .executableTarget(name: "fuzz-loopback-request", dependencies: ["FuzzSupport", .product(name: "ResilienceTesting", package: "Resilience")]),
         // Writes Corpus/ (run it after changing a seed).

@@ -5,7 +5,7 @@
 #
 #   Scripts/fuzz.sh [seconds] [target...]      e.g. Scripts/fuzz.sh 300 cache-file
 #
-# Targets: queue-entry, cache-file, cache-headers, http-date, loopback-request. Prints executions
+# Targets: queue-entry, cache-file, stale-marks, cache-headers, http-date, loopback-request. Prints executions
 # and coverage per target. A crash, a broken contract, a hang (10 s on one input) or a leak fails the
 # run; the input is kept in Fuzz/Crashes/<target>/ (git-ignored) with the command that replays it.
 # New corpus entries go to a temporary folder, never into Fuzz/Corpus/ (seeds are written by
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(queue-entry cache-file cache-headers http-date loopback-request)
+[ ${#targets[@]} -gt 0 ] || targets=(queue-entry cache-file stale-marks cache-headers http-date loopback-request)
 scratch=Fuzz/.build-fuzz
 
 # -sanitize=fuzzer would link libFuzzer's main, which clashes with the entry point SwiftPM gives an

@@ -11,6 +11,7 @@ enum SeedWriter {
         let root = URL(fileURLWithPath: CommandLine.arguments.dropFirst().first ?? "Corpus")
         try write(queueEntries(), to: root.appendingPathComponent("queue-entry"))
         try write(cacheFiles(), to: root.appendingPathComponent("cache-file"))
+        try write(staleMarks(), to: root.appendingPathComponent("stale-marks"))
         try write(cacheHeaders.map { Data($0.utf8) }, to: root.appendingPathComponent("cache-headers"))
         try write(httpDates.map { Data($0.utf8) }, to: root.appendingPathComponent("http-date"))
         try write(loopbackRequests.map { Data([$0.mode]) + Data($0.bytes.utf8) }, to: root.appendingPathComponent("loopback-request"))
@@ -24,6 +25,17 @@ enum SeedWriter {
             try seed.write(to: folder.appendingPathComponent(String(format: "seed-%02d", index)))
         }
         print("\(folder.lastPathComponent): \(seeds.count) seeds, \(seeds.reduce(0) { $0 + $1.count }) bytes")
+    }
+
+    // MARK: - The cache's stale marks
+
+    /// A file of no marks, of three, one an append cut short, and one with a record damaged.
+    static func staleMarks() -> [Data] {
+        let keys = ["GET\nhttps://example.test/a\n", "GET\nhttps://example.test/list?page\n", "HEAD\nhttps://example.test/a\n"].map { CacheDigest($0) }
+        let three = StaleMarksFile.encode(keys)
+        var damaged = three
+        damaged[StaleMarksFile.headerSize + 3] ^= 0xFF
+        return [StaleMarksFile.encode([CacheDigest]()), three, three + StaleMarksFile.records(keys.prefix(1)).prefix(11), damaged]
     }
 
     // MARK: - Queue entry files
