@@ -170,14 +170,22 @@ extension PostgresQueueStore {
     private func send(_ batch: [CompletionBatcher.Completion]) async {
         do {
             let deleted = try await delete(ids: batch.map(\.id), tokens: batch.map(\.token), notices: batch.map(\.notice))
-            for completion in batch { completion.done.resume(returning: deleted.contains(completion.id)) }
+            for completion in batch { completion.done.resume(returning: deleted.contains(ClaimKey(id: completion.id, token: completion.token))) }
         } catch {
             for completion in batch { completion.done.resume(throwing: error) }
         }
     }
 
-    /// Deletes the rows of these claims that are still live; returns their ids.
-    private func delete(ids: [UUID], tokens: [UUID], notices: [String]) async throws -> Set<UUID> {
+    /// A claim as the batch statement reports it deleted: the row's id and the lease token it
+    /// was deleted under (two claims of one entry in a batch — a stale one and the live one — are
+    /// told apart).
+    private struct ClaimKey: Hashable {
+        let id: UUID
+        let token: UUID
+    }
+
+    /// Deletes the rows of these claims that are still live; returns which.
+    private func delete(ids: [UUID], tokens: [UUID], notices: [String]) async throws -> Set<ClaimKey> {
         try await perform("complete") {
             let rows = try await client.query(
                 """
@@ -186,12 +194,12 @@ extension PostgresQueueStore {
                 ), done AS (
                     DELETE FROM \(unescaped: names.queue) q USING input
                     WHERE q.id = input.id AND q.lease_token = input.token
-                    RETURNING q.id, input.notice)
-                SELECT done.id FROM done,
+                    RETURNING q.id, input.token, input.notice)
+                SELECT done.id, done.token FROM done,
                     LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("r")) || done.id::text || '|' || done.notice)) AS notified
                 """, logger: logger)
-            var deleted: Set<UUID> = []
-            for try await id in rows.decode(UUID.self) { deleted.insert(id) }
+            var deleted: Set<ClaimKey> = []
+            for try await (id, token) in rows.decode((UUID, UUID).self) { deleted.insert(ClaimKey(id: id, token: token)) }
             return deleted
         }
     }

@@ -206,9 +206,10 @@ extension OfflineQueueEngine {
                         claims = []
                     }
                     for claim in claims {
-                        guard claiming else {
-                            // Claimed with the others, not to be sent now: handed back untouched
-                            // (a storage that refuses leaves it to its lease).
+                        guard claiming, !Task.isCancelled else {
+                            // Claimed with the others, not to be sent now (the claiming stopped,
+                            // or the pass was cancelled as the claim came back): handed back
+                            // untouched (a storage that refuses leaves it to its lease).
                             _ = try? await settled { try await self.storage.release(claim, keeping: claim.entry) }
                             continue
                         }

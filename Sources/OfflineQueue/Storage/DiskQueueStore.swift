@@ -222,10 +222,11 @@ public final class DiskQueueStore: Sendable {
     /// whose sends a layer above observes (OfflineFirst) notes them. A failure to write it is
     /// ignored: the next launch then knows less (an entry with a counted attempt is known anyway).
     ///
-    /// Notes may be asked for concurrently (a queue with `maxConcurrentDeliveries` > 1): they are
-    /// written one at a time, and a note older than the one already written is dropped, so the
-    /// newest set stands.
-    package func noteSending(_ ids: Set<UUID>) async {
+    /// Notes may be asked for concurrently (a queue with `maxConcurrentDeliveries` > 1): each is
+    /// numbered on the caller's executor (the engine's actor), in the order asked, and they are
+    /// written one at a time, a note older than the one already written dropped, so the newest set
+    /// stands.
+    nonisolated(nonsending) package func noteSending(_ ids: Set<UUID>) async {
         guard gate.enter() else { return }
         defer { gate.leave() }
         let path = directoryPath + "/" + Self.sendingNoteName
