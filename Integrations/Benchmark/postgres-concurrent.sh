@@ -15,18 +15,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 
-bash Scripts/postgres.sh start >/dev/null
-RESILIENCE_POSTGRES_URL="${RESILIENCE_POSTGRES_URL:-$(bash Scripts/postgres.sh url)}"
-export RESILIENCE_POSTGRES_URL
-
-build_log=$(mktemp)
-trap 'rm -f "$build_log"' EXIT
-swift build -c release --package-path Integrations --product postgres-queue-replica >"$build_log" 2>&1 || { cat "$build_log"; exit 1; }
-tail -1 "$build_log"
-binary="$(swift build -c release --package-path Integrations --show-bin-path)/postgres-queue-replica"
-
-echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- Sources Integrations/Sources Integrations/Package.swift || echo ' (with uncommitted changes)'), $(nproc) cores"
-echo "uptime before: $(uptime)"
+# shellcheck source=replica-bench-setup.sh
+source Integrations/Benchmark/replica-bench-setup.sh
 for latency in ${LATENCIES:-0 50 200}; do
     for deliveries in ${DELIVERIES:-1 16 64}; do
         if [ "$latency" = 0 ]; then entries=5000; else entries=$((4 * deliveries * 1000 / latency)); fi

@@ -94,6 +94,7 @@ public final class DiskResponseCache: Sendable {
     }
 
     private struct State: Sendable {
+
         var index = CacheIndex()
         /// Bytes of writes admitted but not yet in the index.
         var reserved: [CacheDigest: Int] = [:]
@@ -159,6 +160,21 @@ public final class DiskResponseCache: Sendable {
         var closed = false
         /// `close()` let go of the folder's descriptor (`deinit` must not close it again).
         var released = false
+
+        /// The summaries of what is stored for `urls`: written (the index) or kept in memory only,
+        /// each key once. What waits to be written is left to the caller.
+        func storedSummaries(of urls: some Sequence<CacheIndex.StoredURL>) -> [StoredResponseSummary] {
+            var summaries: [StoredResponseSummary] = []
+            for url in urls {
+                index.urls[url]?.keys.forEach { key in
+                    if let summary = index[key]?.summary { summaries.append(summary) }
+                }
+                memoryIndex.urls[url]?.keys.forEach { key in
+                    if index[key] == nil, let summary = memoryIndex[key]?.summary { summaries.append(summary) }
+                }
+            }
+            return summaries
+        }
     }
 
     /// The most variants (`Vary`) kept for one URL; storing another drops the oldest.
@@ -426,15 +442,7 @@ public final class DiskResponseCache: Sendable {
                 state.index.setParsed(parsed, for: url)
                 state.memoryIndex.setParsed(parsed, for: url)
             }
-            var summaries: [StoredResponseSummary] = []
-            for url in matched {
-                state.index.urls[url]?.keys.forEach { key in
-                    if let summary = state.index[key]?.summary { summaries.append(summary) }
-                }
-                state.memoryIndex.urls[url]?.keys.forEach { key in
-                    if state.index[key] == nil, let summary = state.memoryIndex[key]?.summary { summaries.append(summary) }
-                }
-            }
+            var summaries = state.storedSummaries(of: matched)
             if !state.pending.isEmpty, !matched.isEmpty {
                 let matchedURLs = Set(matched)
                 for (key, response) in state.pending where state.index[key] == nil && state.memoryIndex[key] == nil {
@@ -476,15 +484,7 @@ public final class DiskResponseCache: Sendable {
                 matched.formUnion(state.index.urls(matching: pattern))
                 matched.formUnion(state.memoryIndex.urls(matching: pattern))
             }
-            var summaries: [StoredResponseSummary] = []
-            for url in matched {
-                state.index.urls[url]?.keys.forEach { key in
-                    if let summary = state.index[key]?.summary { summaries.append(summary) }
-                }
-                state.memoryIndex.urls[url]?.keys.forEach { key in
-                    if state.index[key] == nil, let summary = state.memoryIndex[key]?.summary { summaries.append(summary) }
-                }
-            }
+            var summaries = state.storedSummaries(of: matched)
             for (key, response) in state.pending where state.index[key] == nil && state.memoryIndex[key] == nil {
                 let parts = StoredURLParts(response.url)
                 if patterns.contains(where: { $0.matches(parts) }) { summaries.append(response.summary) }

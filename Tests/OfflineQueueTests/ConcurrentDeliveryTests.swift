@@ -191,7 +191,9 @@ import FoundationNetworking
         #expect(h.sentPaths == ["/n1", "/n2", "/n3"])
     }
 
-    @Test func onSharedStorageThePassClaimsAsManyAsItHasFreeSlotsInOneCall() async throws {
+    /// An engine over `InMemoryQueueStorage` (storage shared as a database is: it counts claim
+    /// calls and fails claims on demand) whose sends are held until the test lets them go.
+    static func sharedStorageEngine(maxConcurrentDeliveries: Int) -> (OfflineQueueEngine, InMemoryQueueStorage, ScriptedNetworkSession) {
         let storage = InMemoryQueueStorage()
         let clock = ManualClock()
         let session = ScriptedNetworkSession([.held(.status(201))])
@@ -199,9 +201,14 @@ import FoundationNetworking
             requestEngine: AsyncRequestEngine(session: session, clock: clock),
             reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
             store: storage,
-            configuration: Self.configuration(16),
+            configuration: configuration(maxConcurrentDeliveries),
             clock: clock
         )
+        return (engine, storage, session)
+    }
+
+    @Test func onSharedStorageThePassClaimsAsManyAsItHasFreeSlotsInOneCall() async throws {
+        let (engine, storage, session) = Self.sharedStorageEngine(maxConcurrentDeliveries: 16)
         for index in 1...16 { _ = try await engine.enqueue(Mutation("/n\(index)")) }
         let pass = Task { await engine.flush(.ignoringReachability) }
         await session.waitForCalls(16)
@@ -215,16 +222,7 @@ import FoundationNetworking
     }
 
     @Test func aClaimThatFailsEndsThePassWithTheErrorOnceTheDeliveriesInFlightSettle() async throws {
-        let storage = InMemoryQueueStorage()
-        let clock = ManualClock()
-        let session = ScriptedNetworkSession([.held(.status(201))])
-        let engine = OfflineQueueEngine(
-            requestEngine: AsyncRequestEngine(session: session, clock: clock),
-            reachabilityMonitor: ManualReachabilityMonitor(isConnected: false),
-            store: storage,
-            configuration: Self.configuration(4),
-            clock: clock
-        )
+        let (engine, storage, session) = Self.sharedStorageEngine(maxConcurrentDeliveries: 4)
         for index in 1...6 { _ = try await engine.enqueue(Mutation("/n\(index)")) }
         let pass = Task { await engine.flush(.ignoringReachability) }
         await session.waitForCalls(4)

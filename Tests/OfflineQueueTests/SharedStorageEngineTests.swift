@@ -51,14 +51,21 @@ struct SharedHarness {
         SharedHarness(steps, storage: storage, clock: clock)
     }
 
-    /// Moves the clock a third of the lease (10 s) at a time, once the send's two sleepers (the next
-    /// renewal, the lease's cut) wait, until the storage has seen `count` renewals in all.
+    /// Moves the clock a third of the lease (10 s) at a time, once the send's next renewal is due
+    /// (its two deadlines, the renewal and the lease's cut, are on the engine's timer), until the
+    /// storage has seen `count` renewals in all.
     func passRenewals(through count: Int) async {
         for round in (storage.renewals + 1)...count {
-            await clock.waitForSleepers(2)
+            await waitForRenewalAndCut()
             clock.advance(by: .seconds(10))
             while storage.renewals < round { await Task.yield() }
         }
+    }
+
+    /// Waits until the send's next renewal and its lease's cut are both on the engine's timer (a
+    /// renewal schedules the next one before it moves the cut).
+    func waitForRenewalAndCut() async {
+        while engine.deadlines.pendingCount < 2 { await Task.yield() }
     }
 
     var sentPaths: [String] { session.requests.compactMap { $0.url?.path } }
@@ -148,7 +155,7 @@ struct SharedStorageEngineTests {
         await a.session.waitForCalls(1)
         // Renewals at 10 s and 20 s fail; at 27 s, a tenth of the lease before its end, the send is cut.
         await a.passRenewals(through: 2)
-        await a.clock.waitForSleepers(2)
+        await a.waitForRenewalAndCut()
         a.clock.advance(by: .seconds(7))
         let report = await flush.value  // the hanging send was cancelled
         #expect(report.results.isEmpty)

@@ -135,12 +135,12 @@ extension PostgresQueueStore {
             // with no hop to another.
             let id = claim.entry.id
             return try await perform("complete") {
-                let rows = try await client.query(
+                let rows = try await hotRows(
                     """
                     WITH done AS (DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id)
                     SELECT done.id FROM done, LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("r")) || done.id::text || \("|" + reason.notice))) AS notified
-                    """, logger: logger)
-                return try await rows.decode(UUID.self).reduce(false) { _, _ in true }
+                    """)
+                return !rows.isEmpty
             }
         }
         return try await withCheckedThrowingContinuation { continuation in
@@ -187,7 +187,7 @@ extension PostgresQueueStore {
     /// Deletes the rows of these claims that are still live; returns which.
     private func delete(ids: [UUID], tokens: [UUID], notices: [String]) async throws -> Set<ClaimKey> {
         try await perform("complete") {
-            let rows = try await client.query(
+            let rows = try await hotRows(
                 """
                 WITH input AS (
                     SELECT * FROM unnest(\(ids)::uuid[], \(tokens)::uuid[], \(notices)::text[]) AS i(id, token, notice)
@@ -197,9 +197,12 @@ extension PostgresQueueStore {
                     RETURNING q.id, input.token, input.notice)
                 SELECT done.id, done.token FROM done,
                     LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("r")) || done.id::text || '|' || done.notice)) AS notified
-                """, logger: logger)
+                """)
             var deleted: Set<ClaimKey> = []
-            for try await (id, token) in rows.decode((UUID, UUID).self) { deleted.insert(ClaimKey(id: id, token: token)) }
+            for row in rows {
+                let (id, token) = try row.decode((UUID, UUID).self)
+                deleted.insert(ClaimKey(id: id, token: token))
+            }
             return deleted
         }
     }

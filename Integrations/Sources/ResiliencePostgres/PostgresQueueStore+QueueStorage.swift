@@ -86,7 +86,7 @@ extension PostgresQueueStore: QueueStorage {
             // Claimable: not leased (or its lease ran out), due, alive, and the head of its ordering
             // key and of its coalescing key: no row of the key with a smaller seq, claimed or not.
             // The head rule also keeps a batch to one row per key.
-            let rows = try await client.query(
+            let rows = try await hotRows(
                 """
                 WITH claimable AS (
                     SELECT q.id FROM \(unescaped: names.queue) q
@@ -106,9 +106,10 @@ extension PostgresQueueStore: QueueStorage {
                 FROM claimable
                 WHERE t.id = claimable.id
                 RETURNING t.id, t.priority, t.seq, t.lease_token, t.entry::text
-                """, logger: logger)
+                """)
             var claimed: [(priority: Int32, claim: QueueClaim)] = []
-            for try await (id, priority, seq, token, json) in rows.decode((UUID, Int32, Int64, UUID, String).self) {
+            for row in rows {
+                let (id, priority, seq, token, json) = try row.decode((UUID, Int32, Int64, UUID, String).self)
                 // A row this library cannot read (written by hand, or by a newer format) is left
                 // leased and out of the batch, so it never stops the others; once its lease ends it
                 // is tried again (and still holds back the rest of its key).
@@ -129,7 +130,7 @@ extension PostgresQueueStore: QueueStorage {
         let leaseEnds = now.addingTimeInterval(lease.timeInterval)
         let id = claim.entry.id
         do {
-            try await settle(claim, "renew") {
+            try await settle(claim, "renew", prepared: true) {
                 """
                 UPDATE \(unescaped: names.queue) SET lease_until = \(leaseEnds)
                 WHERE id = \(id) AND lease_token = \(claim.token)
@@ -213,8 +214,10 @@ extension PostgresQueueStore: QueueStorage {
     /// Runs `statement`, which changes `claim`'s row only while the claim is live (it matches the
     /// row's id and lease token, and returns the ids it changed): no row means the claim is lost,
     /// and nothing was changed.
-    private func settle(_ claim: QueueClaim, _ operation: String, _ statement: () -> PostgresQuery) async throws {
-        let changed = try await perform(operation) { try await rowsReturned(by: statement()) }
+    private func settle(_ claim: QueueClaim, _ operation: String, prepared: Bool = false, _ statement: () -> PostgresQuery) async throws {
+        let changed = try await perform(operation) {
+            prepared ? try await hotRows(statement()).count : try await rowsReturned(by: statement())
+        }
         guard changed > 0 else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
     }
 

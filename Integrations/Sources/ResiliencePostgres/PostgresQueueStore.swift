@@ -89,6 +89,8 @@ public final class PostgresQueueStore: Sendable {
     public let configuration: Configuration
     /// Gathers the completions of claims in flight at once into one statement.
     let completions: CompletionBatcher
+    /// The generation in the names of the store's prepared statements.
+    let statementGeneration = StatementGeneration()
 
     /// Tunables; the defaults are what the benchmarks measured (Benchmarks/README.md).
     public struct Configuration: Sendable {
@@ -98,10 +100,16 @@ public final class PostgresQueueStore: Sendable {
         public var completionWindow: Duration
         /// The most completions in one statement. Default 256.
         public var maximumCompletionBatch: Int
+        /// Whether the hot statements — claims, completions, renewals — run as prepared
+        /// statements on each connection (parsed and planned once, not at every call). Default
+        /// `true`; turn it off behind a pooler that hands one session's statements to several
+        /// server connections (PgBouncer in transaction mode before 1.21).
+        public var preparesStatements: Bool
 
-        public init(completionWindow: Duration = .milliseconds(5), maximumCompletionBatch: Int = 256) {
+        public init(completionWindow: Duration = .milliseconds(5), maximumCompletionBatch: Int = 256, preparesStatements: Bool = true) {
             self.completionWindow = max(.zero, completionWindow)
             self.maximumCompletionBatch = max(1, maximumCompletionBatch)
+            self.preparesStatements = preparesStatements
         }
     }
 
@@ -119,7 +127,8 @@ public final class PostgresQueueStore: Sendable {
     ///     unreadable rows by id; never an entry's JSON.
     ///   - reconnectDelay: how long `arrivals()` waits before listening again after its connection
     ///     failed.
-    ///   - configuration: the tunables (completion batching); the defaults need no change.
+    ///   - configuration: the tunables (completion batching, prepared statements); the defaults need
+    ///     no change.
     public init(
         client: PostgresClient,
         tableName: String = "resilience_queue",

@@ -436,29 +436,19 @@ extension OfflineQueueEngine {
             race.answer(.done(done))
             return done
         }
-        let storage = self.storage
-        let time = self.time
-        let renewing = Task {
-            var current = claim
-            while true {
-                do { try await time.sleep(lease / 3) } catch { return }  // the work ended first
-                do {
-                    current = try await storage.renew(current, now: now(), lease: lease)
-                    if let end = current.leaseEnds { arm(end) }
-                } catch OfflineQueueError.claimLost {
-                    race.answer(.leaseLost)
-                    return
-                } catch {
-                    continue  // tried again at the next third; the cut comes first if none succeeds
-                }
+        let renewal = LeaseRenewal(claim, lease: lease, storage: storage, deadlines: deadlines, now: now) { renewed in
+            switch renewed {
+            case .some(let current): if let end = current.leaseEnds { arm(end) }
+            case .none: race.answer(.leaseLost)
             }
         }
+        renewal.start()
         let winner = await withTaskCancellationHandler {
             await race.value
         } onCancel: {
             race.answer(.cancelled)
         }
-        renewing.cancel()
+        renewal.stop()
         if let token = expiry.withLock({ state in
             defer { state = nil }; return state
         }) {
@@ -475,6 +465,85 @@ extension OfflineQueueEngine {
             working.cancel()
             _ = await working.value  // never two sends of the entry from this engine at once
             return .lost
+        }
+    }
+}
+
+/// Renews a claim every third of its lease while work holds it. The renewals are
+/// deadlines on the engine's `DeadlineTimer`, so a delivery that ends within a third of it — most
+/// do — costs one deadline scheduled and cancelled, no task and no timer of its own. A renewal
+/// that fails is tried again a third of the lease later (the lease's cut comes first if none succeeds); one
+/// that finds the claim lost reports `nil` and stops.
+private final class LeaseRenewal: Sendable {
+    private struct State: Sendable {
+        var current: QueueClaim
+        var pending: DeadlineTimer.Token?
+        var renewing: Task<Void, Never>?
+        var stopped = false
+    }
+
+    private let state: Locked<State>
+    private let lease: Duration
+    private let storage: any QueueStorage
+    private let deadlines: DeadlineTimer
+    private let now: @Sendable () -> Date
+    private let renewed: @Sendable (QueueClaim?) -> Void
+
+    init(
+        _ claim: QueueClaim, lease: Duration, storage: any QueueStorage, deadlines: DeadlineTimer,
+        now: @escaping @Sendable () -> Date, renewed: @escaping @Sendable (QueueClaim?) -> Void
+    ) {
+        state = Locked(State(current: claim))
+        self.lease = lease
+        self.storage = storage
+        self.deadlines = deadlines
+        self.now = now
+        self.renewed = renewed
+    }
+
+    func start() { scheduleNext() }
+
+    /// No renewal starts from now on; one in progress is cancelled.
+    func stop() {
+        let (pending, renewing) = state.withLock { state in
+            state.stopped = true
+            defer { (state.pending, state.renewing) = (nil, nil) }
+            return (state.pending, state.renewing)
+        }
+        if let pending { deadlines.cancel(pending) }
+        renewing?.cancel()
+    }
+
+    private func scheduleNext() {
+        let token = deadlines.schedule(after: lease / 3) { [self] in renewNow() }
+        let stopped = state.withLock { state in
+            if !state.stopped { state.pending = token }
+            return state.stopped
+        }
+        if stopped { deadlines.cancel(token) }
+    }
+
+    private func renewNow() {
+        state.withLock { state in
+            guard !state.stopped else { return }
+            state.pending = nil
+            state.renewing = Task { await self.renew() }
+        }
+    }
+
+    private func renew() async {
+        let current = state.withLock { $0.current }
+        do {
+            let claim = try await storage.renew(current, now: now(), lease: lease)
+            state.withLock { $0.current = claim }
+            // The next renewal is due a third of the lease from now whoever hears of this one first.
+            if !Task.isCancelled { scheduleNext() }
+            renewed(claim)
+        } catch OfflineQueueError.claimLost {
+            renewed(nil)
+        } catch {
+            // Tried again a third of the lease later.
+            if !Task.isCancelled { scheduleNext() }
         }
     }
 }
