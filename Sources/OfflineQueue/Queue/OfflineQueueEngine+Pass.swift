@@ -469,11 +469,11 @@ extension OfflineQueueEngine {
     }
 }
 
-/// Renews a claim every third of its lease while work holds it. The renewals are
-/// deadlines on the engine's `DeadlineTimer`, so a delivery that ends within a third of it — most
-/// do — costs one deadline scheduled and cancelled, no task and no timer of its own. A renewal
-/// that fails is tried again a third of the lease later (the lease's cut comes first if none succeeds); one
-/// that finds the claim lost reports `nil` and stops.
+/// Renews a claim every third of its lease while work holds it. The renewals are deadlines on the
+/// engine's `DeadlineTimer`, so a delivery that ends within a third of the lease — most do — costs
+/// one deadline scheduled and cancelled, no task and no timer of its own. A renewal that fails is
+/// tried again a third of the lease later (the lease's cut comes first if none succeeds); one that
+/// finds the claim lost reports `nil` and stops.
 private final class LeaseRenewal: Sendable {
     private struct State: Sendable {
         var current: QueueClaim
