@@ -94,7 +94,6 @@ public final class DiskResponseCache: Sendable {
     }
 
     private struct State: Sendable {
-
         var index = CacheIndex()
         /// Bytes of writes admitted but not yet in the index.
         var reserved: [CacheDigest: Int] = [:]

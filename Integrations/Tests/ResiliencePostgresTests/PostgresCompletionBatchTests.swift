@@ -15,16 +15,8 @@ struct PostgresCompletionBatchTests {
         _ configuration: PostgresQueueStore.Configuration = patient, _ body: (PostgresQueueStore, PostgresClient) async throws -> Result
     ) async throws -> Result {
         try await PostgresTestDatabase.withClient { client in
-            let table = PostgresTestDatabase.uniqueTableName("batch")
-            let store = try PostgresQueueStore(client: client, tableName: table, configuration: configuration)
-            try await store.migrate()
-            do {
-                let result = try await body(store, client)
-                try await PostgresTestDatabase.drop(table, on: client)
-                return result
-            } catch {
-                try? await PostgresTestDatabase.drop(table, on: client)
-                throw error
+            try await PostgresTestDatabase.withStore(on: client, label: "batch", configuration: configuration) { store in
+                try await body(store, client)
             }
         }
     }

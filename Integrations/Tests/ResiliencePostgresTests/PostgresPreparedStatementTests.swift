@@ -12,12 +12,7 @@ struct PostgresPreparedStatementTests {
     static func withOneConnection<Result: Sendable>(_ body: (PostgresClient) async throws -> Result) async throws -> Result {
         var configuration = PostgresTestDatabase.configuration
         configuration.options.maximumConnections = 1
-        let client = PostgresClient(configuration: configuration)
-        return try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await client.run() }
-            defer { group.cancelAll() }
-            return try await body(client)
-        }
+        return try await PostgresTestDatabase.withClient(configuration, body)
     }
 
     /// The store's prepared statements on the client's one connection, with how often each ran.
@@ -28,26 +23,9 @@ struct PostgresPreparedStatementTests {
         return statements
     }
 
-    static func withTable<Result: Sendable>(
-        on client: PostgresClient, _ configuration: PostgresQueueStore.Configuration = .init(), migrated: Bool = true,
-        _ body: (PostgresQueueStore) async throws -> Result
-    ) async throws -> Result {
-        let table = PostgresTestDatabase.uniqueTableName("prep")
-        let store = try PostgresQueueStore(client: client, tableName: table, configuration: configuration)
-        if migrated { try await store.migrate() }
-        do {
-            let result = try await body(store)
-            try await PostgresTestDatabase.drop(table, on: client)
-            return result
-        } catch {
-            try? await PostgresTestDatabase.drop(table, on: client)
-            throw error
-        }
-    }
-
     @Test func claimsCompletionsAndRenewalsArePreparedOnceAndReused() async throws {
         try await Self.withOneConnection { client in
-            try await Self.withTable(on: client) { store in
+            try await PostgresTestDatabase.withStore(on: client, label: "prep") { store in
                 for index in 0..<5 { _ = try await store.add(entry(request("/n\(index)")), limit: nil) }
                 for round in 0..<5 {
                     let claim = try #require(try await store.claim(upTo: 1, now: at(Double(round)), lease: .seconds(30)).first)
@@ -66,8 +44,8 @@ struct PostgresPreparedStatementTests {
 
     @Test func twoTablesOnOneConnectionEachGetTheirOwnStatements() async throws {
         try await Self.withOneConnection { client in
-            try await Self.withTable(on: client) { first in
-                try await Self.withTable(on: client) { second in
+            try await PostgresTestDatabase.withStore(on: client, label: "prep") { first in
+                try await PostgresTestDatabase.withStore(on: client, label: "prep") { second in
                     for store in [first, second] {
                         _ = try await store.add(entry(request("/a")), limit: nil)
                         let claim = try #require(try await store.claim(upTo: 1, now: at(1), lease: .seconds(30)).first)
@@ -87,7 +65,7 @@ struct PostgresPreparedStatementTests {
     /// names its statements anew after a failure, so the table created later is claimed from.
     @Test func aStatementThatFailedBeforeTheTableExistedWorksOnceItDoes() async throws {
         try await Self.withOneConnection { client in
-            try await Self.withTable(on: client, migrated: false) { store in
+            try await PostgresTestDatabase.withStore(on: client, label: "prep", migrated: false) { store in
                 await #expect(throws: PostgresQueueStoreError.self) {
                     _ = try await store.claim(upTo: 1, now: at(1), lease: .seconds(30))
                 }
@@ -103,7 +81,7 @@ struct PostgresPreparedStatementTests {
 
     @Test func withPreparedStatementsOffNothingIsPrepared() async throws {
         try await Self.withOneConnection { client in
-            try await Self.withTable(on: client, .init(preparesStatements: false)) { store in
+            try await PostgresTestDatabase.withStore(on: client, label: "prep", configuration: .init(preparesStatements: false)) { store in
                 for index in 0..<3 { _ = try await store.add(entry(request("/n\(index)")), limit: nil) }
                 let claims = try await store.claim(upTo: 3, now: at(1), lease: .seconds(30))
                 #expect(claims.count == 3)

@@ -47,7 +47,9 @@ enum PostgresTestDatabase {
 
     /// A client whose `run()` runs for the length of `body`.
     @discardableResult
-    static func withClient<Result: Sendable>(_ body: (PostgresClient) async throws -> Result) async throws -> Result {
+    static func withClient<Result: Sendable>(
+        _ configuration: PostgresClient.Configuration = configuration, _ body: (PostgresClient) async throws -> Result
+    ) async throws -> Result {
         let client = PostgresClient(configuration: configuration)
         return try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { await client.run() }
@@ -71,17 +73,27 @@ enum PostgresTestDatabase {
     @discardableResult
     static func withStore<Result: Sendable>(_ body: (PostgresQueueStore, PostgresClient) async throws -> Result) async throws -> Result {
         try await withClient { client in
-            let tableName = uniqueTableName()
-            let store = try PostgresQueueStore(client: client, tableName: tableName)
-            try await store.migrate()
-            do {
-                let result = try await body(store, client)
-                try await drop(tableName, on: client)
-                return result
-            } catch {
-                try? await drop(tableName, on: client)
-                throw error
-            }
+            try await withStore(on: client) { store in try await body(store, client) }
+        }
+    }
+
+    /// A store on `client`, on a table of its own named after `label` (migrated unless `migrated`
+    /// is false), dropped after `body`.
+    @discardableResult
+    static func withStore<Result: Sendable>(
+        on client: PostgresClient, label: String = "rq", configuration: PostgresQueueStore.Configuration = .init(), migrated: Bool = true,
+        _ body: (PostgresQueueStore) async throws -> Result
+    ) async throws -> Result {
+        let tableName = uniqueTableName(label)
+        let store = try PostgresQueueStore(client: client, tableName: tableName, configuration: configuration)
+        if migrated { try await store.migrate() }
+        do {
+            let result = try await body(store)
+            try await drop(tableName, on: client)
+            return result
+        } catch {
+            try? await drop(tableName, on: client)
+            throw error
         }
     }
 }
