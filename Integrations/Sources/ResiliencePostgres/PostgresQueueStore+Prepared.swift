@@ -2,7 +2,7 @@ import Logging
 import PostgresNIO
 import Synchronization
 
-/// The store's hot statements — a claim, a completion (alone or a batch), a renewal — run as
+/// The store's hot statements — a claim, a batch of settlements, a batch of renewals — run as
 /// prepared statements: parsed, analysed and planned once per connection, then only bound and
 /// executed (PostgreSQL planned the claim in more time than it ran it).
 ///

@@ -121,79 +121,50 @@ extension PostgresQueueStore: QueueStorage {
             }
             // UPDATE … RETURNING keeps no order: the claims go back in claim order.
             claimed.sort { ($0.priority, $1.claim.entry.sequence) > ($1.priority, $0.claim.entry.sequence) }
-            completions.claimed(claimed.map(\.claim))
+            batcher.claimed(claimed.map(\.claim))
             return claimed.map(\.claim)
         }
     }
 
     nonisolated(nonsending) public func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
         let leaseEnds = now.addingTimeInterval(lease.timeInterval)
-        let id = claim.entry.id
-        do {
-            try await settle(claim, "renew", prepared: true) {
-                """
-                UPDATE \(unescaped: names.queue) SET lease_until = \(leaseEnds)
-                WHERE id = \(id) AND lease_token = \(claim.token)
-                RETURNING id
-                """
-            }
-        } catch OfflineQueueError.claimLost(let id) {
-            claimSettledOtherwise(claim)  // its consumer stops; nothing will settle it
-            throw OfflineQueueError.claimLost(id: id)
+        guard try await renewInBatch(Renewal(id: claim.entry.id, token: claim.token, until: leaseEnds)) else {
+            claimFoundLost(claim)  // its consumer stops; nothing will settle it
+            throw OfflineQueueError.claimLost(id: claim.entry.id)
         }
-        completions.renewed(claim.token, until: leaseEnds)
+        batcher.renewed(claim.token, until: leaseEnds)
         return QueueClaim(entry: claim.entry, token: claim.token, leaseEnds: leaseEnds)
     }
 
     /// Deletes the claim's row: a delivered entry leaves no row behind.
-    /// Completions of claims in flight at once share one statement (`CompletionBatcher`): a
-    /// completion waits at most `Configuration.completionWindow` for the others, and not at all
-    /// when no other claim of this store is out.
+    /// Settlements — completions, releases, dead letters — of claims in flight at once share one
+    /// statement (`ClaimBatcher`): a settlement waits at most `Configuration.completionWindow` for
+    /// the others, and not at all when no other claim of this store is out.
     nonisolated(nonsending) public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
-        guard try await completeInBatch(claim, reason: reason) else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
+        let settlement = Settlement(id: claim.entry.id, token: claim.token, kind: .delete, notice: notice("r", claim.entry.id, reason.notice))
+        guard try await settleInBatch(settlement) else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
         changeFeed.publish(.removed(claim.entry, reason: reason))
     }
 
     /// Writes `entry` (attempts, next attempt time, last error) into the claim's row and clears its
-    /// lease; the row keeps its `seq`.
+    /// lease; the row keeps its `seq`. Batched with other settlements, as `complete` is.
     nonisolated(nonsending) public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
-        claimSettledOtherwise(claim)
-        let id = claim.entry.id
-        let json = try Self.encodeEntry(entry)
-        try await settle(claim, "release") {
-            """
-            WITH kept AS (
-                UPDATE \(unescaped: names.queue)
-                SET entry = \(json)::jsonb, priority = \(Int32(clamping: entry.priority)), next_attempt_at = \(entry.nextAttemptAt),
-                    expires_at = \(entry.expiresAt), lease_token = NULL, lease_until = NULL
-                WHERE id = \(id) AND lease_token = \(claim.token)
-                RETURNING id)
-            SELECT kept.id FROM kept, LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("u")) || kept.id::text || '|')) AS notified
-            """
-        }
+        let settlement = Settlement(
+            id: claim.entry.id, token: claim.token, kind: .release, entryJSON: try Self.encodeEntry(entry),
+            priority: Int32(clamping: entry.priority), nextAttemptAt: entry.nextAttemptAt, expiresAt: entry.expiresAt,
+            notice: notice("u", claim.entry.id))
+        guard try await settleInBatch(settlement) else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
         let kept = entry.placed(at: claim.entry.sequence)
         if kept != claim.entry { changeFeed.publish(.updated(kept)) }
     }
 
     /// Moves the claim's row to `<table>_dead_letter` as `entry`, in one statement (both or
-    /// neither).
+    /// neither). Batched with other settlements, as `complete` is.
     nonisolated(nonsending) public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
-        claimSettledOtherwise(claim)
-        let id = claim.entry.id
-        let json = try Self.encodeEntry(entry)
-        try await settle(claim, "deadLetter") {
-            """
-            WITH moved AS (
-                DELETE FROM \(unescaped: names.queue) WHERE id = \(id) AND lease_token = \(claim.token) RETURNING id, seq
-            ), buried AS (
-                INSERT INTO \(unescaped: names.deadLetter) (id, seq, entry)
-                SELECT id, seq, \(json)::jsonb FROM moved
-                ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, entry = EXCLUDED.entry, dead_lettered_at = now()
-                RETURNING id)
-            SELECT buried.id FROM buried,
-                LATERAL (SELECT pg_notify(\(names.plain), \(noticePrefix("r")) || buried.id::text || \("|l\(entry.attempts)"))) AS notified
-            """
-        }
+        let settlement = Settlement(
+            id: claim.entry.id, token: claim.token, kind: .deadLetter, entryJSON: try Self.encodeEntry(entry),
+            notice: notice("r", claim.entry.id, "l\(entry.attempts)"))
+        guard try await settleInBatch(settlement) else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
         changeFeed.publish(.removed(entry.placed(at: claim.entry.sequence), reason: .deadLettered(attempts: entry.attempts)))
     }
 
@@ -209,21 +180,6 @@ extension PostgresQueueStore: QueueStorage {
         }
         for entry in removed { changeFeed.publish(.removed(entry, reason: .cancelled)) }
         return !removed.isEmpty
-    }
-
-    /// Runs `statement`, which changes `claim`'s row only while the claim is live (it matches the
-    /// row's id and lease token, and returns the ids it changed): no row means the claim is lost,
-    /// and nothing was changed.
-    private func settle(_ claim: QueueClaim, _ operation: String, prepared: Bool = false, _ statement: () -> PostgresQuery) async throws {
-        let changed = try await perform(operation) {
-            prepared ? try await hotRows(statement()).count : try await rowsReturned(by: statement())
-        }
-        guard changed > 0 else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
-    }
-
-    /// How many ids `statement` returns (its `RETURNING id`).
-    private func rowsReturned(by statement: PostgresQuery) async throws -> Int {
-        try await client.query(statement, logger: logger).decode(UUID.self).reduce(0) { count, _ in count + 1 }
     }
 
     /// Deletes every row of the table: every replica's entries, claimed ones included (their

@@ -26,7 +26,8 @@ import PostgresNIO
 ///   otherwise the edit is added behind it;
 /// - a claim is a lease (`lease_token`, `lease_until`): settling it (`complete`, `release`,
 ///   `deadLetter`) and `renew` match the row's id and token, and when the row is gone or another
-///   consumer holds it they change nothing and throw `OfflineQueueError.claimLost(id:)`;
+///   consumer holds it they change nothing and throw `OfflineQueueError.claimLost(id:)` (the
+///   settlements, and the renewals, of claims in flight at once share a statement: `Configuration`);
 /// - the times that decide what is due, expired or leased are the `now` each call is given (the
 ///   engine's clock), never the database's clock; a claim's lease runs to `now + lease`.
 ///
@@ -87,20 +88,22 @@ public final class PostgresQueueStore: Sendable {
     let reconnectDelay: Duration
     /// The store's tunables.
     public let configuration: Configuration
-    /// Gathers the completions of claims in flight at once into one statement.
-    let completions: CompletionBatcher
+    /// Gathers the settlements, and the renewals, of claims in flight at once into one statement
+    /// each.
+    let batcher: ClaimBatcher
     /// The generation in the names of the store's prepared statements.
     let statementGeneration = StatementGeneration()
 
     /// Tunables; the defaults are what the benchmarks measured (Benchmarks/README.md).
     public struct Configuration: Sendable {
-        /// The longest a completion waits for others of this store's claims in flight to share
-        /// its statement (`DELETE … USING unnest(…)`). A completion never waits when no other
-        /// claim of the store is out (an engine sending one entry at a time). Default 5 ms.
+        /// The longest a settlement (a completion, release or dead letter) waits for those of
+        /// this store's other claims in flight to share its statement, and a lease renewal for
+        /// theirs. Neither waits when no other claim of the store is out to join it (an engine
+        /// sending one entry at a time). Default 5 ms.
         public var completionWindow: Duration
-        /// The most completions in one statement. Default 256.
+        /// The most settlements, or renewals, in one statement. Default 256.
         public var maximumCompletionBatch: Int
-        /// Whether the hot statements — claims, completions, renewals — run as prepared
+        /// Whether the hot statements — claims, settlements, renewals — run as prepared
         /// statements on each connection (parsed and planned once, not at every call). Default
         /// `true`; turn it off behind a pooler that hands one session's statements to several
         /// server connections (PgBouncer in transaction mode before 1.21).
@@ -127,7 +130,7 @@ public final class PostgresQueueStore: Sendable {
     ///     unreadable rows by id; never an entry's JSON.
     ///   - reconnectDelay: how long `arrivals()` waits before listening again after its connection
     ///     failed.
-    ///   - configuration: the tunables (completion batching, prepared statements); the defaults need
+    ///   - configuration: the tunables (batching of settlements and renewals, prepared statements); the defaults need
     ///     no change.
     public init(
         client: PostgresClient,
@@ -145,7 +148,7 @@ public final class PostgresQueueStore: Sendable {
         self.logger = logger
         self.reconnectDelay = reconnectDelay
         self.configuration = configuration
-        self.completions = CompletionBatcher(window: configuration.completionWindow, maximumBatch: configuration.maximumCompletionBatch)
+        self.batcher = ClaimBatcher(window: configuration.completionWindow, maximumBatch: configuration.maximumCompletionBatch)
         let (names, follower) = (self.names, self.follower)
         changeFeed = QueueChangeFeed { feed in
             follower.start(feed: feed, client: client, names: names, logger: logger, reconnectDelay: reconnectDelay)
