@@ -27,14 +27,11 @@ struct CacheIndex: Sendable {
     /// then kept up to date.
     private(set) var urls: [StoredURL: URLEntry] = [:]
     private(set) var indexesURLs = false
-    /// The stored URLs by their path (`byPath`) and by each path a `CacheURLPattern` with subpaths
-    /// may name to reach them (`underPath`: `/`, `/a`, `/a/b` for `/a/b`), and each URL's host and
-    /// path: what `markStale(matching:)` looks up. Built on the first such marking
-    /// (`indexPaths()`), then kept up to date.
-    private var byPath: [String: Set<StoredURL>] = [:]
-    private var underPath: [String: Set<StoredURL>] = [:]
-    private var parts: [StoredURL: StoredURLParts] = [:]
-    private(set) var indexesPaths = false
+    /// The stored URLs by path, for `markStale(matching:)`: built on the first such marking
+    /// (`indexPaths()`), or off the cache's lock after an open (`PathTables(_:)`,
+    /// `install(_:)`), then kept up to date. Nil until then.
+    private var paths: PathTables?
+    var indexesPaths: Bool { paths != nil }
     private(set) var totalBytes = 0
     /// The least recently used item (evicted first) and the most recently used one.
     private(set) var oldest: CacheDigest?
@@ -77,35 +74,67 @@ struct CacheIndex: Sendable {
     /// Builds the path tables (and `urls`), if they are not built yet.
     mutating func indexPaths() {
         indexURLs()
-        guard !indexesPaths else { return }
-        indexesPaths = true
-        for url in urls.keys { addPaths(of: url) }
+        if paths == nil { paths = PathTables(urls.keys) }
+    }
+
+    /// Takes path tables built from an earlier copy of `urls` (off the cache's lock), brought up
+    /// to date with the URLs stored and removed since; `urls` must be built. Kept tables win.
+    mutating func install(_ tables: PathTables) {
+        guard indexesURLs, paths == nil else { return }
+        var tables = tables
+        for url in urls.keys where !tables.contains(url) { tables.add(url) }
+        if tables.count != urls.count {
+            for url in tables.urls where urls[url] == nil { tables.remove(url) }
+        }
+        paths = tables
     }
 
     /// The stored URLs `pattern` matches.
     func urls(matching pattern: CacheURLPattern) -> [StoredURL] {
-        let candidates = (pattern.includesSubpaths ? underPath : byPath)[pattern.path] ?? []
-        guard pattern.host != nil else { return Array(candidates) }
-        return candidates.filter { url in parts[url].map(pattern.matches) ?? false }
+        paths?.urls(matching: pattern) ?? []
     }
 
-    private mutating func addPaths(of url: StoredURL) {
-        let urlParts = StoredURLParts(url.url)
-        parts[url] = urlParts
-        byPath[urlParts.path, default: []].insert(url)
-        for path in urlParts.enclosingPaths { underPath[path, default: []].insert(url) }
-    }
+    /// The stored URLs by their path (`byPath`) and by each path a `CacheURLPattern` with
+    /// subpaths may name to reach them (`underPath`: `/`, `/a`, `/a/b` for `/a/b`), and each URL's
+    /// host and path: what `markStale(matching:)` looks up. A value with no reference to the
+    /// index, so it can be built from a copy of the URLs while the cache goes on.
+    struct PathTables: Sendable {
+        private var byPath: [String: Set<StoredURL>] = [:]
+        private var underPath: [String: Set<StoredURL>] = [:]
+        private var parts: [StoredURL: StoredURLParts] = [:]
 
-    private mutating func removePaths(of url: StoredURL) {
-        guard indexesPaths, let urlParts = parts.removeValue(forKey: url) else { return }
-        Self.remove(url, at: urlParts.path, from: &byPath)
-        for path in urlParts.enclosingPaths { Self.remove(url, at: path, from: &underPath) }
-    }
+        init(_ urls: some Sequence<StoredURL>) {
+            for url in urls { add(url) }
+        }
 
-    private static func remove(_ url: StoredURL, at path: String, from table: inout [String: Set<StoredURL>]) {
-        guard var urls = table.removeValue(forKey: path) else { return }  // taken out: no copy
-        urls.remove(url)
-        if !urls.isEmpty { table[path] = urls }
+        var count: Int { parts.count }
+        var urls: Dictionary<StoredURL, StoredURLParts>.Keys { parts.keys }
+        func contains(_ url: StoredURL) -> Bool { parts[url] != nil }
+
+        func urls(matching pattern: CacheURLPattern) -> [StoredURL] {
+            let candidates = (pattern.includesSubpaths ? underPath : byPath)[pattern.path] ?? []
+            guard pattern.host != nil else { return Array(candidates) }
+            return candidates.filter { url in parts[url].map(pattern.matches) ?? false }
+        }
+
+        mutating func add(_ url: StoredURL) {
+            let urlParts = StoredURLParts(url.url)
+            parts[url] = urlParts
+            byPath[urlParts.path, default: []].insert(url)
+            for path in urlParts.enclosingPaths { underPath[path, default: []].insert(url) }
+        }
+
+        mutating func remove(_ url: StoredURL) {
+            guard let urlParts = parts.removeValue(forKey: url) else { return }
+            Self.remove(url, at: urlParts.path, from: &byPath)
+            for path in urlParts.enclosingPaths { Self.remove(url, at: path, from: &underPath) }
+        }
+
+        private static func remove(_ url: StoredURL, at path: String, from table: inout [String: Set<StoredURL>]) {
+            guard var urls = table.removeValue(forKey: path) else { return }  // taken out: no copy
+            urls.remove(url)
+            if !urls.isEmpty { table[path] = urls }
+        }
     }
 
     private mutating func addURL(of summary: StoredResponseSummary, key: CacheDigest) {
@@ -122,7 +151,7 @@ struct CacheIndex: Sendable {
             urls[url] = entry
         } else {
             urls[url] = URLEntry(keys: .one(key), parsed: nil)
-            if indexesPaths { addPaths(of: url) }
+            paths?.add(url)
         }
     }
 
@@ -178,7 +207,7 @@ struct CacheIndex: Sendable {
         let url = StoredURL(method: item.summary.method, url: item.summary.url)
         if indexesURLs, var entry = urls.removeValue(forKey: url) {
             switch entry.keys {
-            case .one: removePaths(of: url)  // its last response
+            case .one: paths?.remove(url)  // its last response
             case .many(var keys):
                 entry.keys = .one(key)  // lets go of the set, so the removal does not copy it
                 keys.remove(key)
@@ -226,9 +255,7 @@ struct CacheIndex: Sendable {
         items = [:]
         varyingKeys = [:]
         urls = [:]
-        byPath = [:]
-        underPath = [:]
-        parts = [:]
+        if paths != nil { paths = PathTables([]) }
         totalBytes = 0
         oldest = nil
         newest = nil

@@ -189,6 +189,8 @@ public final class DiskResponseCache: Sendable {
     private let pool = BlockingIOPool.shared
     /// Held while the marks file is written (one writer at a time: they share its temp name).
     private let marksFile = Locked(())
+    /// The building of the path tables begun by the open (`indexStoredPaths()`).
+    private let pathIndexing = Locked<Task<Void, Never>?>(nil)
 
     /// Opens (creating if needed, mode 0700) the cache folder, takes its lock, and indexes every
     /// stored response in it (reading only each file's summary). Torn or corrupt files are deleted
@@ -243,6 +245,34 @@ public final class DiskResponseCache: Sendable {
         state.withLock { Self.updateTotals(&$0) }
         // Damaged or cut by a power loss: written afresh, before anything is appended to it.
         if rewriteMarksAtOpen { writeMarks() }
+        // The tables a marking by pattern looks up, built now in the background rather than by
+        // the first marking after the open (which a delivered write makes, on its way).
+        if state.withLock({ $0.index.count }) > 0 {
+            pathIndexing.withLock { $0 = Task.detached(priority: .utility) { [weak self] in self?.indexStoredPaths() } }
+        }
+    }
+
+    /// Whether the index's path tables are built (tests read it).
+    var indexesStoredPaths: Bool { state.withLock { $0.index.indexesPaths } }
+
+    /// Returns once the path tables the open began to build are built (tests wait on it).
+    func pathsIndexed() async {
+        await pathIndexing.withLock { $0 }?.value
+    }
+
+    /// Builds the index's path tables (`CacheIndex.PathTables`): the table of stored URLs under
+    /// the lock (a table insert per response), the paths parsed from a copy of it outside the
+    /// lock (most of the work), then installed with what changed meanwhile. Does nothing if a
+    /// marking built them first.
+    func indexStoredPaths() {
+        let urls = state.withLock { state -> [CacheIndex.StoredURL]? in
+            guard !state.index.indexesPaths else { return nil }
+            state.index.indexURLs()
+            return Array(state.index.urls.keys)
+        }
+        guard let urls else { return }
+        let tables = CacheIndex.PathTables(urls)
+        state.withLock { $0.index.install(tables) }
     }
 
     deinit {
@@ -470,8 +500,9 @@ public final class DiskResponseCache: Sendable {
     }
 
     /// Marks stale the stored responses (any method) whose stored URL one of `patterns` matches,
-    /// as `markStale(where:)` does, found from the cache's index of stored paths (built on the
-    /// first such marking) rather than by a rule run on every stored URL. Returns how many.
+    /// as `markStale(where:)` does, found from the cache's index of stored paths (built in the
+    /// background after the open, or by the first such marking if it comes first) rather than by
+    /// a rule run on every stored URL. Returns how many.
     @discardableResult
     public func markStale(matching patterns: [CacheURLPattern]) -> Int {
         guard !patterns.isEmpty else { return 0 }

@@ -84,6 +84,26 @@ struct CacheURLPatternTests {
         #expect(cache.markStale(matching: []) == 0)
     }
 
+    @Test func anOpenBuildsThePathTablesWithoutAMarkingAndChangesMeanwhileAreKept() async throws {
+        let directory = TemporaryDirectory()
+        let first = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        #expect(!first.indexesStoredPaths)  // nothing stored: nothing to build
+        let responses = (0..<50).map { storedResponse("/notes/\($0)") }
+        for response in responses { first.store(response) }
+        await first.waitForWrites()
+        await first.close()
+
+        let reopened = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20)
+        // Whether or not the open's build has run yet, changes made now are in the tables.
+        #expect(reopened.remove(url: try #require(URL(string: "https://example.test/notes/0"))) == 1)
+        reopened.store(storedResponse("/notes/new"))
+        await reopened.pathsIndexed()
+        #expect(reopened.indexesStoredPaths)
+        #expect(reopened.markStale(matching: [.pathPrefix("/notes")]) == 50)
+        #expect(reopened.markStale(matching: [.path("/notes/0")]) == 0)
+        #expect(reopened.markStale(matching: [.path("/notes/new")]) == 1)
+    }
+
     @Test func aResponseWaitingToBeWrittenIsReachedToo() async throws {
         let directory = TemporaryDirectory()
         let cache = try DiskResponseCache(directory: directory.url, maxBytes: 1 << 20, memoryBytes: 0)
@@ -98,15 +118,23 @@ struct CacheURLPatternTests {
 
 @Suite("CacheIndex: the stored paths' tables")
 struct CacheIndexPathTests {
-    @Test func thePathTablesMatchAModelUnderRandomInsertsAndRemovals() {
+    /// Built late, from what is there, then kept: by the index itself, or (as a cache does after
+    /// an open) from a copy of its URLs, installed 300 changes later.
+    @Test(arguments: [false, true])
+    func thePathTablesMatchAModelUnderRandomInsertsAndRemovals(builtFromACopy: Bool) {
         var generator = SeededGenerator(seed: 4_949)
         var index = CacheIndex()
         var model: [CacheDigest: CacheIndex.StoredURL] = [:]
         let paths = ["/", "/a", "/a/1", "/a/1/x", "/a/2", "/aa", "/b/1", "/b/1?q"]
         let patterns: [CacheURLPattern] = paths.flatMap { [.path($0), .pathPrefix($0)] } + [.pathPrefix("/a", host: "other.test")]
         var parts: [String: StoredURLParts] = [:]
+        var copy: CacheIndex.PathTables?
         for step in 0..<2_000 {
-            if step == 400 { index.indexPaths() }  // built late: from what is there, then kept
+            if step == 400 {
+                index.indexURLs()
+                if builtFromACopy { copy = CacheIndex.PathTables(index.urls.keys) } else { index.indexPaths() }
+            }
+            if step == 700, let copy { index.install(copy) }
             let key = CacheDigest("k\(Int.random(in: 0..<40, using: &generator))")
             if Bool.random(using: &generator) {
                 let host = Bool.random(using: &generator) ? "example.test" : "other.test"
