@@ -125,6 +125,8 @@ public final class OfflineFirstClient: Sendable {
         let start = feed.sequencedChangesWithStart()
         let progress = Progress(entries: start.entries, sequence: start.sequence, rules: optimisticUpdates)
         self.progress = progress
+        // Deliveries will mark reads by pattern: the cache's path tables are built ahead.
+        if invalidations.contains(where: { $0.readPatterns != nil }) { reads.cache.prepareMarkingByPattern() }
         listener = Task { [reads, optimisticUpdates, invalidations] in
             for await (sequence, change) in start.changes {
                 if case .removed(let entry, .delivered) = change {

@@ -4,10 +4,10 @@ import Reachability
 import RequestEngine
 import ResilienceTestSupport
 import ResilienceTesting
-import ResponseCache
 import Testing
 
 @testable import OfflineFirst
+@testable import ResponseCache
 
 /// The state table of Sources/OfflineFirst/OfflineFirst.docc/OfflineFirstGuide.md, row by row, on a manual clock, a manual monitor and a
 /// fake origin: pending, delivered and refetching, delivered and settled, rejected — online and
@@ -198,6 +198,8 @@ struct OfflineFirstClientTests {
             ? Invalidation(mutations: { $0.method == "POST" }, readsMatching: [.path("/notes")])
             : Invalidation(mutations: { $0.method == "POST" }, reads: { $0.path == "/notes" })
         let h = try OfflineFirstHarness(notes: ["a"], updates: [], invalidations: [counted])
+        await h.reads.cache.pathsIndexed()
+        #expect(h.reads.cache.indexesStoredPaths == byPattern)  // built ahead only for patterns
         _ = try await h.reads.response(for: NotesList(), mode: .online, staleTime: .http)
         #expect(h.origin.reads == 1)
         try await h.client.mutate(CreateNote("b"))  // sent at once

@@ -202,6 +202,7 @@ let benchmarks: @Sendable () -> Void = {
                 defer { prepared.remove() }
                 let url = try await prepared.url()
                 let cache = try DiskResponseCache(directory: url, maxBytes: 1 << 30)
+                if byPattern { cache.prepareMarkingByPattern() }  // as OfflineFirstClient does for patterns
                 let tenRule = workload.tenRule, allRule = workload.allRule
                 let markTen = { byPattern ? cache.markStale(matching: workload.tenPatterns) : cache.markStale(where: tenRule) }
                 let markAll = { byPattern ? cache.markStale(matching: workload.allPatterns) : cache.markStale(where: allRule) }
@@ -212,7 +213,7 @@ let benchmarks: @Sendable () -> Void = {
                 let floor = ContinuousClock.now - floorStart
                 precondition(floorTen == 10 && floorAll == distinct.count)
                 // The first write delivered after a relaunch comes a moment after the cache opened
-                // (a request's round trip at least): the open's background work has had 200 ms.
+                // (a request's round trip at least): background work begun at the open has had 200 ms.
                 try await Task.sleep(for: .milliseconds(200))
                 benchmark.startMeasurement()
                 let tenStart = ContinuousClock.now
