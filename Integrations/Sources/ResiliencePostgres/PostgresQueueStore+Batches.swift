@@ -39,8 +39,8 @@ final class ClaimBatcher: Sendable {
     enum Step<Change: BatchedClaimChange>: Sendable {
         /// Run the statement now, in the caller's task, for this change and these waiting ones.
         case runNow(with: [Waiting<Change>])
-        /// The claim has a change of this kind in the batch being formed already: this one
-        /// finds it lost, as the second of two statements would.
+        /// A settlement of a claim that has one in the batch being formed already (a
+        /// consumer's bug): it finds the claim lost, as the second of two statements would.
         case lost
         /// Wait in the batch being formed.
         case join
