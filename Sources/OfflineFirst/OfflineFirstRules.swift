@@ -63,7 +63,10 @@ public struct Invalidation: Sendable {
     }
 
     /// A rule whose reads are the stored responses `patterns` match (any method, as
-    /// `CachedRequestEngine.markStale(matching:)` marks them).
+    /// `CachedRequestEngine.markStale(matching:)` marks them). An `OfflineFirstClient` given such
+    /// a rule has the cache build its tables of stored paths ahead, in the background
+    /// (`DiskResponseCache.prepareMarkingByPattern()`: a few hundred bytes per distinct stored
+    /// URL), so that the first delivery after a launch finds them built.
     ///
     /// ```swift
     /// Invalidation(mutations: { $0.url.path.hasPrefix("/notes") }, readsMatching: [.pathPrefix("/notes"), .path("/me/counts")])

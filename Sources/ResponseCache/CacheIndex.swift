@@ -28,8 +28,8 @@ struct CacheIndex: Sendable {
     private(set) var urls: [StoredURL: URLEntry] = [:]
     private(set) var indexesURLs = false
     /// The stored URLs by path, for `markStale(matching:)`: built on the first such marking
-    /// (`indexPaths()`), or off the cache's lock after an open (`PathTables(_:)`,
-    /// `install(_:)`), then kept up to date. Nil until then.
+    /// (`indexPaths()`), or off the cache's lock after `prepareMarkingByPattern()`
+    /// (`PathTables(_:)`, `install(_:)`), then kept up to date. Nil until then.
     private var paths: PathTables?
     var indexesPaths: Bool { paths != nil }
     private(set) var totalBytes = 0
@@ -84,7 +84,8 @@ struct CacheIndex: Sendable {
         var tables = tables
         for url in urls.keys where !tables.contains(url) { tables.add(url) }
         if tables.count != urls.count {
-            for url in tables.urls where urls[url] == nil { tables.remove(url) }
+            let removed = tables.urls.filter { urls[$0] == nil }
+            for url in removed { tables.remove(url) }
         }
         paths = tables
     }

@@ -278,13 +278,15 @@ public final class DiskResponseCache: Sendable {
     /// marking built them first.
     func indexStoredPaths() {
         let urls = state.withLock { state -> [CacheIndex.StoredURL]? in
-            guard !state.index.indexesPaths else { return nil }
+            guard !state.closed, !state.index.indexesPaths else { return nil }
             state.index.indexURLs()
             return Array(state.index.urls.keys)
         }
         guard let urls else { return }
         let tables = CacheIndex.PathTables(urls)
-        state.withLock { $0.index.install(tables) }
+        state.withLock { state in
+            if !state.closed { state.index.install(tables) }
+        }
     }
 
     deinit {

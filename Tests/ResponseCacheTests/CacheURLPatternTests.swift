@@ -120,7 +120,7 @@ struct CacheURLPatternTests {
 @Suite("CacheIndex: the stored paths' tables")
 struct CacheIndexPathTests {
     /// Built late, from what is there, then kept: by the index itself, or (as a cache does after
-    /// an open) from a copy of its URLs, installed 300 changes later.
+    /// `prepareMarkingByPattern()`) from a copy of its URLs, installed 300 changes later.
     @Test(arguments: [false, true])
     func thePathTablesMatchAModelUnderRandomInsertsAndRemovals(builtFromACopy: Bool) {
         var generator = SeededGenerator(seed: 4_949)

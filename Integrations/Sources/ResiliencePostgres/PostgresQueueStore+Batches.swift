@@ -15,6 +15,10 @@ protocol BatchedClaimChange: Sendable {
     static var settlesClaim: Bool { get }
     /// The batch of this kind in the batcher's state.
     static var batch: WritableKeyPath<ClaimBatcher.State, ClaimBatcher.Batch<Self>> { get }
+    /// The operation a failure of the statement is reported for.
+    static var operation: String { get }
+    /// Runs the statement for a batch of these changes; returns the claims whose rows it changed.
+    static func run(_ batch: [Self], on store: PostgresQueueStore) async throws -> Set<ClaimKey>
 }
 
 /// Changes to claims gathered into one statement (River's batch completer, graphile-worker's
@@ -74,7 +78,7 @@ final class ClaimBatcher: Sendable {
 
         /// Whether a claim out, other than those in `excluded`, may still join a batch.
         mutating func othersOut(besides excluded: Set<UUID>) -> Bool {
-            guard outstanding.count > excluded.count else { return false }
+            guard !outstanding.isEmpty else { return false }
             let now = Date()
             if outstanding.values.contains(where: { $0 <= now }) { outstanding = outstanding.filter { $0.value > now } }
             return outstanding.keys.contains { !excluded.contains($0) }
@@ -91,6 +95,14 @@ final class ClaimBatcher: Sendable {
                 excluded.insert(token)
             }
             return !othersOut(besides: excluded)
+        }
+
+        /// Whether the batch at `path`, as it is, no longer waits for anyone: a claim it waited for
+        /// was settled or found lost.
+        mutating func nobodyLeftToJoin<Change: BatchedClaimChange>(_ path: WritableKeyPath<State, Batch<Change>>) -> Bool {
+            let batch = self[keyPath: path]
+            guard !batch.waiting.isEmpty, batch.arriving.isEmpty else { return false }
+            return !othersOut(besides: Change.settlesClaim ? [] : Set(batch.waiting.map(\.change.token)))
         }
 
         mutating func take<Change: BatchedClaimChange>(_ path: WritableKeyPath<State, Batch<Change>>) -> [Waiting<Change>] {
@@ -126,14 +138,31 @@ final class ClaimBatcher: Sendable {
         }
     }
 
-    /// A claim was found lost: returns the settlements being gathered when no other claim is
-    /// left to join them.
-    func lost(_ token: UUID) -> [Waiting<Settlement>]? {
+    /// The batches a claim that is no longer out leaves waiting for nobody: to send now.
+    struct Freed: Sendable {
+        var settlements: [Waiting<Settlement>]?
+        var renewals: [Waiting<Renewal>]?
+    }
+
+    /// A claim was found lost (or cannot be settled): it is no longer out. Returns the batches
+    /// that no longer wait for anyone.
+    func lost(_ token: UUID) -> Freed {
         state.withLock { state in
             state.outstanding[token] = nil
-            let closes = !state.settlements.waiting.isEmpty && state.settlements.arriving.isEmpty && !state.othersOut(besides: [])
-            return closes ? state.take(\.settlements) : nil
+            return Self.freed(&state)
         }
+    }
+
+    /// The batches that wait for nobody now, taken.
+    private static func freed(_ state: inout State) -> Freed {
+        Freed(
+            settlements: state.nobodyLeftToJoin(\.settlements) ? state.take(\.settlements) : nil,
+            renewals: state.nobodyLeftToJoin(\.renewals) ? state.take(\.renewals) : nil)
+    }
+
+    /// The renewals that waited for claims settled since they joined, if they wait for nobody now.
+    func renewalsFreed() -> [Waiting<Renewal>]? {
+        state.withLock { state in state.nobodyLeftToJoin(\.renewals) ? state.take(\.renewals) : nil }
     }
 
     var settlementStatements: Int { state.withLock { $0.settlements.sent } }
@@ -194,6 +223,8 @@ struct Settlement: BatchedClaimChange {
 
     static let settlesClaim = true
     static var batch: WritableKeyPath<ClaimBatcher.State, ClaimBatcher.Batch<Settlement>> { \.settlements }
+    static let operation = "settle"
+    static func run(_ batch: [Settlement], on store: PostgresQueueStore) async throws -> Set<ClaimKey> { try await store.settle(batch) }
 
     let id: UUID
     let token: UUID
@@ -211,6 +242,8 @@ struct Settlement: BatchedClaimChange {
 struct Renewal: BatchedClaimChange {
     static let settlesClaim = false
     static var batch: WritableKeyPath<ClaimBatcher.State, ClaimBatcher.Batch<Renewal>> { \.renewals }
+    static let operation = "renew"
+    static func run(_ batch: [Renewal], on store: PostgresQueueStore) async throws -> Set<ClaimKey> { try await store.renew(batch) }
 
     let id: UUID
     let token: UUID
@@ -225,21 +258,31 @@ extension PostgresQueueStore {
 
     /// Makes `change` in a batch with the changes of its kind to other claims this store has out
     /// (`ClaimBatcher`), and says whether the claim was live (its row was changed).
-    func changeInBatch<Change: BatchedClaimChange>(
-        _ change: Change, operation: String, statement: @escaping @Sendable ([Change]) async throws -> Set<ClaimKey>
-    ) async throws -> Bool {
-        switch batcher.step(change) {
-        case .lost: return false
-        case .runNow(let waiting): return try await run(change, with: waiting, operation: operation, statement: statement)
+    func changeInBatch<Change: BatchedClaimChange>(_ change: Change) async throws -> Bool {
+        let step = batcher.step(change)
+        if Change.settlesClaim, let renewals = batcher.renewalsFreed() { Task { await self.send(renewals) } }
+        switch step {
+        case .lost:
+            return false
+        case .runNow(let waiting) where waiting.isEmpty:
+            // Alone: in the caller's task, with no hop.
+            return try await perform(Change.operation) { try await Change.run([change], on: self) }.contains(ClaimKey(change))
+        case .runNow(let waiting):
+            // With others' changes: in a task of its own, so that this caller's cancellation
+            // (a renewal stopped, a drain's budget spent) cannot fail theirs.
+            return try await withCheckedThrowingContinuation { continuation in
+                let batch = waiting + [ClaimBatcher.Waiting(change: change, done: continuation)]
+                Task { await self.send(batch) }
+            }
         case .join:
             return try await withCheckedThrowingContinuation { continuation in
                 switch batcher.join(ClaimBatcher.Waiting(change: change, done: continuation)) {
-                case .send(let batch): Task { await self.send(batch, operation: operation, statement: statement) }
+                case .send(let batch): Task { await self.send(batch) }
                 case .armTimer:
                     let window = batcher.window
                     Task {
                         try? await Task.sleep(for: window)
-                        if let batch = self.batcher.windowEnded(Change.self) { await self.send(batch, operation: operation, statement: statement) }
+                        if let batch = self.batcher.windowEnded(Change.self) { await self.send(batch) }
                     }
                 case .wait: break
                 }
@@ -247,44 +290,18 @@ extension PostgresQueueStore {
         }
     }
 
-    /// Settles the claim's row (`ClaimBatcher`): says whether the claim was live.
-    func settleInBatch(_ settlement: Settlement) async throws -> Bool {
-        try await changeInBatch(settlement, operation: "settle") { try await self.settle($0) }
-    }
-
-    /// Renews the claim's lease (`ClaimBatcher`): says whether the claim was live.
-    func renewInBatch(_ renewal: Renewal) async throws -> Bool {
-        try await changeInBatch(renewal, operation: "renew") { try await self.renew($0) }
-    }
-
-    /// Notes a claim found lost; sends the settlements being gathered if they no longer wait for
-    /// anyone.
+    /// Notes a claim found lost, or one that cannot be settled: sends the batches that no longer
+    /// wait for it.
     func claimFoundLost(_ claim: QueueClaim) {
-        if let batch = batcher.lost(claim.token) { Task { await self.send(batch, operation: "settle") { try await self.settle($0) } } }
-    }
-
-    /// Runs the statement for `change` and the `waiting` changes in the caller's task, tells each
-    /// waiting one its outcome, and returns `change`'s.
-    private func run<Change: BatchedClaimChange>(
-        _ change: Change, with waiting: [ClaimBatcher.Waiting<Change>], operation: String,
-        statement: @Sendable ([Change]) async throws -> Set<ClaimKey>
-    ) async throws -> Bool {
-        do {
-            let changed = try await perform(operation) { try await statement(waiting.map(\.change) + [change]) }
-            for other in waiting { other.done.resume(returning: changed.contains(ClaimKey(other.change))) }
-            return changed.contains(ClaimKey(change))
-        } catch {
-            for other in waiting { other.done.resume(throwing: error) }
-            throw error
-        }
+        let freed = batcher.lost(claim.token)
+        if let settlements = freed.settlements { Task { await self.send(settlements) } }
+        if let renewals = freed.renewals { Task { await self.send(renewals) } }
     }
 
     /// Runs the statement for a batch of waiting changes and tells each its outcome.
-    private func send<Change: BatchedClaimChange>(
-        _ batch: [ClaimBatcher.Waiting<Change>], operation: String, statement: @Sendable ([Change]) async throws -> Set<ClaimKey>
-    ) async {
+    private func send<Change: BatchedClaimChange>(_ batch: [ClaimBatcher.Waiting<Change>]) async {
         do {
-            let changed = try await perform(operation) { try await statement(batch.map(\.change)) }
+            let changed = try await perform(Change.operation) { try await Change.run(batch.map(\.change), on: self) }
             for waiting in batch { waiting.done.resume(returning: changed.contains(ClaimKey(waiting.change))) }
         } catch {
             for waiting in batch { waiting.done.resume(throwing: error) }
@@ -301,7 +318,7 @@ extension PostgresQueueStore {
     /// completion — an engine sending one entry at a time — runs a one-row `DELETE` whose plan is
     /// kept, completions only run a `DELETE` over arrays, and only a batch with a release or a
     /// dead letter in it runs the statement for every kind.
-    private func settle(_ batch: [Settlement]) async throws -> Set<ClaimKey> {
+    fileprivate func settle(_ batch: [Settlement]) async throws -> Set<ClaimKey> {
         if batch.allSatisfy({ $0.kind == .delete }) { return try await delete(batch) }
         let ids = batch.map(\.id), tokens = batch.map(\.token), kinds = batch.map(\.kind.rawValue)
         let entries = batch.map(\.entryJSON), priorities = batch.map(\.priority), notices = batch.map(\.notice)
@@ -367,7 +384,7 @@ extension PostgresQueueStore {
     /// One statement for a batch of renewals: each lease is extended only while its claim is live.
     /// Returns the claims whose leases were extended. A lone renewal (the engine sending one
     /// entry at a time) runs a one-row statement, whose plan PostgreSQL keeps.
-    private func renew(_ batch: [Renewal]) async throws -> Set<ClaimKey> {
+    fileprivate func renew(_ batch: [Renewal]) async throws -> Set<ClaimKey> {
         if batch.count == 1, let only = batch.first {
             return try await Self.claimKeys(
                 hotRows(

@@ -128,7 +128,7 @@ extension PostgresQueueStore: QueueStorage {
 
     nonisolated(nonsending) public func renew(_ claim: QueueClaim, now: Date, lease: Duration) async throws -> QueueClaim {
         let leaseEnds = now.addingTimeInterval(lease.timeInterval)
-        guard try await renewInBatch(Renewal(id: claim.entry.id, token: claim.token, until: leaseEnds)) else {
+        guard try await changeInBatch(Renewal(id: claim.entry.id, token: claim.token, until: leaseEnds)) else {
             claimFoundLost(claim)  // its consumer stops; nothing will settle it
             throw OfflineQueueError.claimLost(id: claim.entry.id)
         }
@@ -142,7 +142,7 @@ extension PostgresQueueStore: QueueStorage {
     /// the others, and not at all when no other claim of this store is out.
     nonisolated(nonsending) public func complete(_ claim: QueueClaim, reason: QueueRemovalReason) async throws {
         let settlement = Settlement(id: claim.entry.id, token: claim.token, kind: .delete, notice: notice("r", claim.entry.id, reason.notice))
-        guard try await settleInBatch(settlement) else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
+        guard try await changeInBatch(settlement) else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
         changeFeed.publish(.removed(claim.entry, reason: reason))
     }
 
@@ -150,10 +150,10 @@ extension PostgresQueueStore: QueueStorage {
     /// lease; the row keeps its `seq`. Batched with other settlements, as `complete` is.
     nonisolated(nonsending) public func release(_ claim: QueueClaim, keeping entry: QueueEntry) async throws {
         let settlement = Settlement(
-            id: claim.entry.id, token: claim.token, kind: .release, entryJSON: try Self.encodeEntry(entry),
+            id: claim.entry.id, token: claim.token, kind: .release, entryJSON: try encodeSettled(entry, of: claim),
             priority: Int32(clamping: entry.priority), nextAttemptAt: entry.nextAttemptAt, expiresAt: entry.expiresAt,
             notice: notice("u", claim.entry.id))
-        guard try await settleInBatch(settlement) else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
+        guard try await changeInBatch(settlement) else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
         let kept = entry.placed(at: claim.entry.sequence)
         if kept != claim.entry { changeFeed.publish(.updated(kept)) }
     }
@@ -162,10 +162,21 @@ extension PostgresQueueStore: QueueStorage {
     /// neither). Batched with other settlements, as `complete` is.
     nonisolated(nonsending) public func deadLetter(_ claim: QueueClaim, entry: QueueEntry) async throws {
         let settlement = Settlement(
-            id: claim.entry.id, token: claim.token, kind: .deadLetter, entryJSON: try Self.encodeEntry(entry),
+            id: claim.entry.id, token: claim.token, kind: .deadLetter, entryJSON: try encodeSettled(entry, of: claim),
             notice: notice("r", claim.entry.id, "l\(entry.attempts)"))
-        guard try await settleInBatch(settlement) else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
+        guard try await changeInBatch(settlement) else { throw OfflineQueueError.claimLost(id: claim.entry.id) }
         changeFeed.publish(.removed(entry.placed(at: claim.entry.sequence), reason: .deadLettered(attempts: entry.attempts)))
+    }
+
+    /// `entry`'s JSON for a settlement of `claim`; when it cannot be encoded the claim is given
+    /// up (its lease runs out), so no batch waits for it.
+    private func encodeSettled(_ entry: QueueEntry, of claim: QueueClaim) throws -> String {
+        do {
+            return try Self.encodeEntry(entry)
+        } catch {
+            claimFoundLost(claim)
+            throw error
+        }
     }
 
     nonisolated(nonsending) public func cancel(id: UUID) async throws -> Bool {

@@ -233,6 +233,24 @@ struct PostgresClaimBatchTests {
         }
     }
 
+    @Test func aRenewalDoesNotWaitForAClaimThatIsSettledMeanwhile() async throws {
+        // A window longer than the suite's time limit: waiting it out fails the test.
+        try await Self.withStore(.init(completionWindow: .seconds(600))) { store, _ in
+            for index in 0..<2 { _ = try await store.add(entry(request("/n\(index)")), limit: nil) }
+            let claims = try await store.claim(upTo: 2, now: at(1), lease: .seconds(30))
+            // The renewal waits for the other claim (it might renew too) until that one is
+            // settled; the release waits for the renewed claim's settlement.
+            async let renewed = store.renew(claims[0], now: at(20), lease: .seconds(30))
+            async let released: Void = store.release(claims[1], keeping: claims[1].entry)
+            #expect(try await renewed.leaseEnds == at(50))
+            try await store.complete(claims[0], reason: .delivered(statusCode: 201))
+            try await released
+            #expect(store.renewalStatements == 1)
+            #expect(store.settlementStatements == 1)
+            #expect(try await store.queuedEntries().map(\.id) == [claims[1].entry.id])
+        }
+    }
+
     @Test func aRenewalGoesWhenItsWindowEndsWhileOtherClaimsAreNotRenewing() async throws {
         try await Self.withStore(.init(completionWindow: .milliseconds(1))) { store, _ in
             for index in 0..<2 { _ = try await store.add(entry(request("/n\(index)")), limit: nil) }
