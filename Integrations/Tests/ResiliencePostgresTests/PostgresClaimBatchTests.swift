@@ -54,20 +54,7 @@ struct PostgresClaimBatchTests {
             for index in 0..<3 { _ = try await store.add(entry(request("/n\(index)")), limit: nil) }
             let claims = try await store.claim(upTo: 3, now: at(1), lease: .seconds(30))
             #expect(try await store.cancel(id: claims[1].entry.id))  // its claim is lost
-            let outcomes = try await withThrowingTaskGroup(of: (UUID, Bool).self) { group in
-                for claim in claims {
-                    group.addTask {
-                        do {
-                            try await store.complete(claim, reason: .delivered(statusCode: 201))
-                            return (claim.entry.id, true)
-                        } catch OfflineQueueError.claimLost(let id) {
-                            #expect(id == claim.entry.id)
-                            return (claim.entry.id, false)
-                        }
-                    }
-                }
-                return try await group.reduce(into: [UUID: Bool]()) { $0[$1.0] = $1.1 }
-            }
+            let outcomes = try await Self.outcomes(of: claims) { try await store.complete($0, reason: .delivered(statusCode: 201)) }
             #expect(outcomes == [claims[0].entry.id: true, claims[1].entry.id: false, claims[2].entry.id: true])
             #expect(store.settlementStatements == 1)
             #expect(try await store.queuedCount() == 0)
@@ -175,6 +162,25 @@ struct PostgresClaimBatchTests {
         }
     }
 
+    /// Runs `body` on every claim at once: whether each succeeded (by entry id), a lost claim
+    /// being `false` (and lost under its own id); anything else is thrown.
+    static func outcomes(of claims: [QueueClaim], _ body: @escaping @Sendable (QueueClaim) async throws -> Void) async throws -> [UUID: Bool] {
+        try await withThrowingTaskGroup(of: (UUID, Bool).self) { group in
+            for claim in claims {
+                group.addTask {
+                    do {
+                        try await body(claim)
+                        return (claim.entry.id, true)
+                    } catch OfflineQueueError.claimLost(let id) {
+                        #expect(id == claim.entry.id)
+                        return (claim.entry.id, false)
+                    }
+                }
+            }
+            return try await group.reduce(into: [UUID: Bool]()) { $0[$1.0] = $1.1 }
+        }
+    }
+
     /// Whether `body` succeeded; a lost claim is `false`, anything else is thrown.
     static func succeeds(_ body: () async throws -> Void) async throws -> Bool {
         do {
@@ -207,12 +213,7 @@ struct PostgresClaimBatchTests {
             for index in 0..<3 { _ = try await store.add(entry(request("/n\(index)")), limit: nil) }
             let claims = try await store.claim(upTo: 3, now: at(1), lease: .seconds(30))
             #expect(try await store.cancel(id: claims[1].entry.id))  // its claim is lost
-            let outcomes = try await withThrowingTaskGroup(of: (UUID, Bool).self) { group in
-                for claim in claims {
-                    group.addTask { (claim.entry.id, try await Self.succeeds { _ = try await store.renew(claim, now: at(20), lease: .seconds(30)) }) }
-                }
-                return try await group.reduce(into: [UUID: Bool]()) { $0[$1.0] = $1.1 }
-            }
+            let outcomes = try await Self.outcomes(of: claims) { _ = try await store.renew($0, now: at(20), lease: .seconds(30)) }
             #expect(outcomes == [claims[0].entry.id: true, claims[1].entry.id: false, claims[2].entry.id: true])
             #expect(store.renewalStatements == 1)
             // The lost claim is no longer waited for: the others' completions close their batch.
