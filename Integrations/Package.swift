@@ -14,6 +14,7 @@ let package = Package(
         .library(name: "ResilienceTracing", targets: ["ResilienceTracing"]),
         .library(name: "ResilienceServiceLifecycle", targets: ["ResilienceServiceLifecycle"]),
         .library(name: "ResiliencePostgres", targets: ["ResiliencePostgres"]),
+        .library(name: "ResilienceOpenAPI", targets: ["ResilienceOpenAPI"]),
     ],
     dependencies: [
         // The root package. `name:` fixes its identity whatever the clone's folder is called, so
@@ -29,6 +30,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-service-context", from: "1.5.1"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
+        .package(url: "https://github.com/apple/swift-openapi-runtime", from: "1.13.4"),
+        .package(url: "https://github.com/apple/swift-http-types", from: "1.8.0"),
     ],
     targets: [
         .target(
@@ -97,6 +100,15 @@ let package = Package(
                 .product(name: "RequestEngine", package: "Resilience"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // A generated OpenAPI client's transport over the stack (`ResilienceTransport`).
+        .target(
+            name: "ResilienceOpenAPI",
+            dependencies: [
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "OpenAPIRuntime", package: "swift-openapi-runtime"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
             ]
         ),
         // The README's and Docs/Integrations.md's adoption snippet and the outbox recipe, compiled by CI.
@@ -183,6 +195,21 @@ let package = Package(
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+            ]
+        ),
+        .testTarget(
+            name: "ResilienceOpenAPITests",
+            dependencies: [
+                "IntegrationTestSupport",
+                "ResilienceAsyncHTTPClient",
+                "ResilienceOpenAPI",
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "Reachability", package: "Resilience"),
+                .product(name: "ResponseCache", package: "Resilience"),
+                .product(name: "Retry", package: "Resilience"),
+                .product(name: "ResilienceTesting", package: "Resilience"),
+                .product(name: "OpenAPIRuntime", package: "swift-openapi-runtime"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
             ]
         ),
         .testTarget(

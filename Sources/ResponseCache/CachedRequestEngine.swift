@@ -324,8 +324,8 @@ public final class CachedRequestEngine: RequestSending {
         let directives: CacheControl
         /// Whether the cache may answer and store this request: a GET or HEAD without a body,
         /// not made conditional or partial by the caller, not `no-store` (§5.2.1.5: nothing of
-        /// it is stored, and it is not answered from the store either), and without credentials
-        /// unless the engine has a partition.
+        /// it is stored, and it is not answered from the store either) nor `cacheable == false`
+        /// (the same, said by the caller), and without credentials unless the engine has a partition.
         let isCacheable: Bool
         /// The primary keys (method, URL, partition) under which its answers are stored: the
         /// request's own method's first (where a response to it is stored); a HEAD also reads
@@ -353,7 +353,9 @@ public final class CachedRequestEngine: RequestSending {
             directives = HTTPCachePolicy.requestDirectives(headers)
             let readable = (method == .get || method == .head) && body == nil
             let allowed = !HTTPCachePolicy.carriesCredential(headers) || partition != nil
-            isCacheable = readable && allowed && !directives.noStore && !HTTPCachePolicy.isConditionalOrPartial(headers)
+            isCacheable =
+                readable && allowed && request.cacheable != false && !directives.noStore
+                && !HTTPCachePolicy.isConditionalOrPartial(headers)
             let ownKey = Self.primaryKey(method: method, url: url, partition: partition)
             keys = method == .head ? [ownKey, Self.primaryKey(method: .get, url: url, partition: partition)] : [ownKey]
             let headerText = headers.map { $0.key.lowercased() + ":" + $0.value }.sorted().joined(separator: "\n")

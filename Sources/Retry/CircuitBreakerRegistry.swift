@@ -54,8 +54,21 @@ public final class CircuitBreakerRegistry: Sendable {
     /// The breaker for `host` (`"example.com"` or `"example.com:8443"`; case does not matter),
     /// made on first use.
     public func breaker(forHost host: String) -> CircuitBreaker {
-        let key = Self.key(host)
-        return state.withLock { state in
+        breaker(key: Self.key(host))
+    }
+
+    /// The breaker for API operation `operationID` (`"createNote"`; case matters, as in an OpenAPI
+    /// document), made on first use. It is kept, reported and isolated under the name
+    /// `"operation:" + operationID`, which no host's name can equal.
+    public func breaker(forOperation operationID: String) -> CircuitBreaker {
+        breaker(key: Self.operationPrefix + operationID)
+    }
+
+    /// What an operation's breaker is named with: no authority starts with it.
+    static let operationPrefix = "operation:"
+
+    private func breaker(key: String) -> CircuitBreaker {
+        state.withLock { state in
             state.clock &+= 1
             if let entry = state.entries[key] {
                 state.entries[key]?.lastUsed = state.clock

@@ -258,6 +258,20 @@ struct CachedRequestEngineTests {
         #expect(!(await h.bytesOnDisk()).contains("secret"))
     }
 
+    @Test func aRequestDeclaredNotCacheableIsNeitherStoredNorAnsweredFromTheStore() async throws {
+        let h = try CacheHarness([.ok("v1", headers: ["Cache-Control": "max-age=600"]), .ok("v2", headers: ["Cache-Control": "max-age=600"])])
+        let stored = try await h.engine.response(for: Read("/a"), mode: .online, staleTime: .http)
+        #expect(stored.source == .network && h.body(stored) == "v1")
+        var bypassing = PreparedRequest(Read("/a"))
+        bypassing.cacheable = false
+        let fetched = try await h.engine.response(for: bypassing, mode: .online, staleTime: .http)
+        #expect(fetched.source == .network && h.body(fetched) == "v2")
+        #expect(h.session.requests.last?.value(forHTTPHeaderField: "Cache-Control") == nil)  // nothing said to the server
+        let again = try await h.engine.response(for: Read("/a"), mode: .online, staleTime: .http)
+        #expect(again.source != .network && h.body(again) == "v1")  // the v2 answer was not stored
+        #expect(h.session.callCount == 2)
+    }
+
     @Test func varyIsHonouredAndVaryStarIsNeverStored() async throws {
         let h = try CacheHarness([
             .ok("english", headers: ["Vary": "Accept-Language"]),

@@ -57,6 +57,8 @@ public final class AsyncRequestEngine: RequestSending {
     let parts: EngineParts
     private let sharedBreaker: CircuitBreaker?
     private let breakerRegistry: CircuitBreakerRegistry?
+    /// `CircuitBreakerScope.perOperation`: a request with an operation takes its operation's breaker.
+    private let breakersPerOperation: Bool
     /// `configuration.deduplicatedMethods` as a bit set, read by every send.
     private let deduplicated: HTTPMethodSet
     /// Whether a retry policy is set, read by every send (testing an optional existential copies
@@ -90,9 +92,10 @@ public final class AsyncRequestEngine: RequestSending {
         self.configuration = configuration
         let sink = configuration.eventSink
         switch configuration.circuitBreaker {
-        case .none: (sharedBreaker, breakerRegistry) = (nil, nil)
-        case .shared(let breaker): (sharedBreaker, breakerRegistry) = (breaker, nil)
-        case .perHost(let registry): (sharedBreaker, breakerRegistry) = (nil, registry)
+        case .none: (sharedBreaker, breakerRegistry, breakersPerOperation) = (nil, nil, false)
+        case .shared(let breaker): (sharedBreaker, breakerRegistry, breakersPerOperation) = (breaker, nil, false)
+        case .perHost(let registry): (sharedBreaker, breakerRegistry, breakersPerOperation) = (nil, registry, false)
+        case .perOperation(let registry): (sharedBreaker, breakerRegistry, breakersPerOperation) = (nil, registry, true)
         }
         let limits = configuration.limits
         self.hostThrottles = configuration.retry.throttling.map { HostLimiters(throttling: $0) }
@@ -204,6 +207,7 @@ public final class AsyncRequestEngine: RequestSending {
         let timeout = request.timeout
         let bodyLimit = request.maximumResponseBodySize
         let ownDeadline = request.deadline
+        let operation = Operation(id: request.operationID, retryable: request.retryable)
         let parts = self.parts
         let limiterPriority = parts.hostAdaptiveLimiters == nil ? RequestPriority.interactive : request.requestPriority
         let deadline = ownDeadline ?? configuration.deadline
@@ -215,7 +219,7 @@ public final class AsyncRequestEngine: RequestSending {
         // Capped like timeouts, so no clock is asked to sleep past its range.
         let endsAt = deadline.map { started + min($0, .seconds(Int64.max / 2)) }
         guard deduplicated.contains(method), (request as? PreparedRequest)?.sharesCallsInFlight != false else {
-            let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, key: nil)
+            let execution = plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, operation, key: nil)
             let call = SharedCall(execution: execution, parts: parts)
             // Run by the caller (`response(for:)`) when nothing needs a task of its own.
             if !execution.inCallersTask { call.start { Task { await call.run() } } }
@@ -226,11 +230,13 @@ public final class AsyncRequestEngine: RequestSending {
         let key = SingleFlightTable.Key(
             RequestIdentity(method: method, url: url, headers: headers, body: body),
             maximumBodySize: bodyLimit ?? configuration.maximumResponseBodySize,
-            deadline: ownDeadline
+            deadline: ownDeadline,
+            operationID: operation.id,
+            retryable: operation.retryable
         )
         let (call, waiter, joined) = parts.inFlight.joinOrStart(key) {
             SharedCall(
-                execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, key: key),
+                execution: plan(url, method, headers, body, timeout, bodyLimit, traceID, started, priority, endsAt, limiterPriority, operation, key: key),
                 parts: parts
             )
         }
@@ -247,6 +253,26 @@ public final class AsyncRequestEngine: RequestSending {
     /// /dev/urandom on Linux: three system calls per request for nothing).
     private func makeTraceID() -> UUID {
         parts.observed ? UUID() : Self.unobservedTraceID
+    }
+
+    /// A request's operation (`NetworkRequest.operationID`) and whether it may be sent more than once.
+    private struct Operation {
+        let id: String?
+        let retryable: Bool?
+
+        /// `retryable`, else the method and `Idempotency-Key` rule: `repeatable` says whether the
+        /// method (with the headers) allows a repeat on its own.
+        func allowsRepeats(_ repeatable: @autoclosure () -> Bool) -> Bool {
+            retryable ?? repeatable()
+        }
+    }
+
+    /// The breaker a request goes through: its operation's (`perOperation`), its host's, or the
+    /// engine's one.
+    private func breaker(authority: String?, operationID: String?) -> CircuitBreaker? {
+        guard let breakerRegistry else { return sharedBreaker }
+        if breakersPerOperation, let operationID { return breakerRegistry.breaker(forOperation: operationID) }
+        return authority.map { breakerRegistry.breaker(forHost: $0) }
     }
 
     /// Methods hedged without an `Idempotency-Key`: those that only read.
@@ -268,6 +294,7 @@ public final class AsyncRequestEngine: RequestSending {
         _ priority: TaskPriority,
         _ deadline: Duration?,
         _ priorityForLimits: RequestPriority,
+        _ operation: Operation,
         key: SingleFlightTable.Key?
     ) -> Execution {
         let urlRequest: URLRequest
@@ -275,7 +302,8 @@ public final class AsyncRequestEngine: RequestSending {
         var authority: String? = perHost ? "" : nil  // non-nil asks the builder for it
         let limitsHosts = parts.hostLimiters != nil || parts.hostRates != nil || parts.hostAdaptiveLimiters != nil
         let hedging = configuration.hedging.flatMap { policy in
-            policy.maxAttempts > 1 && (Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
+            policy.maxAttempts > 1
+                && operation.allowsRepeats(Self.hedgeable.contains(method) || HeaderValidation.containsIdempotencyKey(headers))
                 ? policy : nil
         }
         // Hedged never, waiting for no host's place, over a session that bounds its calls: the
@@ -302,13 +330,13 @@ public final class AsyncRequestEngine: RequestSending {
             invalid: invalid,
             timeout: timeout.isFinite ? .clamped(seconds: timeout, upperBound: .seconds(Int64.max / 2)) : nil,
             maximumBodySize: bodyLimit ?? configuration.maximumResponseBodySize,
-            mayRetry: retries && (method.isIdempotent || HeaderValidation.containsIdempotencyKey(headers)),
+            mayRetry: retries && operation.allowsRepeats(method.isIdempotent || HeaderValidation.containsIdempotencyKey(headers)),
             traceID: traceID,
             started: started,
             priority: priority,
             key: key,
             deadline: deadline,
-            breaker: breakerRegistry.flatMap { registry in authority.map { registry.breaker(forHost: $0) } } ?? sharedBreaker,
+            breaker: breaker(authority: authority, operationID: operation.id),
             authority: limitsHosts ? authority : nil,
             hedging: hedging,
             throttle: hostThrottles.flatMap { throttles in authority.map { throttles.limiter(forAuthority: $0) } },

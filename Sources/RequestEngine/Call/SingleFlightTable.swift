@@ -22,16 +22,27 @@ final class SingleFlightTable: Sendable {
         let maximumBodySize: Int?
         /// The request's own total deadline: calls with different deadlines are never shared.
         let deadline: Duration?
+        /// The request's operation and its `retryable`: calls of different operations (different
+        /// breakers) or different retry rules are never shared.
+        let operationID: String?
+        let retryable: Bool?
         let hash: Int
 
-        init(_ identity: RequestIdentity, maximumBodySize: Int? = nil, deadline: Duration? = nil) {
+        init(
+            _ identity: RequestIdentity, maximumBodySize: Int? = nil, deadline: Duration? = nil, operationID: String? = nil,
+            retryable: Bool? = nil
+        ) {
             self.identity = identity
             self.maximumBodySize = maximumBodySize
             self.deadline = deadline
+            self.operationID = operationID
+            self.retryable = retryable
             var hasher = Hasher()
             hasher.combine(identity)
             hasher.combine(maximumBodySize)
             hasher.combine(deadline)
+            hasher.combine(operationID)
+            hasher.combine(retryable)
             hash = hasher.finalize()
         }
 
@@ -41,7 +52,7 @@ final class SingleFlightTable: Sendable {
 
         static func == (lhs: Key, rhs: Key) -> Bool {
             lhs.hash == rhs.hash && lhs.maximumBodySize == rhs.maximumBodySize && lhs.deadline == rhs.deadline
-                && lhs.identity == rhs.identity
+                && lhs.operationID == rhs.operationID && lhs.retryable == rhs.retryable && lhs.identity == rhs.identity
         }
     }
 

@@ -138,6 +138,10 @@ extension AsyncRequestEngine {
         case shared(CircuitBreaker)
         /// One breaker per host (host and port), for an engine that calls several dependencies.
         case perHost(CircuitBreakerRegistry)
+        /// One breaker per API operation (`NetworkRequest.operationID`, as a generated OpenAPI
+        /// client names it), and per host for requests without one: a failing operation opens its
+        /// own breaker while the host's other operations go on.
+        case perOperation(CircuitBreakerRegistry)
     }
 
     /// Limits per host (host and port) on the attempts an engine sends. Every limit is off by

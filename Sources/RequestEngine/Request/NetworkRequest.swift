@@ -41,6 +41,22 @@ public protocol NetworkRequest: Sendable {
     /// user waits for it) keeps a guaranteed share; `.background` takes what is left and waits
     /// first when the limit shrinks. The offline queue sends its replays as `.background`.
     var requestPriority: RequestPriority { get }
+    /// The API operation this request performs (an OpenAPI `operationId` such as `createNote`),
+    /// or `nil`. With `CircuitBreakerScope.perOperation` it chooses the request's breaker, so a
+    /// failing operation opens its own breaker and the host's other operations go on. Requests
+    /// with different operations never share a call in flight. Defaults to `nil`.
+    var operationID: String? { get }
+    /// Whether the engine may send this request more than once (retries and hedges): `nil` (the
+    /// default) leaves it to the method and the `Idempotency-Key` rule (idempotent methods, or
+    /// any request carrying a key); `false` sends it once, never hedged; `true` vouches that
+    /// repeating it is safe whatever the method (an API whose POSTs are idempotent by design).
+    /// Retries still need the engine's retry policy, hedges its hedging policy.
+    var retryable: Bool? { get }
+    /// Whether a response cache may store and answer this request: `nil` (the default) leaves it
+    /// to HTTP's rules (a GET or HEAD, not `no-store`, …); `false` keeps it out of the cache
+    /// both ways, as a request `Cache-Control: no-store` would, without sending that directive
+    /// on; `true` is the same as `nil` (HTTP's rules still decide: a POST is never stored).
+    var cacheable: Bool? { get }
 }
 
 extension NetworkRequest {
@@ -50,6 +66,9 @@ extension NetworkRequest {
     public var maximumResponseBodySize: Int? { nil }
     public var deadline: Duration? { nil }
     public var requestPriority: RequestPriority { .interactive }
+    public var operationID: String? { nil }
+    public var retryable: Bool? { nil }
+    public var cacheable: Bool? { nil }
 }
 
 /// Header names the library reads or writes.

@@ -21,6 +21,9 @@ public struct PreparedRequest: NetworkRequest, Equatable {
     public var maximumResponseBodySize: Int?
     public var deadline: Duration?
     public var requestPriority: RequestPriority
+    public var operationID: String?
+    public var retryable: Bool?
+    public var cacheable: Bool?
     /// Whether the engine may answer it with a call for the same request already in flight
     /// (deduplication). A layer that knows the answer must come from after some moment — the
     /// response cache, once what it stores for the URL was marked stale — says no: a call begun
@@ -36,7 +39,8 @@ public struct PreparedRequest: NetworkRequest, Equatable {
         self.init(
             url: request.url, method: request.method, headers: request.headers, body: request.body,
             timeout: request.timeout, maximumResponseBodySize: request.maximumResponseBodySize, deadline: request.deadline,
-            requestPriority: request.requestPriority
+            requestPriority: request.requestPriority, operationID: request.operationID, retryable: request.retryable,
+            cacheable: request.cacheable
         )
     }
 
@@ -49,7 +53,10 @@ public struct PreparedRequest: NetworkRequest, Equatable {
         timeout: TimeInterval = 30,
         maximumResponseBodySize: Int? = nil,
         deadline: Duration? = nil,
-        requestPriority: RequestPriority = .interactive
+        requestPriority: RequestPriority = .interactive,
+        operationID: String? = nil,
+        retryable: Bool? = nil,
+        cacheable: Bool? = nil
     ) {
         self.url = url
         self.method = method
@@ -59,6 +66,9 @@ public struct PreparedRequest: NetworkRequest, Equatable {
         self.maximumResponseBodySize = maximumResponseBodySize
         self.deadline = deadline
         self.requestPriority = requestPriority
+        self.operationID = operationID
+        self.retryable = retryable
+        self.cacheable = cacheable
     }
 
     /// This request with header `name` set to `value` (removed when `nil`): a header of the same
