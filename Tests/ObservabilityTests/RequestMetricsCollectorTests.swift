@@ -9,6 +9,20 @@ import Testing
 struct RequestMetricsCollectorTests {
     let api = url("https://api.example.com/v1/users/42")
 
+    @Test func aRequestWithAnOperationIsCountedUnderItsOperationNotItsPath() async {
+        let collector = RequestMetricsCollector()
+        let created = UUID()
+        collector.record(.started(traceID: created, url: url("https://api.example.com/v1/notes"), method: .post, operationID: "createNote"))
+        collector.record(.succeeded(traceID: created, statusCode: 201, duration: 0.1, attempt: 0))
+        collector.record(.started(traceID: UUID(), url: url("https://api.example.com/v1/notes"), method: .post))
+        collector.record(.deduplicated(traceID: UUID(), url: api, method: .get, operationID: "getUser"))
+        let stats = await collector.snapshot()
+        #expect(stats.endpoint("POST", "createNote")?.requestsStarted == 1)
+        #expect(stats.endpoint("POST", "createNote")?.requestsSucceeded == 1)
+        #expect(stats.endpoint("POST", "/v1/notes")?.requestsStarted == 1)  // the same path, no operation
+        #expect(stats.endpoint("GET", "getUser")?.deduplicationsHit == 1)
+    }
+
     @Test func eachEventKindIncrementsItsCounterForItsEndpoint() async {
         let collector = RequestMetricsCollector()
         let first = UUID(), second = UUID()

@@ -100,6 +100,27 @@ struct RequestOperationTests {
         #expect(session.callCount == 3)
     }
 
+    @Test func startedAndDeduplicatedEventsCarryTheOperation() async throws {
+        let session = ScriptedNetworkSession([.held(.ok("notes"))])
+        let recorder = EventRecorder()
+        let engine = AsyncRequestEngine(session: session, eventSink: recorder, clock: ManualClock())
+        let request = PreparedRequest(url: TestRequest("/notes").url, timeout: .infinity, operationID: "listNotes")
+        let first = Task { try await engine.send(request) }
+        await session.waitForCalls(1)
+        let second = Task { try await engine.send(request) }
+        await recorder.waitForDeduplicated(1)
+        session.releaseHeld()
+        _ = try await (first.value, second.value)
+        let operations = recorder.events.compactMap { event -> String? in
+            switch event {
+            case .started(_, _, _, let operationID): "started " + (operationID ?? "-")
+            case .deduplicated(_, _, _, let operationID): "deduplicated " + (operationID ?? "-")
+            default: nil
+            }
+        }
+        #expect(operations == ["started listNotes", "deduplicated listNotes"])
+    }
+
     @Test func aPreparedRequestKeepsTheOperationAndItsSay() {
         struct Operation: NetworkRequest {
             let url = URL(string: "https://api.example.test/notes")!

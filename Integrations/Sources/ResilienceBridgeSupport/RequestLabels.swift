@@ -42,8 +42,10 @@ package final class EndpointCatalog: Sendable {
         self.policy = policy
     }
 
-    package func labels(method: HTTPMethod, url: URL) -> EndpointLabels {
-        let candidate = EndpointLabels(method: method.rawValue, endpoint: policy.pathTemplate.template(for: url))
+    /// The labels of a request: its method, and its `operationID` as the endpoint when it has one
+    /// (a generated client's operation), else its URL's path template.
+    package func labels(method: HTTPMethod, url: URL, operationID: String? = nil) -> EndpointLabels {
+        let candidate = EndpointLabels(method: method.rawValue, endpoint: operationID ?? policy.pathTemplate.template(for: url))
         let admitted = known.withLock { known -> Bool in
             if known.contains(candidate) { return true }
             guard known.count < policy.maximumEndpoints else { return false }

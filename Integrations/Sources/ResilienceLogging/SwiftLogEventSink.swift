@@ -15,7 +15,8 @@ import ResilienceBridgeSupport
 /// | `request succeeded` | debug | `trace_id`, `http.method`, `http.endpoint`, `http.status`, `attempt`, `duration_seconds` |
 /// | `request failed` | info | `trace_id`, `http.method`, `http.endpoint`, `http.status` (status code or reason), `attempt`, `error` |
 ///
-/// `http.endpoint` is the path template (`/users/{id}`), `server.address` the host alone: no
+/// `http.endpoint` is the request's `operationID` when it has one (`createNote`), else the path
+/// template (`/users/{id}`); `server.address` is the host alone: no
 /// path, query, fragment, user info, header or body is ever logged, so `Authorization`, cookies
 /// and `?token=` values cannot reach a log line; `error` is `NetworkError.description`, which
 /// leaves bodies, headers and URLs out. Durations and delays are seconds with millisecond
@@ -76,17 +77,18 @@ public struct SwiftLogEventSink: RequestEventSink {
 
     public func record(_ event: RequestEvent) async {
         switch event {
-        case .started(let traceID, let url, let method):
-            let labels = catalog.labels(method: method, url: url)
+        case .started(let traceID, let url, let method, let operationID):
+            let labels = catalog.labels(method: method, url: url, operationID: operationID)
             // Remembered only when a later entry can be logged: the succeeded or failed one.
             if logger.logLevel <= max(levels.succeeded, levels.failed, levels.retryScheduled) {
                 requests.insert(labels, for: traceID)
             }
             guard logger.logLevel <= levels.started else { return }
             logger.log(level: levels.started, "request started", metadata: Self.metadata(traceID, labels, host: url.host))
-        case .deduplicated(let traceID, let url, let method):
+        case .deduplicated(let traceID, let url, let method, let operationID):
             guard logger.logLevel <= levels.deduplicated else { return }
-            logger.log(level: levels.deduplicated, "request deduplicated", metadata: Self.metadata(traceID, catalog.labels(method: method, url: url), host: url.host))
+            let labels = catalog.labels(method: method, url: url, operationID: operationID)
+            logger.log(level: levels.deduplicated, "request deduplicated", metadata: Self.metadata(traceID, labels, host: url.host))
         case .retryScheduled(let traceID, let attempt, let delay):
             guard logger.logLevel <= levels.retryScheduled else { return }
             var metadata = Self.metadata(traceID, requests.value(for: traceID) ?? .unknown, host: nil)

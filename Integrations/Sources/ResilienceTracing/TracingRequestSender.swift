@@ -17,7 +17,8 @@ import FoundationNetworking
 ///
 /// The span (name `"GET /users/{id}"`, kind `.client`, child of the caller's current span) carries
 /// `http.request.method`, `url.template`, `url.scheme`, `server.address`, `server.port`, the final
-/// `http.response.status_code` or `error.type`, and `resilience.attempts` (requests sent). With a
+/// `http.response.status_code` or `error.type`, `resilience.attempts` (requests sent), and
+/// `resilience.operation` for a request with an `operationID` (a generated client's). With a
 /// `TracingEventSink` on the engine it also shows each `retry_scheduled` (attempt, delay) as an
 /// event, and a caller that joined an identical request already in flight gets a `deduplicated`
 /// event and `resilience.deduplicated = true` (its span has no attempt of its own: the network
@@ -42,22 +43,24 @@ public struct TracingRequestSender<Base: RequestSending>: RequestSending {
 
     @discardableResult
     public func send(_ request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-        try await traced(request.method, request.url) { try await base.send(request) }
+        try await traced(request.method, request.url, request.operationID) { try await base.send(request) }
     }
 
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
-        try await traced(request.method, request.url) { try await base.response(for: request) }
+        try await traced(request.method, request.url, request.operationID) { try await base.response(for: request) }
     }
 
     private func traced(
         _ method: RequestEngine.HTTPMethod,
         _ url: URL,
+        _ operationID: String?,
         _ body: () async throws -> (Data, HTTPURLResponse)
     ) async throws -> (Data, HTTPURLResponse) {
         let tracer = self.tracer ?? InstrumentationSystem.tracer
         let description = RequestDescription(method: method.rawValue, url: url, pathTemplate: pathTemplate)
         let span = tracer.startSpan(description.spanName, context: ServiceContext.current ?? .topLevel, ofKind: .client)
         description.apply(to: span)
+        if let operationID { span.attributes["resilience.operation"] = operationID }
         let logical = LogicalRequest(span: span)
         defer {
             LogicalRequest.registry.unregister(logical)
@@ -93,7 +96,7 @@ public struct TracingEventSink: RequestEventSink {
 
     public func record(_ event: RequestEvent) async {
         switch event {
-        case .started(let traceID, _, _):
+        case .started(let traceID, _, _, _):
             // In the shared call's task, which inherits the first caller's task-locals.
             if let logical = LogicalRequest.current { requests.insert(logical, for: traceID) }
         case .retryScheduled(let traceID, let attempt, let delay):

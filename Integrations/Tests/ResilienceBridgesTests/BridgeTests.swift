@@ -159,6 +159,32 @@ struct BridgeTests {
         name + "{" + labels.sorted { $0.0 < $1.0 }.map { "\($0.0)=\"\($0.1)\"" }.joined(separator: ",") + "}"
     }
 
+    // MARK: Operations
+
+    /// A request with an `operationID` (a generated OpenAPI client's) is counted, logged and
+    /// traced under its operation; the same path without one keeps its template.
+    @Test func aRequestsOperationNamesItsEndpointInEveryBridge() async throws {
+        let metrics = TestMetrics()
+        let handler = InMemoryLogHandler()
+        var logger = Logger(label: "test", factory: { _ in handler })
+        logger.logLevel = .trace
+        let tracer = W3CTestTracer()
+        server.route("/v1/notes/*", .ok("note"))
+        let engine = AsyncRequestEngine(
+            session: session, eventSink: FanOutEventSink(SwiftMetricsEventSink(factory: metrics), SwiftLogEventSink(logger: logger)))
+        let client = TracingRequestSender(wrapping: engine, tracer: tracer)
+        _ = try await client.send(PreparedRequest(url: server.url("/v1/notes/7"), operationID: "getNote"))
+        _ = try await client.send(TestRequest(url: server.url("/v1/notes/8")))
+        let started = metrics.counters(label: "http_client_requests_started_total").map { counter in
+            counter.dimensions.first { $0.0 == "endpoint" }?.1 ?? "-"
+        }
+        #expect(started.sorted() == ["/v1/notes/{id}", "getNote"])
+        let endpoints = handler.entries.filter { $0.message.description == "request started" }.compactMap { $0.metadata["http.endpoint"]?.description }
+        #expect(endpoints == ["getNote", "/v1/notes/{id}"])
+        let spans = tracer.finishedSpans
+        #expect(spans.compactMap { $0.attributes.get("resilience.operation") } == [.string("getNote")])
+    }
+
     // MARK: Logging
 
     @Test func theLoggingBridgeLogsEachEventWithItsMetadata() async throws {

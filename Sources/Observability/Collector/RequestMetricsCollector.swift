@@ -16,7 +16,8 @@ import RequestEngine
 /// ```
 ///
 /// What is counted when (see Sources/Observability/Observability.docc/ObservabilityGuide.md):
-/// - `started` → `requestsStarted`, for the endpoint its URL and method map to;
+/// - `started` → `requestsStarted`, for the endpoint its URL and method map to (its
+///   `operationID`, when the request has one, names the endpoint in place of the path template);
 /// - `retryScheduled` → `retriesScheduled`;
 /// - `succeeded` → `requestsSucceeded`, its status code, and its duration into the histogram;
 /// - `failed` → `requestsFailed` and its status code (final non-2xx response) or failure reason;
@@ -179,11 +180,11 @@ public final class RequestMetricsCollector: RetryThrottlingEventSink {
     @inline(__always)
     func ingest(_ event: RequestEvent) {
         switch event {
-        case .started(let traceID, let url, let method):
-            let row = countEndpointEvent(url: url, method: method, isDeduplication: false)
+        case .started(let traceID, let url, let method, let operationID):
+            let row = countEndpointEvent(url: url, method: method, operationID: operationID, isDeduplication: false)
             traces.insert(traceID, row: row)
-        case .deduplicated(_, let url, let method):
-            _ = countEndpointEvent(url: url, method: method, isDeduplication: true)
+        case .deduplicated(_, let url, let method, let operationID):
+            _ = countEndpointEvent(url: url, method: method, operationID: operationID, isDeduplication: true)
         case .retryScheduled(let traceID, _, _):
             let row = Int(traces.row(of: traceID) ?? EndpointRegistry.unknownRow)
             shards.withLock(currentShard) { $0.rows[row].retries &+= 1 }
@@ -197,15 +198,24 @@ public final class RequestMetricsCollector: RetryThrottlingEventSink {
         }
     }
 
-    /// Counts a `started` or `deduplicated` event for the endpoint of `url` and `method`, and
+    /// Counts a `started` or `deduplicated` event for the endpoint of `url` and `method` — named by
+    /// the request's `operationID` when it has one, else by the URL's path template — and
     /// returns that endpoint's row. A known endpoint costs a template hash and the shard's lock;
     /// the registry is consulted only when the shard's cache misses.
     @inline(__always)
-    private func countEndpointEvent(url: URL, method: HTTPMethod, isDeduplication: Bool) -> Int32 {
+    private func countEndpointEvent(url: URL, method: HTTPMethod, operationID: String?, isDeduplication: Bool) -> Int32 {
         let hash: Int
         var template: String?
         let discriminator = UInt64(method.ordinal + 1)
-        if let customTemplate {
+        if var operationID {
+            // Hashed apart from every path template (a discriminator no method has).
+            hash = operationID.withUTF8 { bytes in
+                var hasher = TemplateHasher(seed: hashSeed, discriminator: discriminator | 0x100)
+                hasher.write(bytes)
+                return hasher.finalize()
+            }
+            template = operationID
+        } else if let customTemplate {
             var custom = customTemplate(URLPathScanner.percentEncodedPath(of: url))
             hash = custom.withUTF8 { bytes in
                 var hasher = TemplateHasher(seed: hashSeed, discriminator: discriminator)

@@ -64,17 +64,22 @@ public struct LoggingEventSink: RequestEventSink {
     func line(for event: RequestEvent) -> String {
         let trace = "trace=\(event.traceID.uuidString)"
         switch event {
-        case .started(_, let url, let method):
-            return "\(label) event=started \(trace) method=\(method.rawValue) url=\(quoted(RedactedURL.string(for: url, pathTemplate: pathTemplate)))"
+        case .started(_, let url, let method, let operationID):
+            return "\(label) event=started \(trace) method=\(method.rawValue)\(operation(operationID)) url=\(quoted(RedactedURL.string(for: url, pathTemplate: pathTemplate)))"
         case .retryScheduled(_, let attempt, let delay):
             return "\(label) event=retry_scheduled \(trace) attempt=\(attempt) delay=\(Self.seconds(delay))"
         case .succeeded(_, let statusCode, let duration, let attempt):
             return "\(label) event=succeeded \(trace) status=\(statusCode) attempt=\(attempt) duration=\(Self.seconds(duration))"
         case .failed(_, let error, let attempt):
             return "\(label) event=failed \(trace) attempt=\(attempt) error=\(quoted(error.description))"
-        case .deduplicated(_, let url, let method):
-            return "\(label) event=deduplicated \(trace) method=\(method.rawValue) url=\(quoted(RedactedURL.string(for: url, pathTemplate: pathTemplate)))"
+        case .deduplicated(_, let url, let method, let operationID):
+            return "\(label) event=deduplicated \(trace) method=\(method.rawValue)\(operation(operationID)) url=\(quoted(RedactedURL.string(for: url, pathTemplate: pathTemplate)))"
         }
+    }
+
+    /// ` operation=<id>` for a request with an operation, else nothing.
+    private func operation(_ operationID: String?) -> String {
+        operationID.map { " operation=" + quoted($0) } ?? ""
     }
 
     /// `value` as a logfmt value: bare when it has no space, quote, backslash, `=` or control

@@ -164,7 +164,7 @@ public final class AsyncRequestEngine: RequestSending {
             return try entry.call.outcome.get()  // `.cancelled` when this caller left a shared call
         }
         if let joinedAs = entry.joinedAs {
-            await emitDeduplicated(joinedAs.traceID, url: joinedAs.url, method: entry.call.execution.method)
+            await emitDeduplicated(joinedAs.traceID, url: joinedAs.url, method: entry.call.execution.method, operationID: entry.call.execution.operationID)
         }
         return try await entry.call.wait(entry.waiter).get()
     }
@@ -326,6 +326,7 @@ public final class AsyncRequestEngine: RequestSending {
         return Execution(
             url: url,
             method: method,
+            operationID: operation.id,
             urlRequest: urlRequest,
             invalid: invalid,
             timeout: timeout.isFinite ? .clamped(seconds: timeout, upperBound: .seconds(Int64.max / 2)) : nil,
@@ -348,8 +349,8 @@ public final class AsyncRequestEngine: RequestSending {
     // MARK: - Events
 
     @inline(never)
-    private func emitDeduplicated(_ traceID: UUID, url: URL, method: HTTPMethod) async {
-        await parts.sink?.record(.deduplicated(traceID: traceID, url: url, method: method))
+    private func emitDeduplicated(_ traceID: UUID, url: URL, method: HTTPMethod, operationID: String?) async {
+        await parts.sink?.record(.deduplicated(traceID: traceID, url: url, method: method, operationID: operationID))
     }
 
     /// Where tests observe paths that have no other visible effect (see AsyncRequestEngine+Testing).

@@ -563,7 +563,8 @@ extension SharedCall {
 
     @inline(never)
     private func emitStarted() async {
-        await parts.sink?.record(.started(traceID: execution.traceID, url: execution.url, method: execution.method))
+        await parts.sink?.record(
+            .started(traceID: execution.traceID, url: execution.url, method: execution.method, operationID: execution.operationID))
     }
 
     @inline(never)
@@ -588,6 +589,8 @@ struct Execution: Sendable {
     /// For events.
     let url: URL
     let method: HTTPMethod
+    /// The request's `operationID`, for events.
+    var operationID: String? = nil
     /// The request to send; meaningful only when `invalid` is nil.
     let urlRequest: URLRequest
     /// Why the request cannot be sent (reported as `failed` after `started`, nothing sent).
