@@ -111,6 +111,7 @@ let package = Package(
             name: "ResilienceOpenAPI",
             dependencies: [
                 .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "OfflineQueue", package: "Resilience"),
                 .product(name: "OpenAPIRuntime", package: "swift-openapi-runtime"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
             ]
@@ -136,6 +137,37 @@ let package = Package(
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "OpenAPIHummingbird", package: "swift-openapi-hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        // A notes app's process for the OpenAPI relaunch test: enqueues a generated `createNote`
+        // offline, or drains the queue online (GeneratedClientTests).
+        .executableTarget(
+            name: "notes-offline-client",
+            dependencies: [
+                "NotesAPI",
+                "ResilienceOpenAPI",
+                "ResilienceAsyncHTTPClient",
+                .product(name: "OfflineQueue", package: "Resilience"),
+                .product(name: "RequestEngine", package: "Resilience"),
+            ]
+        ),
+        // Docs/Integrations.md's generated-client example: NotesApp.swift is the user's code
+        // (shown verbatim), main.swift drives it against the generated server.
+        .executableTarget(
+            name: "openapi-example",
+            dependencies: [
+                "NotesAPI",
+                "NotesOrigin",
+                "ResilienceOpenAPI",
+                "ResilienceAsyncHTTPClient",
+                .product(name: "Auth", package: "Resilience"),
+                .product(name: "OfflineQueue", package: "Resilience"),
+                .product(name: "Reachability", package: "Resilience"),
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "ResponseCache", package: "Resilience"),
+                .product(name: "Retry", package: "Resilience"),
             ]
         ),
         // The README's and Docs/Integrations.md's adoption snippet and the outbox recipe, compiled by CI.
@@ -231,6 +263,7 @@ let package = Package(
                 "NotesAPI",
                 "NotesOrigin",
                 .product(name: "Auth", package: "Resilience"),
+                .product(name: "OfflineQueue", package: "Resilience"),
                 "ResilienceAsyncHTTPClient",
                 "ResilienceOpenAPI",
                 .product(name: "RequestEngine", package: "Resilience"),

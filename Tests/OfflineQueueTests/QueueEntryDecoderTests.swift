@@ -20,6 +20,25 @@ struct QueueEntryDecoderTests {
             sequence: 42, revision: 3, attempts: 7, nextAttemptAt: nextAttemptAt, lastError: lastError)
     }
 
+    @Test func anOperationIDRoundTripsAndAnEntryWithoutOneReadsNil() throws {
+        struct Operation: QueueableRequest {
+            let url = URL(string: "https://api.example.test/v1/notes")!
+            let method = HTTPMethod.post
+            let body: Data? = Data("{}".utf8)
+            let operationID: String? = "createNote"
+        }
+        let stored = QueueEntry(Operation(), id: UUID(), enqueuedAt: Date(timeIntervalSinceReferenceDate: 815_000_000))
+        #expect(stored.operationID == "createNote")
+        #expect(stored.replayRequest?.operationID == "createNote")
+        let data = try QueueEntry.makeEncoder().encode(stored)
+        #expect(try #require(QueueEntryDecoder.decode(data)).operationID == "createNote")
+        #expect(try QueueEntry.makeDecoder().decode(QueueEntry.self, from: data).operationID == "createNote")
+        // Written before entries had one: no key at all.
+        let older = try QueueEntry.makeEncoder().encode(entry())
+        #expect(!String(decoding: older, as: UTF8.self).contains("operationID"))
+        #expect(try #require(QueueEntryDecoder.decode(older)).operationID == nil)
+    }
+
     @Test func everyFieldRoundTripsThroughTheFastReader() throws {
         let samples = [
             entry(),

@@ -1,6 +1,7 @@
 import Foundation
 import HTTPTypes
 import OpenAPIRuntime
+import RequestEngine
 
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -9,6 +10,14 @@ import FoundationNetworking
 /// Between swift-http-types' values, which generated code speaks, and the Foundation types the
 /// stack speaks.
 enum HTTPConversion {
+    /// The stack's method for `method`, or `invalidRequest` for one the engine does not send.
+    static func method(_ method: HTTPRequest.Method) throws -> RequestEngine.HTTPMethod {
+        guard let converted = RequestEngine.HTTPMethod(rawValue: method.rawValue) else {
+            throw ResilienceTransportError.invalidRequest(reason: "the engine does not send \(method.rawValue) requests")
+        }
+        return converted
+    }
+
     /// `baseURL` with `path` (the request's path and query, from `/`) appended, as the runtime's
     /// own transports join them: a base URL's trailing `/` is dropped first.
     static func url(baseURL: URL, path: String?) throws -> URL {

@@ -92,9 +92,7 @@ public struct ResilienceTransport: ClientTransport {
     /// path, the header fields joined per name, the body read within its bound, and the
     /// operation with its policy.
     func prepare(_ request: HTTPRequest, body: HTTPBody?, baseURL: URL, operationID: String) async throws -> PreparedRequest {
-        guard let method = HTTPMethod(rawValue: request.method.rawValue) else {
-            throw ResilienceTransportError.invalidRequest(reason: "the engine does not send \(request.method.rawValue) requests")
-        }
+        let method = try HTTPConversion.method(request.method)
         let url = try HTTPConversion.url(baseURL: baseURL, path: request.path)
         var data: Data?
         if let body { data = try await HTTPConversion.collect(body, upTo: configuration.maximumRequestBodySize) }

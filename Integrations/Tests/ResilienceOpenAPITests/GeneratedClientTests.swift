@@ -4,6 +4,7 @@ import HTTPTypes
 import IntegrationTestSupport
 import NotesAPI
 import NotesOrigin
+import OfflineQueue
 import OpenAPIRuntime
 import Reachability
 import RequestEngine
@@ -14,6 +15,12 @@ import ResponseCache
 import Retry
 import Synchronization
 import Testing
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -128,6 +135,74 @@ struct GeneratedClientTests {
         let offline = try await notes.listNotes()
         #expect(try offline.ok.body.json.map(\.text) == ["kept"])
         #expect(try offline.ok.headers.ETag == online.ok.headers.ETag)
+    }
+
+    // MARK: Offline operations
+
+    static let offlineClient = ChildProcess.executable(named: "notes-offline-client", overriddenBy: "NOTES_OFFLINE_CLIENT")
+
+    @Test(.enabled(if: offlineClient != nil, "notes-offline-client is not beside the test bundle: build with `swift build --build-tests`"))
+    func anOfflineCreateNoteIsDeliveredAfterARelaunchExactlyOnce() async throws {
+        let binary = try #require(Self.offlineClient)
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("notes-queue-\(UUID().uuidString)")
+        let logs = FileManager.default.temporaryDirectory.appendingPathComponent("notes-logs-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: logs, withIntermediateDirectories: true)
+        defer {
+            try? FileManager.default.removeItem(at: folder)
+            try? FileManager.default.removeItem(at: logs)
+        }
+        try await withServer { server in
+            let url = server.baseURL.absoluteString
+            // The app, offline, stores the operation and is killed while it runs.
+            let app = try ChildProcess(
+                binary: binary, arguments: ["enqueue", folder.path, url, "written offline"], outputURL: logs.appendingPathComponent("enqueue"))
+            while !app.output.contains("QUEUED") {
+                guard !app.hasExited else { Issue.record("enqueue ended: \(app.tail())"); return }
+                await Task.yield()
+            }
+            #expect(!app.output.contains("QUEUED none"))
+            #expect(await app.kill() == .signal(SIGKILL))
+            #expect(server.origin.requests.isEmpty)
+            // Relaunched online, twice: the note is made once.
+            for run in 0..<2 {
+                let relaunched = try ChildProcess(binary: binary, arguments: ["drain", folder.path, url], outputURL: logs.appendingPathComponent("drain\(run)"))
+                #expect(await relaunched.exited() == .status(0), "\(relaunched.tail())")
+                #expect(relaunched.output.contains(run == 0 ? "DRAINED 1 REMAINING 0" : "DRAINED 0 REMAINING 0"), "\(relaunched.tail())")
+            }
+            #expect(server.origin.effects == 1)
+            #expect(server.origin.hits("createNote") == 1)
+            let notes = client(server, sender: AsyncRequestEngine(session: session))
+            #expect(try await notes.listNotes().ok.body.json.map(\.text) == ["written offline"])
+        }
+    }
+
+    @Test func anOperationQueuedOfflineKeepsItsOperationIDAndItsOwnIdempotencyKey() async throws {
+        try await withServer { server in
+            let monitor = ManualReachabilityMonitor(isConnected: false)
+            let folder = FileManager.default.temporaryDirectory.appendingPathComponent("notes-queue-\(UUID().uuidString)")
+            defer { try? FileManager.default.removeItem(at: folder) }
+            let queue = OfflineQueueEngine(
+                requestEngine: AsyncRequestEngine(session: session), reachabilityMonitor: monitor, store: try DiskQueueStore(directory: folder))
+            let offline = OfflineOperations(queue: queue) { Client(serverURL: server.baseURL, transport: $0) }
+            let result = try await offline.enqueue(orderingKey: "notes") {
+                _ = try await $0.createNote(headers: .init(Idempotency_hyphen_Key: "chosen-key"), body: .json(.init(text: "mine")))
+            }
+            let id = try #require(result.queuedID)
+            let entry = try #require(await queue.items.first { $0.id == id })
+            #expect(entry.operationID == "createNote")
+            #expect(entry.idempotencyKey == "chosen-key")
+            #expect(entry.orderingKey == "notes")
+            #expect(entry.headers.keys.allSatisfy { $0.lowercased() != "idempotency-key" })
+            await #expect(throws: OfflineOperationsError.noOperation) { _ = try await offline.enqueue { _ in } }
+            await monitor.setConnected(true)
+            _ = await queue.flush()
+            #expect(server.origin.requests.map { $0.headerFields[.init("Idempotency-Key")!] } == ["chosen-key"])
+            #expect(server.origin.effects == 1)
+            // Online, the operation goes at once and the queue says how it was answered.
+            let sent = try await offline.enqueue { _ = try await $0.createNote(body: .json(.init(text: "now"))) }
+            #expect(sent == .sent(statusCode: 201))
+            await queue.close()
+        }
     }
 
     // MARK: Breakers, cancellation, bounds, header fields

@@ -1,14 +1,7 @@
 import Foundation
+import IntegrationTestSupport
 import ResilienceTesting
 import Synchronization
-
-#if canImport(Glibc)
-import Glibc
-private let sendSignal = Glibc.kill
-#elseif canImport(Darwin)
-import Darwin
-private let sendSignal = Darwin.kill
-#endif
 
 /// The origin the replicas deliver to: a `LoopbackHTTPServer` that applies each `Idempotency-Key`
 /// once (the first request carrying it is the effect; later ones are duplicates, answered the same)
@@ -110,100 +103,11 @@ final class DeduplicatingOrigin: Sendable {
     var violations: [String] { state.withLock { $0.violations } }
 }
 
-/// A child process of `postgres-queue-replica`, its standard output and error in a file.
-final class ReplicaProcess: Sendable {
-    /// How a child ended.
-    enum Exit: Equatable, Sendable {
-        case status(Int32)
-        case signal(Int32)
-    }
+/// A child process of `postgres-queue-replica` (`ChildProcess`, in IntegrationTestSupport).
+typealias ReplicaProcess = ChildProcess
 
-    let pid: Int32
-    let outputURL: URL
-    private let exit = ExitState()
-
-    /// The exit, once known, and who waits for it (a class, so the termination handler shares it).
-    private final class ExitState: Sendable {
-        let state = Mutex<(value: Exit?, waiters: [CheckedContinuation<Exit, Never>])>((nil, []))
-    }
-
-    /// Starts `binary` with `arguments`, writing its output (standard output and error) to `outputURL`.
-    init(binary: URL, arguments: [String], outputURL: URL) throws {
-        guard FileManager.default.createFile(atPath: outputURL.path, contents: nil) else {
-            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: outputURL.path])
-        }
-        let output = try FileHandle(forWritingTo: outputURL)
-        let process = Process()
-        process.executableURL = binary
-        process.arguments = arguments
-        process.standardInput = FileHandle.nullDevice
-        process.standardOutput = output
-        process.standardError = output
-        let exit = self.exit
-        process.terminationHandler = { process in
-            let ended: Exit =
-                process.terminationReason == .uncaughtSignal ? .signal(process.terminationStatus) : .status(process.terminationStatus)
-            let waiters = exit.state.withLock { state in
-                state.value = ended
-                defer { state.waiters = [] }
-                return state.waiters
-            }
-            for waiter in waiters { waiter.resume(returning: ended) }
-        }
-        try process.run()
-        try? output.close()  // the child holds its own copy
-        self.pid = process.processIdentifier
-        self.outputURL = outputURL
-    }
-
-    /// How the child ended, once it has.
-    func exited() async -> Exit {
-        await withCheckedContinuation { continuation in
-            let ended = exit.state.withLock { state -> Exit? in
-                if let value = state.value { return value }
-                state.waiters.append(continuation)
-                return nil
-            }
-            if let ended { continuation.resume(returning: ended) }
-        }
-    }
-
-    var hasExited: Bool { exit.state.withLock { $0.value != nil } }
-
-    /// Sends SIGKILL (nothing when it has ended already) and waits for the child to end.
-    @discardableResult
-    func kill() async -> Exit {
-        if !hasExited { _ = sendSignal(pid, SIGKILL) }
-        return await exited()
-    }
-
-    /// The output so far.
-    var output: String { (try? String(contentsOf: outputURL, encoding: .utf8)) ?? "" }
-
-    /// The last `count` lines of the output.
-    func tail(_ count: Int = 20) -> String {
-        output.split(separator: "\n", omittingEmptySubsequences: false).suffix(count).joined(separator: "\n")
-    }
-
+extension ChildProcess {
     /// `postgres-queue-replica` as the build put it, beside this test bundle (SwiftPM builds the
     /// package's executables with its tests); `POSTGRES_QUEUE_REPLICA` names another.
-    static let binary: URL? = {
-        let fileManager = FileManager.default
-        if let path = ProcessInfo.processInfo.environment["POSTGRES_QUEUE_REPLICA"] {
-            return fileManager.isExecutableFile(atPath: path) ? URL(fileURLWithPath: path) : nil
-        }
-        var folders: [URL] = []
-        // The .xctest bundle (macOS) or executable (Linux) sits in the build's bin folder.
-        for bundle in Bundle.allBundles where bundle.bundlePath.hasSuffix(".xctest") {
-            folders.append(bundle.bundleURL.deletingLastPathComponent())
-        }
-        folders.append(Bundle.main.bundleURL)
-        if let executable = Bundle.main.executableURL { folders.append(executable.deletingLastPathComponent()) }
-        if let first = CommandLine.arguments.first { folders.append(URL(fileURLWithPath: first).deletingLastPathComponent()) }
-        for folder in folders {
-            let candidate = folder.appendingPathComponent("postgres-queue-replica")
-            if fileManager.isExecutableFile(atPath: candidate.path) { return candidate }
-        }
-        return nil
-    }()
+    static let binary: URL? = executable(named: "postgres-queue-replica", overriddenBy: "POSTGRES_QUEUE_REPLICA")
 }

@@ -55,6 +55,11 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
     /// `base`, as the entry file's JSON holds it: two flat strings, which the fast reader knows.
     private(set) var baseETag: String?
     private(set) var baseLastModified: String?
+    /// The API operation the entry's request performs (`NetworkRequest.operationID`, a generated
+    /// OpenAPI client's `operationId`), stored with it and carried by each replay; `nil` for
+    /// entries made without one (and every entry stored before it existed). Rules
+    /// (`OptimisticUpdate`, `Invalidation`) can match on it.
+    public internal(set) var operationID: String?
 
     /// The conflict this write is in (the server answered `412` or `428`), stored until the
     /// queue's `ConflictResolver` has answered; `nil` for a write in none.
@@ -181,6 +186,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         self.deadlineSeconds = request.deadline?.seconds
         self.baseETag = request.editBase?.etag
         self.baseLastModified = request.editBase?.lastModified
+        self.operationID = request.operationID
     }
 
     /// Every stored field, as read back from a file.
@@ -189,7 +195,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         enqueuedAt: Date, ttl: TimeInterval, priority: Int, idempotencyKey: String, orderingKey: String?,
         coalescingKey: String?, sequence: UInt64, attempts: Int, nextAttemptAt: Date?, lastError: String?,
         revision: Int, formatVersion: Int, maximumResponseBodySize: Int? = nil, deadlineSeconds: Double? = nil,
-        baseETag: String? = nil, baseLastModified: String? = nil, conflict: QueueConflict? = nil
+        baseETag: String? = nil, baseLastModified: String? = nil, conflict: QueueConflict? = nil, operationID: String? = nil
     ) {
         self.id = id
         self.url = url
@@ -214,6 +220,7 @@ public struct QueueEntry: Codable, Sendable, Equatable, Identifiable {
         self.baseETag = baseETag
         self.baseLastModified = baseLastModified
         self.conflict = conflict
+        self.operationID = operationID
     }
 
     /// The largest `sequence`, `revision` or `attempts` a stored entry may carry: 2^53, the largest
@@ -290,7 +297,8 @@ extension QueueEntry {
         headers[HTTPHeader.idempotencyKey] = idempotencyKey
         return PreparedRequest(
             url: url, method: method, headers: headers, body: body, timeout: timeout,
-            maximumResponseBodySize: maximumResponseBodySize, deadline: deadline, requestPriority: .background
+            maximumResponseBodySize: maximumResponseBodySize, deadline: deadline, requestPriority: .background,
+            operationID: operationID
         )
     }
 }

@@ -231,6 +231,9 @@ struct StorableRequest<Base: QueueableRequest>: QueueableRequest {
     var deadline: Duration? { wrapped.deadline }
     var requestPriority: RequestPriority { wrapped.requestPriority }
     var editBase: EditBase? { wrapped.editBase }
+    var operationID: String? { wrapped.operationID }
+    var retryable: Bool? { wrapped.retryable }
+    var cacheable: Bool? { wrapped.cacheable }
 }
 
 extension PreparedRequest {

@@ -76,7 +76,7 @@ enum QueueEntryDecoder {
             var enqueuedAt: Value?, ttl: Value?, priority: Value?, idempotencyKey: Value?, orderingKey: Value?
             var coalescingKey: Value?, sequence: Value?, attempts: Value?, nextAttemptAt: Value?
             var lastError: Value?, revision: Value?, formatVersion: Value?, maximumResponseBodySize: Value?
-            var deadlineSeconds: Value?, baseETag: Value?, baseLastModified: Value?
+            var deadlineSeconds: Value?, baseETag: Value?, baseLastModified: Value?, operationID: Value?
 
             /// Stores `value` under `key`; `false` for a key an entry does not have, or one already
             /// met (JSON leaves a repeated key's meaning open: JSONDecoder reads the first, so this
@@ -110,6 +110,7 @@ enum QueueEntryDecoder {
                 case "deadlineSeconds": return store(&deadlineSeconds)
                 case "baseETag": return store(&baseETag)
                 case "baseLastModified": return store(&baseLastModified)
+                case "operationID": return store(&operationID)
                 default: return false
                 }
             }
@@ -184,6 +185,7 @@ enum QueueEntryDecoder {
                 let formatVersion = integer(fields.formatVersion),
                 let baseETag = optionalString(fields.baseETag),
                 let baseLastModified = optionalString(fields.baseLastModified),
+                let operationID = optionalString(fields.operationID),
                 case .object(let headers)? = fields.headers
             else { return nil }
             var body: Data?
@@ -222,7 +224,7 @@ enum QueueEntryDecoder {
                 sequence: UInt64(sequence), attempts: attempts, nextAttemptAt: nextAttemptAt,
                 lastError: lastError, revision: revision, formatVersion: formatVersion,
                 maximumResponseBodySize: maximumResponseBodySize, deadlineSeconds: deadlineSeconds,
-                baseETag: baseETag, baseLastModified: baseLastModified
+                baseETag: baseETag, baseLastModified: baseLastModified, operationID: operationID
             )
         }
 
