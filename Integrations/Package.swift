@@ -36,6 +36,8 @@ let package = Package(
         // document, on Hummingbird (not a product's dependency).
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
         .package(url: "https://github.com/hummingbird-project/swift-openapi-hummingbird", from: "2.1.0"),
+        // The transport ResilienceTransport is measured against (openapi-benchmark only).
+        .package(url: "https://github.com/swift-server/swift-openapi-async-http-client", from: "1.5.0"),
     ],
     targets: [
         .target(
@@ -168,6 +170,22 @@ let package = Package(
                 .product(name: "RequestEngine", package: "Resilience"),
                 .product(name: "ResponseCache", package: "Resilience"),
                 .product(name: "Retry", package: "Resilience"),
+            ]
+        ),
+        // The generated client over ResilienceTransport (the engine over AHC) against the same
+        // client over swift-openapi-async-http-client's transport: CPU per operation, sequential
+        // and at 64 in flight, interleaved, the origin in a child process (Benchmarks/README.md).
+        .executableTarget(
+            name: "openapi-benchmark",
+            dependencies: [
+                "NotesAPI",
+                "NotesOrigin",
+                "ResilienceOpenAPI",
+                "ResilienceAsyncHTTPClient",
+                .product(name: "RequestEngine", package: "Resilience"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "OpenAPIAsyncHTTPClient", package: "swift-openapi-async-http-client"),
+                .product(name: "OpenAPIRuntime", package: "swift-openapi-runtime"),
             ]
         ),
         // The README's and Docs/Integrations.md's adoption snippet and the outbox recipe, compiled by CI.
