@@ -11,6 +11,7 @@ import FoundationNetworking
 package final class EventRecorder: RequestEventSink {
     private struct State {
         var events: [RequestEvent] = []
+        var operations: [Int: String] = [:]
         /// Tagged with the condition each waits for.
         var watchers = WaiterList<Void, @Sendable ([RequestEvent]) -> Bool>()
     }
@@ -19,6 +20,14 @@ package final class EventRecorder: RequestEventSink {
     package init() {}
 
     package var events: [RequestEvent] { state.withLock { $0.events } }
+
+    /// The operation each event came with (`record(_:operation:)`), by index in `events`.
+    package var operations: [Int: String] { state.withLock { $0.operations } }
+
+    package func record(_ event: RequestEvent, operation operationID: String) async {
+        state.withLock { $0.operations[$0.events.count] = operationID }
+        await record(event)
+    }
 
     package func record(_ event: RequestEvent) async {
         let ready = state.withLock { state in

@@ -58,14 +58,14 @@ public final class CircuitBreakerRegistry: Sendable {
     }
 
     /// The breaker for API operation `operationID` (`"createNote"`; case matters, as in an OpenAPI
-    /// document), made on first use. It is kept, reported and isolated under the name
-    /// `"operation:" + operationID`, which no host's name can equal.
-    public func breaker(forOperation operationID: String) -> CircuitBreaker {
-        breaker(key: Self.operationPrefix + operationID)
+    /// document) on `host` (as `breaker(forHost:)` takes it), made on first use: two APIs with an
+    /// operation of the same name, or one API on two hosts, never share one. It is kept and
+    /// reported (`states`, `hosts`, its changes' `host`) as `"<host> <operationID>"`, which no
+    /// host's name can equal (a host has no space); isolate or reset it on the breaker itself
+    /// (`isolate(host:)` and `reset(host:)` take hosts).
+    public func breaker(forOperation operationID: String, onHost host: String) -> CircuitBreaker {
+        breaker(key: Self.key(host) + " " + operationID)
     }
-
-    /// What an operation's breaker is named with: no authority starts with it.
-    static let operationPrefix = "operation:"
 
     private func breaker(key: String) -> CircuitBreaker {
         state.withLock { state in

@@ -228,7 +228,7 @@ final class EventLog: RequestEventSink {
     func record(_ event: RequestEvent) async {
         let line: String? =
             switch event {
-            case .started(_, let url, let method, _): "→ \(method.rawValue) \(url.path)"
+            case .started(_, let url, let method): "→ \(method.rawValue) \(url.path)"
             case .retryScheduled(_, let attempt, let delay): "↻ attempt \(attempt) failed, retrying in \(Int(delay * 1000)) ms"
             case .succeeded(_, let status, let duration, let attempt): "✓ \(status) on attempt \(attempt) after \(Int(duration * 1000)) ms"
             case .failed(_, let error, let attempt): "✗ \(error) on attempt \(attempt)"

@@ -12,10 +12,10 @@ struct RequestMetricsCollectorTests {
     @Test func aRequestWithAnOperationIsCountedUnderItsOperationNotItsPath() async {
         let collector = RequestMetricsCollector()
         let created = UUID()
-        collector.record(.started(traceID: created, url: url("https://api.example.com/v1/notes"), method: .post, operationID: "createNote"))
+        await collector.record(.started(traceID: created, url: url("https://api.example.com/v1/notes"), method: .post), operation: "createNote")
         collector.record(.succeeded(traceID: created, statusCode: 201, duration: 0.1, attempt: 0))
         collector.record(.started(traceID: UUID(), url: url("https://api.example.com/v1/notes"), method: .post))
-        collector.record(.deduplicated(traceID: UUID(), url: api, method: .get, operationID: "getUser"))
+        await collector.record(.deduplicated(traceID: UUID(), url: api, method: .get), operation: "getUser")
         let stats = await collector.snapshot()
         #expect(stats.endpoint("POST", "createNote")?.requestsStarted == 1)
         #expect(stats.endpoint("POST", "createNote")?.requestsSucceeded == 1)

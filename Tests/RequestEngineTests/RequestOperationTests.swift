@@ -74,16 +74,18 @@ struct RequestOperationTests {
         // The same host, another operation, and a request without one (its host's breaker).
         _ = try await engine.send(PreparedRequest(url: TestRequest("/notes/1").url, operationID: "getNote"))
         _ = try await engine.send(TestRequest("/health"))
-        #expect(registry.states["operation:listNotes"] == .open)
-        #expect(registry.states["operation:getNote"] == .closed)
+        #expect(registry.states["api.example.test listNotes"] == .open)
+        #expect(registry.states["api.example.test getNote"] == .closed)
         #expect(registry.states["api.example.test"] == .closed)
     }
 
-    @Test func anOperationsBreakerNameKeepsItsCaseAndCannotBeAHosts() {
+    @Test func anOperationsBreakerIsItsHostsKeepsItsCaseAndIsNeverAHosts() {
         let registry = CircuitBreakerRegistry()
-        #expect(registry.breaker(forOperation: "getNote") !== registry.breaker(forOperation: "GetNote"))
-        #expect(registry.breaker(forOperation: "getNote") === registry.breaker(forOperation: "getNote"))
-        #expect(registry.breaker(forOperation: "example.test") !== registry.breaker(forHost: "example.test"))
+        let getNote = registry.breaker(forOperation: "getNote", onHost: "a.example.test")
+        #expect(getNote === registry.breaker(forOperation: "getNote", onHost: "A.example.test"))
+        #expect(getNote !== registry.breaker(forOperation: "GetNote", onHost: "a.example.test"))
+        #expect(getNote !== registry.breaker(forOperation: "getNote", onHost: "b.example.test"))
+        #expect(registry.breaker(forOperation: "", onHost: "example.test") !== registry.breaker(forHost: "example.test"))
     }
 
     @Test func requestsOfDifferentOperationsOrRetryRulesNeverShareACall() async throws {
@@ -111,11 +113,12 @@ struct RequestOperationTests {
         await recorder.waitForDeduplicated(1)
         session.releaseHeld()
         _ = try await (first.value, second.value)
-        let operations = recorder.events.compactMap { event -> String? in
+        let tagged = recorder.operations
+        let operations = recorder.events.enumerated().compactMap { index, event -> String? in
             switch event {
-            case .started(_, _, _, let operationID): "started " + (operationID ?? "-")
-            case .deduplicated(_, _, _, let operationID): "deduplicated " + (operationID ?? "-")
-            default: nil
+            case .started: "started " + (tagged[index] ?? "-")
+            case .deduplicated: "deduplicated " + (tagged[index] ?? "-")
+            default: tagged[index].map { "\(event) " + $0 }  // no other event carries one
             }
         }
         #expect(operations == ["started listNotes", "deduplicated listNotes"])

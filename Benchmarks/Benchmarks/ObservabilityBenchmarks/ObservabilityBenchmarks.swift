@@ -225,11 +225,11 @@ actor DictionaryActorCollector: RequestEventSink {
 
     func record(_ event: RequestEvent) {
         switch event {
-        case .started(let id, let url, let method, _):
+        case .started(let id, let url, let method):
             let key = key(url, method)
             traces[id] = key
             endpoints[key, default: Endpoint()].started += 1
-        case .deduplicated(_, let url, let method, _):
+        case .deduplicated(_, let url, let method):
             endpoints[key(url, method), default: Endpoint()].deduplicated += 1
         case .retryScheduled(let id, _, _):
             endpoints[traces[id] ?? "unknown", default: Endpoint()].retries += 1

@@ -36,6 +36,8 @@ package final class NotesOrigin: APIProtocol {
         var token: String?
         var held: Set<String> = []
         var waiting: [CheckedContinuation<Void, Never>] = []
+        /// Tests waiting for a number of held requests.
+        var watchers: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
         var delay: Duration = .zero
         var cacheSeconds = 60
         var received: [Received] = []
@@ -108,9 +110,16 @@ package final class NotesOrigin: APIProtocol {
         state.withLock { $0.received.filter { $0.operationID == operationID }.count }
     }
 
-    /// Waits until `count` requests of `operationID` are held.
+    /// Waits until `count` requests are held.
     package func waitForHeld(_ count: Int) async {
-        while state.withLock({ $0.waiting.count }) < count { await Task.yield() }
+        await withCheckedContinuation { continuation in
+            let ready = state.withLock { state in
+                guard state.waiting.count < count else { return true }
+                state.watchers.append((count, continuation))
+                return false
+            }
+            if ready { continuation.resume() }
+        }
     }
 
     // MARK: The operations
@@ -203,11 +212,14 @@ package final class NotesOrigin: APIProtocol {
         case .pass(let delay, let hold, let cacheSeconds, let etag):
             if hold {
                 await withCheckedContinuation { continuation in
-                    let stillHeld = state.withLock { state in
-                        guard state.held.contains(operationID) else { return false }
+                    let (stillHeld, satisfied) = state.withLock { state in
+                        guard state.held.contains(operationID) else { return (false, [CheckedContinuation<Void, Never>]()) }
                         state.waiting.append(continuation)
-                        return true
+                        let held = state.waiting.count
+                        defer { state.watchers.removeAll { $0.count <= held } }
+                        return (true, state.watchers.filter { $0.count <= held }.map(\.continuation))
                     }
+                    for watcher in satisfied { watcher.resume() }
                     if !stillHeld { continuation.resume() }
                 }
             }

@@ -15,8 +15,9 @@ import ResilienceBridgeSupport
 /// | `request succeeded` | debug | `trace_id`, `http.method`, `http.endpoint`, `http.status`, `attempt`, `duration_seconds` |
 /// | `request failed` | info | `trace_id`, `http.method`, `http.endpoint`, `http.status` (status code or reason), `attempt`, `error` |
 ///
-/// `http.endpoint` is the request's `operationID` when it has one (`createNote`), else the path
-/// template (`/users/{id}`); `server.address` is the host alone: no
+/// `http.endpoint` is the request's operation when it has one (`createNote`, a generated client's,
+/// given by `record(_:operation:)`), else the path template (`/users/{id}`); `server.address` is
+/// the host alone: no
 /// path, query, fragment, user info, header or body is ever logged, so `Authorization`, cookies
 /// and `?token=` values cannot reach a log line; `error` is `NetworkError.description`, which
 /// leaves bodies, headers and URLs out. Durations and delays are seconds with millisecond
@@ -76,8 +77,17 @@ public struct SwiftLogEventSink: RequestEventSink {
     }
 
     public func record(_ event: RequestEvent) async {
+        log(event, operationID: nil)
+    }
+
+    /// `record(_:)`, with `http.endpoint` the operation's name.
+    public func record(_ event: RequestEvent, operation operationID: String) async {
+        log(event, operationID: operationID)
+    }
+
+    private func log(_ event: RequestEvent, operationID: String?) {
         switch event {
-        case .started(let traceID, let url, let method, let operationID):
+        case .started(let traceID, let url, let method):
             let labels = catalog.labels(method: method, url: url, operationID: operationID)
             // Remembered only when a later entry can be logged: the succeeded or failed one.
             if logger.logLevel <= max(levels.succeeded, levels.failed, levels.retryScheduled) {
@@ -85,7 +95,7 @@ public struct SwiftLogEventSink: RequestEventSink {
             }
             guard logger.logLevel <= levels.started else { return }
             logger.log(level: levels.started, "request started", metadata: Self.metadata(traceID, labels, host: url.host))
-        case .deduplicated(let traceID, let url, let method, let operationID):
+        case .deduplicated(let traceID, let url, let method):
             guard logger.logLevel <= levels.deduplicated else { return }
             let labels = catalog.labels(method: method, url: url, operationID: operationID)
             logger.log(level: levels.deduplicated, "request deduplicated", metadata: Self.metadata(traceID, labels, host: url.host))

@@ -17,8 +17,8 @@ import Synchronization
 /// | `http_client_requests_total` | counter | `method`, `endpoint`, `status`, `outcome` | `succeeded`, `failed` |
 /// | `http_client_request_duration_seconds` | timer (nanoseconds) | `method`, `endpoint` | `succeeded` |
 ///
-/// `endpoint` is the request's `operationID` when it has one (`createNote`, a generated client's
-/// operation), else the path template (`/users/{id}`), never a path, host, query or header, so no
+/// `endpoint` is the request's operation when it has one (`createNote`, a generated client's, given
+/// by `record(_:operation:)`), else the path template (`/users/{id}`), never a path, host, query or header, so no
 /// token or personal identifier becomes a label; at most `maximumEndpoints` distinct endpoints get
 /// their own label, later ones share `__other__`. `status` is the final HTTP status, or the reason
 /// a request without a response failed (`timed_out`, `cannot_connect`, …). Terminal events of a
@@ -83,12 +83,21 @@ public struct SwiftMetricsEventSink: RetryThrottlingEventSink {
     }
 
     public func record(_ event: RequestEvent) async {
+        count(event, operationID: nil)
+    }
+
+    /// `record(_:)`, with `endpoint` the operation's name.
+    public func record(_ event: RequestEvent, operation operationID: String) async {
+        count(event, operationID: operationID)
+    }
+
+    private func count(_ event: RequestEvent, operationID: String?) {
         switch event {
-        case .started(let traceID, let url, let method, let operationID):
+        case .started(let traceID, let url, let method):
             let labels = catalog.labels(method: method, url: url, operationID: operationID)
             requests.insert(labels, for: traceID)
             metrics.counter(Name.requestsStarted, labels).increment()
-        case .deduplicated(_, let url, let method, let operationID):
+        case .deduplicated(_, let url, let method):
             metrics.counter(Name.deduplicated, catalog.labels(method: method, url: url, operationID: operationID)).increment()
         case .retryScheduled(let traceID, _, _):
             metrics.counter(Name.retries, requests.value(for: traceID) ?? .unknown).increment()

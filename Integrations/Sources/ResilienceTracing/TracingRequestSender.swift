@@ -96,7 +96,7 @@ public struct TracingEventSink: RequestEventSink {
 
     public func record(_ event: RequestEvent) async {
         switch event {
-        case .started(let traceID, _, _, _):
+        case .started(let traceID, _, _):
             // In the shared call's task, which inherits the first caller's task-locals.
             if let logical = LogicalRequest.current { requests.insert(logical, for: traceID) }
         case .retryScheduled(let traceID, let attempt, let delay):

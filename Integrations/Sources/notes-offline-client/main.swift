@@ -5,8 +5,15 @@ import RequestEngine
 import ResilienceAsyncHTTPClient
 import ResilienceOpenAPI
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 // A notes app's process for the relaunch test (GeneratedClientTests): `enqueue` stores a
-// `createNote` while offline and says `QUEUED <id>` (the test then SIGKILLs it); `drain`, the app
+// `createNote` while offline, says `QUEUED <id>` and dies by SIGKILL (nothing closed, nothing
+// flushed: what the queue kept is only what it made durable before answering); `drain`, the app
 // relaunched online, replays the queue and says `DRAINED <delivered> REMAINING <pending>`.
 //
 //   notes-offline-client enqueue <queue folder> <server URL> <text>
@@ -36,8 +43,7 @@ case "enqueue":
     let offline = OfflineOperations(queue: queue) { Client(serverURL: serverURL, transport: $0) }
     let result = try await offline.enqueue { _ = try await $0.createNote(body: .json(.init(text: text))) }
     say("QUEUED \(result.queuedID?.uuidString ?? "none")")
-    // Stays up, as an app does, until the test kills it.
-    while true { try await Task.sleep(for: .seconds(3600)) }
+    kill(getpid(), SIGKILL)
 case "drain":
     let report = await queue.flush()
     say("DRAINED \(report.delivered.count) REMAINING \(await queue.pendingCount())")

@@ -135,8 +135,9 @@ struct ResilienceTransportTests {
         #expect(server.hits("/api/broken") == 4)
         let (fine, _) = try await transport.send(request(.get, "/fine"), body: nil, baseURL: baseURL, operationID: "getFine")
         #expect(fine.status == .ok)
-        #expect(registry.breaker(forOperation: "getBroken").state == .open)
-        #expect(registry.breaker(forOperation: "getFine").state == .closed)
+        let host = try #require(CircuitBreakerRegistry.authority(of: baseURL))
+        #expect(registry.breaker(forOperation: "getBroken", onHost: host).state == .open)
+        #expect(registry.breaker(forOperation: "getFine", onHost: host).state == .closed)
     }
 
     @Test func anOperationDeclaredNotCacheableIsNeverAnsweredFromTheCache() async throws {

@@ -16,8 +16,7 @@ import RequestEngine
 /// ```
 ///
 /// What is counted when (see Sources/Observability/Observability.docc/ObservabilityGuide.md):
-/// - `started` → `requestsStarted`, for the endpoint its URL and method map to (its
-///   `operationID`, when the request has one, names the endpoint in place of the path template);
+/// - `started` → `requestsStarted`, for the endpoint its URL and method map to;
 /// - `retryScheduled` → `retriesScheduled`;
 /// - `succeeded` → `requestsSucceeded`, its status code, and its duration into the histogram;
 /// - `failed` → `requestsFailed` and its status code (final non-2xx response) or failure reason;
@@ -102,6 +101,15 @@ public final class RequestMetricsCollector: RetryThrottlingEventSink {
         ingest(event)
     }
 
+    /// Counts `event` of a request performing API operation `operationID`: its `started` and
+    /// `deduplicated` are counted under an endpoint named by the operation (in place of the URL's
+    /// path template, and of `Configuration`'s custom template). `async`, unlike `record(_:)`, so
+    /// that a call in async code picks it over `RequestEventSink`'s default (which drops the
+    /// operation); it never suspends.
+    public func record(_ event: RequestEvent, operation operationID: String) async {
+        ingest(event, operationID: operationID)
+    }
+
     /// Counts a retry a host's retry throttle refused, under the host (host and port; never a
     /// path, query or credential).
     public func recordRetryThrottled(_ event: RetryThrottledEvent) {
@@ -178,12 +186,12 @@ public final class RequestMetricsCollector: RetryThrottlingEventSink {
     }
 
     @inline(__always)
-    func ingest(_ event: RequestEvent) {
+    func ingest(_ event: RequestEvent, operationID: String? = nil) {
         switch event {
-        case .started(let traceID, let url, let method, let operationID):
+        case .started(let traceID, let url, let method):
             let row = countEndpointEvent(url: url, method: method, operationID: operationID, isDeduplication: false)
             traces.insert(traceID, row: row)
-        case .deduplicated(_, let url, let method, let operationID):
+        case .deduplicated(_, let url, let method):
             _ = countEndpointEvent(url: url, method: method, operationID: operationID, isDeduplication: true)
         case .retryScheduled(let traceID, _, _):
             let row = Int(traces.row(of: traceID) ?? EndpointRegistry.unknownRow)
@@ -199,8 +207,8 @@ public final class RequestMetricsCollector: RetryThrottlingEventSink {
     }
 
     /// Counts a `started` or `deduplicated` event for the endpoint of `url` and `method` — named by
-    /// the request's `operationID` when it has one, else by the URL's path template — and
-    /// returns that endpoint's row. A known endpoint costs a template hash and the shard's lock;
+    /// `operationID` when the request has one, else by the URL's path template — and returns that
+    /// endpoint's row. A known endpoint costs a template hash and the shard's lock;
     /// the registry is consulted only when the shard's cache misses.
     @inline(__always)
     private func countEndpointEvent(url: URL, method: HTTPMethod, operationID: String?, isDeduplication: Bool) -> Int32 {

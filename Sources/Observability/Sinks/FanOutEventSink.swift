@@ -30,6 +30,11 @@ public struct FanOutEventSink: RetryThrottlingEventSink, HedgingEventSink {
     }
 
     /// Passes a throttled retry to every sink that hears of them, in order.
+    /// Records `event` of a request performing `operationID` to each sink, in order.
+    public func record(_ event: RequestEvent, operation operationID: String) async {
+        for sink in sinks { await sink.record(event, operation: operationID) }
+    }
+
     public func recordRetryThrottled(_ event: RetryThrottledEvent) async {
         for case let sink as any RetryThrottlingEventSink in sinks {
             await sink.recordRetryThrottled(event)

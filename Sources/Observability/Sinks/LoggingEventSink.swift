@@ -60,26 +60,28 @@ public struct LoggingEventSink: RequestEventSink {
         writer(line(for: event))
     }
 
+    /// Writes the line for `event` with ` operation=<id>` after the method (`started` and
+    /// `deduplicated` of a request that performs an API operation).
+    public func record(_ event: RequestEvent, operation operationID: String) async {
+        writer(line(for: event, operation: operationID))
+    }
+
     /// The line written for `event`.
-    func line(for event: RequestEvent) -> String {
+    func line(for event: RequestEvent, operation operationID: String? = nil) -> String {
         let trace = "trace=\(event.traceID.uuidString)"
+        let operation = operationID.map { " operation=" + quoted($0) } ?? ""
         switch event {
-        case .started(_, let url, let method, let operationID):
-            return "\(label) event=started \(trace) method=\(method.rawValue)\(operation(operationID)) url=\(quoted(RedactedURL.string(for: url, pathTemplate: pathTemplate)))"
+        case .started(_, let url, let method):
+            return "\(label) event=started \(trace) method=\(method.rawValue)\(operation) url=\(quoted(RedactedURL.string(for: url, pathTemplate: pathTemplate)))"
         case .retryScheduled(_, let attempt, let delay):
             return "\(label) event=retry_scheduled \(trace) attempt=\(attempt) delay=\(Self.seconds(delay))"
         case .succeeded(_, let statusCode, let duration, let attempt):
             return "\(label) event=succeeded \(trace) status=\(statusCode) attempt=\(attempt) duration=\(Self.seconds(duration))"
         case .failed(_, let error, let attempt):
             return "\(label) event=failed \(trace) attempt=\(attempt) error=\(quoted(error.description))"
-        case .deduplicated(_, let url, let method, let operationID):
-            return "\(label) event=deduplicated \(trace) method=\(method.rawValue)\(operation(operationID)) url=\(quoted(RedactedURL.string(for: url, pathTemplate: pathTemplate)))"
+        case .deduplicated(_, let url, let method):
+            return "\(label) event=deduplicated \(trace) method=\(method.rawValue)\(operation) url=\(quoted(RedactedURL.string(for: url, pathTemplate: pathTemplate)))"
         }
-    }
-
-    /// ` operation=<id>` for a request with an operation, else nothing.
-    private func operation(_ operationID: String?) -> String {
-        operationID.map { " operation=" + quoted($0) } ?? ""
     }
 
     /// `value` as a logfmt value: bare when it has no space, quote, backslash, `=` or control

@@ -271,8 +271,9 @@ public final class AsyncRequestEngine: RequestSending {
     /// engine's one.
     private func breaker(authority: String?, operationID: String?) -> CircuitBreaker? {
         guard let breakerRegistry else { return sharedBreaker }
-        if breakersPerOperation, let operationID { return breakerRegistry.breaker(forOperation: operationID) }
-        return authority.map { breakerRegistry.breaker(forHost: $0) }
+        guard let authority else { return nil }
+        if breakersPerOperation, let operationID { return breakerRegistry.breaker(forOperation: operationID, onHost: authority) }
+        return breakerRegistry.breaker(forHost: authority)
     }
 
     /// Methods hedged without an `Idempotency-Key`: those that only read.
@@ -350,7 +351,12 @@ public final class AsyncRequestEngine: RequestSending {
 
     @inline(never)
     private func emitDeduplicated(_ traceID: UUID, url: URL, method: HTTPMethod, operationID: String?) async {
-        await parts.sink?.record(.deduplicated(traceID: traceID, url: url, method: method, operationID: operationID))
+        let event = RequestEvent.deduplicated(traceID: traceID, url: url, method: method)
+        if let operationID {
+            await parts.sink?.record(event, operation: operationID)
+        } else {
+            await parts.sink?.record(event)
+        }
     }
 
     /// Where tests observe paths that have no other visible effect (see AsyncRequestEngine+Testing).

@@ -563,8 +563,12 @@ extension SharedCall {
 
     @inline(never)
     private func emitStarted() async {
-        await parts.sink?.record(
-            .started(traceID: execution.traceID, url: execution.url, method: execution.method, operationID: execution.operationID))
+        let started = RequestEvent.started(traceID: execution.traceID, url: execution.url, method: execution.method)
+        if let operationID = execution.operationID {
+            await parts.sink?.record(started, operation: operationID)
+        } else {
+            await parts.sink?.record(started)
+        }
     }
 
     @inline(never)

@@ -139,8 +139,9 @@ extension AsyncRequestEngine {
         /// One breaker per host (host and port), for an engine that calls several dependencies.
         case perHost(CircuitBreakerRegistry)
         /// One breaker per API operation (`NetworkRequest.operationID`, as a generated OpenAPI
-        /// client names it), and per host for requests without one: a failing operation opens its
-        /// own breaker while the host's other operations go on.
+        /// client names it) and host (`CircuitBreakerRegistry.breaker(forOperation:onHost:)`), and
+        /// per host for requests without one: a failing operation opens its own breaker while the
+        /// host's other operations go on.
         case perOperation(CircuitBreakerRegistry)
     }
 
