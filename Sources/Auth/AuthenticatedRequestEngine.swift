@@ -98,6 +98,14 @@ public final class AuthenticatedRequestEngine: RequestSending {
     /// - Throws: `NetworkError` when no HTTP response was obtained (`.cancelled` included),
     ///   `AuthError` when no token can be had.
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+        let (data, head) = try await responseWithHead(for: request)
+        return (data, head.httpURLResponse)
+    }
+
+    /// `response(for:)`, answering with the response's head as the engine below received it
+    /// (`RequestSending.responseWithHead(for:)`): over `AsyncHTTPClientSession` no
+    /// `HTTPURLResponse` is built.
+    public func responseWithHead(for request: some NetworkRequest) async throws -> (Data, ResponseHead) {
         // The request's deadline (or the sending engine's `totalDeadline`) bounds the whole call:
         // the wait for an admission place, the wait for a token, the first send, the shared
         // refresh after a 401 and the retry. It is placed on the coordinator's clock once, here;
@@ -109,12 +117,12 @@ public final class AuthenticatedRequestEngine: RequestSending {
         // queueing again behind requests that would then all go out with the rejected token.
         return try await admitted(by: deadline) {
             let issued = try await token(by: deadline) { try await coordinator.tokenForRequest(deadline: deadline) }
-            let first = try await requestEngine.response(for: try authorized(request, issued.token, by: deadline))
+            let first = try await requestEngine.responseWithHead(for: try authorized(request, issued.token, by: deadline))
             guard first.1.statusCode == 401 else { return first }
             let replacement = try await token(by: deadline) {
                 try await coordinator.tokenAfterUnauthorized(issued, deadline: deadline)
             }
-            return try await requestEngine.response(for: try authorized(request, replacement.token, by: deadline))
+            return try await requestEngine.responseWithHead(for: try authorized(request, replacement.token, by: deadline))
         }
     }
 

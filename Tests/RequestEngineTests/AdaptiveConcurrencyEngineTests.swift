@@ -175,7 +175,7 @@ struct AdaptiveConcurrencyEngineTests {
 
     @Test func theLimiterOutcomeOfEachResult() {
         let response = { (status: Int) in
-            Result<(Data, HTTPURLResponse), NetworkError>.success((Data(), HTTPURLResponse(url: Self.url, statusCode: status, httpVersion: nil, headerFields: nil)!))
+            Result<(Data, ResponseHead), NetworkError>.success((Data(), ResponseHead(HTTPURLResponse(url: Self.url, statusCode: status, httpVersion: nil, headerFields: nil)!)))
         }
         #expect(RequestStateMachine.limiterOutcome(of: response(200), timedOut: false) == .success)
         #expect(RequestStateMachine.limiterOutcome(of: response(404), timedOut: false) == .success)

@@ -18,7 +18,7 @@ struct HedgeRaceTests {
     private static let url = URL(string: "https://api.example.test/items")!
 
     private static func answer(_ status: Int) -> HedgeRace.Answer {
-        .success((Data(), HTTPURLResponse(url: url, statusCode: status, httpVersion: nil, headerFields: nil)!))
+        .success((Data(), ResponseHead(HTTPURLResponse(url: url, statusCode: status, httpVersion: nil, headerFields: nil)!)))
     }
 
     /// The status of the race's answer; `nil` when it is a failure.

@@ -16,7 +16,7 @@ struct RequestStateMachineTests {
     private static let url = URL(string: "https://api.example.test/items")!
 
     private func response(_ status: Int, headers: [String: String] = [:]) -> Machine.Outcome {
-        .success((Data("body".utf8), HTTPURLResponse(url: Self.url, statusCode: status, httpVersion: nil, headerFields: headers)!))
+        .success((Data("body".utf8), ResponseHead(HTTPURLResponse(url: Self.url, statusCode: status, httpVersion: nil, headerFields: headers)!)))
     }
 
     private func request(
@@ -363,7 +363,7 @@ struct HedgedAttemptTests {
     private static let url = URL(string: "https://api.example.test/items")!
 
     private func response(_ status: Int, headers: [String: String] = [:]) -> RequestStateMachine.Outcome {
-        .success((Data(), HTTPURLResponse(url: Self.url, statusCode: status, httpVersion: nil, headerFields: headers)!))
+        .success((Data(), ResponseHead(HTTPURLResponse(url: Self.url, statusCode: status, httpVersion: nil, headerFields: headers)!)))
     }
 
     private func name(_ step: Machine.Step) -> String {

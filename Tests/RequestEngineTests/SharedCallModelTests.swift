@@ -33,7 +33,7 @@ struct SharedCallModelTests {
 
     static func outcome(_ code: Int) -> Machine.Outcome {
         switch code {
-        case 1: .success((Data(), HTTPURLResponse(url: URL(fileURLWithPath: "/"), statusCode: 200, httpVersion: nil, headerFields: nil)!))
+        case 1: .success((Data(), ResponseHead(HTTPURLResponse(url: URL(fileURLWithPath: "/"), statusCode: 200, httpVersion: nil, headerFields: nil)!)))
         case 2: .failure(.cancelled)
         default: .failure(.timedOut)
         }

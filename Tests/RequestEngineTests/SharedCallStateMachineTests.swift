@@ -14,8 +14,8 @@ struct SharedCallStateMachineTests {
     private let ok: Machine.Outcome = .success(
         (
             Data("ok".utf8),
-            HTTPURLResponse(
-                url: URL(string: "https://api.example.test/")!, statusCode: 200, httpVersion: nil, headerFields: nil)!
+            ResponseHead(
+                HTTPURLResponse(url: URL(string: "https://api.example.test/")!, statusCode: 200, httpVersion: nil, headerFields: nil)!)
         ))
 
     private func task() -> Task<Void, Never> { Task {} }

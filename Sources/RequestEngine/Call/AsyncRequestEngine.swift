@@ -158,6 +158,20 @@ public final class AsyncRequestEngine: RequestSending {
     }
 
     public func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse) {
+        let (data, head) = try await exchange(request)
+        return (data, head.httpURLResponse)
+    }
+
+    /// `response(for:)`, answering with the response's head as the session received it: over a
+    /// session that reads fields itself (`AsyncHTTPClientSession`) no `HTTPURLResponse` is built.
+    public func responseWithHead(for request: some NetworkRequest) async throws -> (Data, ResponseHead) {
+        try await exchange(request)
+    }
+
+    /// Both answers' one path. Inlined into each: an async function called on its own costs a
+    /// frame and a return per request.
+    @inline(__always)
+    private func exchange(_ request: some NetworkRequest) async throws -> (Data, ResponseHead) {
         let entry = enter(request)
         if entry.runsHere {
             await entry.call.run()
@@ -351,12 +365,7 @@ public final class AsyncRequestEngine: RequestSending {
 
     @inline(never)
     private func emitDeduplicated(_ traceID: UUID, url: URL, method: HTTPMethod, operationID: String?) async {
-        let event = RequestEvent.deduplicated(traceID: traceID, url: url, method: method)
-        if let operationID {
-            await parts.sink?.record(event, operation: operationID)
-        } else {
-            await parts.sink?.record(event)
-        }
+        await parts.sink?.record(.deduplicated(traceID: traceID, url: url, method: method), operationID: operationID)
     }
 
     /// Where tests observe paths that have no other visible effect (see AsyncRequestEngine+Testing).

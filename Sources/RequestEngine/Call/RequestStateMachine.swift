@@ -43,7 +43,7 @@ import FoundationNetworking
 ///   nothing counted against the host), as it would have without the timeout;
 /// - a retry due at or past the request's deadline: not scheduled, the request fails at once.
 struct RequestStateMachine: Sendable {
-    typealias Outcome = Result<(Data, HTTPURLResponse), NetworkError>
+    typealias Outcome = Result<(Data, ResponseHead), NetworkError>
 
     enum State: Sendable, Equatable {
         /// Attempt `attempt` may start.
@@ -66,10 +66,10 @@ struct RequestStateMachine: Sendable {
         /// engine's clock (then `backoffEnded` or `backoffInterrupted`).
         case backOff(delay: Duration, attempt: Int, until: Duration)
         /// A 2xx answered attempt `attempt`: the request succeeds.
-        case succeed((Data, HTTPURLResponse), attempt: Int)
+        case succeed((Data, ResponseHead), attempt: Int)
         /// The request fails with `error`; a final non-2xx response is handed back with it.
         /// `throttled`: a retry was due and the host's retry throttle refused it.
-        case fail(NetworkError, response: (Data, HTTPURLResponse)?, attempt: Int, throttled: Bool)
+        case fail(NetworkError, response: (Data, ResponseHead)?, attempt: Int, throttled: Bool)
         /// The task carrying the request was cancelled at attempt `attempt`: the rest of the
         /// request may go on in another task from `resumingAt`, not before `notBefore` (what was
         /// left of a backoff), else the request ends as cancelled.
@@ -214,7 +214,7 @@ struct RequestStateMachine: Sendable {
         state = .finished
         let error: NetworkError
         var retryAfter: Duration?
-        var finalResponse: (Data, HTTPURLResponse)?
+        var finalResponse: (Data, ResponseHead)?
         switch result {
         case .success(let (data, response)):
             let status = response.statusCode

@@ -21,7 +21,7 @@ import FoundationNetworking
 /// An attempt is *opened* before it is sent and then *claimed* by exactly one side: its task
 /// (`claim`), when the response comes first, or the watchdog (`timeOut`), when the deadline does.
 struct SharedCallStateMachine: Sendable {
-    typealias Outcome = Result<(Data, HTTPURLResponse), NetworkError>
+    typealias Outcome = Result<(Data, ResponseHead), NetworkError>
     typealias Waiters = WaiterList<Outcome, Void>
     typealias Ticket = Waiters.Ticket
 

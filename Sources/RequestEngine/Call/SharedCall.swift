@@ -312,13 +312,13 @@ extension SharedCall {
     private func perform(
         attempt: Int,
         permit: CircuitBreaker.Permit?
-    ) async -> Result<(Data, HTTPURLResponse), NetworkError>? {
+    ) async -> Result<(Data, ResponseHead), NetworkError>? {
         if execution.inCallersTask { return await sessionTimedAttempt() }
         let registration = arm(attempt: attempt, permit: permit)
         // Without hedging or host limits — or with a free place in the adaptive limit, when that
         // is the only one — the session is called straight from here: each async layer between
         // costs a frame on every request.
-        let result: Result<(Data, HTTPURLResponse), NetworkError>
+        let result: Result<(Data, ResponseHead), NetworkError>
         if execution.isDirect {
             result = await transfer(on: parts.session)
         } else if let (adaptive, permit) = freeAdaptivePlace() {
@@ -335,7 +335,7 @@ extension SharedCall {
     /// An attempt of a request run in its caller's task: the session bounds it by the request's
     /// timeout — or by what is left of its total deadline, when that is sooner, and then its
     /// timeout is `deadlineExceeded` — and ends it when the caller is cancelled. No watchdog.
-    private func sessionTimedAttempt() async -> Result<(Data, HTTPURLResponse), NetworkError> {
+    private func sessionTimedAttempt() async -> Result<(Data, ResponseHead), NetworkError> {
         guard let deadline = execution.deadline else { return await transfer(on: parts.session) }
         let left = deadline - parts.time.now()
         if let timeout = execution.timeout, timeout < left { return await transfer(on: parts.session) }
@@ -393,7 +393,7 @@ extension SharedCall {
     }
 
     /// Sends the attempt: hedged when the request may be, else once.
-    private func send(attempt: Int) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+    private func send(attempt: Int) async -> Result<(Data, ResponseHead), NetworkError> {
         let execution = execution
         guard let hedging = execution.hedging else {
             return await sendOnce(attempt: attempt)
@@ -405,7 +405,7 @@ extension SharedCall {
     private func hedge(
         attempt: Int,
         policy: HedgingPolicy
-    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+    ) async -> Result<(Data, ResponseHead), NetworkError> {
         let execution = execution
         let budget = parts.budget
         var onHedge: (@Sendable (Int, TimeInterval) async -> Void)?
@@ -429,7 +429,7 @@ extension SharedCall {
     /// One copy of an attempt: through the host's rate limit and concurrency limit when there
     /// are any (a token first: tokens measure starts), then the session. The host's limiters are
     /// looked up for each copy, so a limiter dropped from the table while idle is never used again.
-    private func sendOnce(attempt: Int, hedge: Bool = false) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+    private func sendOnce(attempt: Int, hedge: Bool = false) async -> Result<(Data, ResponseHead), NetworkError> {
         guard let authority = execution.authority else {
             return await transfer(on: parts.session)
         }
@@ -449,7 +449,7 @@ extension SharedCall {
                 release(permit, of: adaptive, after: result, attempt: attempt)
                 return result
             }
-            let onTheWire = { @Sendable () async -> Result<(Data, HTTPURLResponse), NetworkError> in
+            let onTheWire = { @Sendable () async -> Result<(Data, ResponseHead), NetworkError> in
                 self.markSent(attempt: attempt)
                 return await self.transfer(on: session)
             }
@@ -461,14 +461,14 @@ extension SharedCall {
                 case (let rate?, let limiter?): return try await rate.withPermit { try await limiter.withPermit { await onTheWire() } }
                 }
             }
-            let placed = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
+            let placed = { @Sendable () async throws -> Result<(Data, ResponseHead), NetworkError> in
                 guard let limiter else { return await onTheWire() }
                 return try await limiter.withPermit { await onTheWire() }
             }
-            let limited = { @Sendable () async throws -> Result<(Data, HTTPURLResponse), NetworkError> in
+            let limited = { @Sendable () async throws -> Result<(Data, ResponseHead), NetworkError> in
                 guard let adaptive else { return try await placed() }
                 let permit = try await self.adaptivePlace(adaptive, hedge: hedge)
-                let result: Result<(Data, HTTPURLResponse), NetworkError>
+                let result: Result<(Data, ResponseHead), NetworkError>
                 do {
                     result = try await placed()
                 } catch {
@@ -503,7 +503,7 @@ extension SharedCall {
     private func release(
         _ permit: AdaptiveConcurrencyLimiter.Permit,
         of adaptive: AdaptiveConcurrencyLimiter,
-        after result: Result<(Data, HTTPURLResponse), NetworkError>,
+        after result: Result<(Data, ResponseHead), NetworkError>,
         attempt: Int
     ) {
         let timedOut = if case .failure(.cancelled) = result { timedOut(attempt: attempt) } else { false }
@@ -513,7 +513,7 @@ extension SharedCall {
     /// The transport call, reading the request from the call's `Execution` in place (a struct of
     /// that size passed by value is copied into the caller's frame).
     @inline(__always)
-    private func transfer(on session: any NetworkSession) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+    private func transfer(on session: any NetworkSession) async -> Result<(Data, ResponseHead), NetworkError> {
         await Self.transfer(execution.urlRequest, maximumBodySize: execution.maximumBodySize, on: session)
     }
 
@@ -522,11 +522,9 @@ extension SharedCall {
         _ urlRequest: URLRequest,
         maximumBodySize: Int?,
         on session: any NetworkSession
-    ) async -> Result<(Data, HTTPURLResponse), NetworkError> {
+    ) async -> Result<(Data, ResponseHead), NetworkError> {
         do {
-            let (data, response) = try await session.data(for: urlRequest, maximumBodySize: maximumBodySize)
-            guard let http = response as? HTTPURLResponse else { return .failure(.invalidResponse) }
-            return .success((data, http))
+            return .success(try await session.dataWithHead(for: urlRequest, maximumBodySize: maximumBodySize))
         } catch {
             // A session may report our cancellation as some other error; the caller asked to stop.
             if Task.isCancelled { return .failure(.cancelled) }
@@ -538,7 +536,7 @@ extension SharedCall {
 
     /// Unregisters a finished call from the single-flight table and answers its waiters.
     private func finish(
-        _ outcome: Result<(Data, HTTPURLResponse), NetworkError>
+        _ outcome: Result<(Data, ResponseHead), NetworkError>
     ) {
         // Unregister before answering, so a send after completion starts a fresh call.
         parts.inFlight.remove(self)
@@ -551,7 +549,7 @@ extension SharedCall {
     private func end(
         _ error: NetworkError,
         attempt: Int,
-        response: (Data, HTTPURLResponse)? = nil
+        response: (Data, ResponseHead)? = nil
     ) async {
         if let sink = parts.sink {
             await sink.record(.failed(traceID: execution.traceID, error: error, attempt: attempt))
@@ -564,11 +562,7 @@ extension SharedCall {
     @inline(never)
     private func emitStarted() async {
         let started = RequestEvent.started(traceID: execution.traceID, url: execution.url, method: execution.method)
-        if let operationID = execution.operationID {
-            await parts.sink?.record(started, operation: operationID)
-        } else {
-            await parts.sink?.record(started)
-        }
+        await parts.sink?.record(started, operationID: execution.operationID)
     }
 
     @inline(never)

@@ -21,7 +21,7 @@ import FoundationNetworking
 ///   installed its continuation: the decision is recorded and taken as it installs;
 /// - the hedge timer firing after the decision: it finds the race decided and sends nothing.
 final class HedgeRace: Sendable {
-    typealias Answer = Result<(Data, HTTPURLResponse), NetworkError>
+    typealias Answer = Result<(Data, ResponseHead), NetworkError>
     private typealias Machine = RequestStateMachine.HedgedAttempt
 
     private struct State: Sendable {

@@ -49,4 +49,14 @@ extension RequestEventSink {
     public func record(_ event: RequestEvent, operation operationID: String) async {
         await record(event)
     }
+
+    /// `record(_:operation:)` for a request with an operation, else `record(_:)`: how the engine
+    /// reports `started` and `deduplicated`.
+    func record(_ event: RequestEvent, operationID: String?) async {
+        if let operationID {
+            await record(event, operation: operationID)
+        } else {
+            await record(event)
+        }
+    }
 }

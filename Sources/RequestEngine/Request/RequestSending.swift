@@ -18,6 +18,13 @@ public protocol RequestSending: Sendable {
     /// when no HTTP response was obtained.
     func response(for request: some NetworkRequest) async throws -> (Data, HTTPURLResponse)
 
+    /// `response(for:)`, answering with the response's head as the session received it (fields in
+    /// order, repeated ones separate) rather than Foundation's response. `AsyncRequestEngine`
+    /// and `AuthenticatedRequestEngine` pass the session's head through, so over a session that
+    /// reads fields itself (`AsyncHTTPClientSession`) no `HTTPURLResponse` is ever built; the
+    /// default wraps `response(for:)`'s.
+    func responseWithHead(for request: some NetworkRequest) async throws -> (Data, ResponseHead)
+
     /// The credential header fields this sender (or its transport) adds on its own to a request
     /// for `url`: a session's `Cookie`, an `AuthenticatedRequestEngine`'s token header. A cache
     /// above it treats a request it adds one to as credentialed (stored only under a partition)
@@ -27,6 +34,11 @@ public protocol RequestSending: Sendable {
 
 extension RequestSending {
     public func credentialHeaders(for url: URL) -> [String: String] { [:] }
+
+    public func responseWithHead(for request: some NetworkRequest) async throws -> (Data, ResponseHead) {
+        let (data, response) = try await response(for: request)
+        return (data, ResponseHead(response))
+    }
 
     /// `response(for:)`, with a final status outside 2xx thrown as `NetworkError.httpError` (its
     /// body kept): every sender's `send(_:)`, written once.

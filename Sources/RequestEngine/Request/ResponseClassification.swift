@@ -50,6 +50,11 @@ package struct ResponseClassification: Sendable, Equatable {
         )
     }
 
+    /// Classifies a response head (its status and `Retry-After`).
+    package init(_ head: ResponseHead, now: @autoclosure () -> Date = Date()) {
+        self.init(status: head.statusCode, retryAfterHeader: head.value(forHTTPHeaderField: HTTPHeader.retryAfter), now: now())
+    }
+
     /// Whether a response with this status is worth trying again: 408, 429 and 5xx except 501.
     package static func isRetryable(status: Int) -> Bool {
         (500...599).contains(status) && status != 501 || status == 408 || status == 429

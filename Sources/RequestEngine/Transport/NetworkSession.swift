@@ -36,6 +36,15 @@ public protocol NetworkSession: Sendable {
     /// is crossed, as `URLSessionTransport` does.
     func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse)
 
+    /// Like `data(for:maximumBodySize:)`, answering with the response's head as received
+    /// (`ResponseHead`: fields in order, repeated ones separate). The engine calls this one.
+    ///
+    /// The default calls `data(for:maximumBodySize:)` and wraps its `HTTPURLResponse` (any other
+    /// response throws `NetworkError.invalidResponse`). A session that reads a response's fields
+    /// itself — `AsyncHTTPClientSession` — answers with them and builds no Foundation response
+    /// unless someone asks for one (`ResponseHead.httpURLResponse`).
+    func dataWithHead(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, ResponseHead)
+
     /// The credential header fields this session adds on its own to a request for `url` that
     /// carries none of them (a `Cookie` from its cookie store), so that a cache above it sees the
     /// request as it is sent: `CachedRequestEngine` stores a response to such a request only
@@ -58,6 +67,12 @@ extension NetworkSession {
             throw NetworkError.responseTooLarge(limit: maximumBodySize, statusCode: (response as? HTTPURLResponse)?.statusCode)
         }
         return (data, response)
+    }
+
+    public func dataWithHead(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, ResponseHead) {
+        let (data, response) = try await data(for: request, maximumBodySize: maximumBodySize)
+        guard let http = response as? HTTPURLResponse else { throw NetworkError.invalidResponse }
+        return (data, ResponseHead(http))
     }
 }
 
