@@ -33,8 +33,11 @@ import FoundationNetworking
 ///   deadline), as the engine's own per-attempt timeout does; `.infinity` or a non-positive value
 ///   sets none. With `honorsTimeoutAndCancellation`, the engine relies on it: an unhedged
 ///   request with no host limit runs in its caller's task, timed by this session.
-/// - The response is an `HTTPURLResponse` with the final URL (after redirects), the status and
-///   the headers (repeated fields joined with ", ", as URLSession joins them).
+/// - The response is a `ResponseHead` (`dataWithHead(for:maximumBodySize:)`, what the engine
+///   calls) with the final URL (after redirects), the status and the fields as received (in
+///   order, repeated ones separate); no `HTTPURLResponse` is built unless it is asked for
+///   (`data(for:)`, `AsyncRequestEngine.response(for:)`), and then repeated fields are joined with
+///   ", ", as URLSession joins them.
 /// - **A connection lost before the response** (closed by the server, reset, or failed on
 ///   write, with no byte of a response head parsed) — typically a kept-alive connection from
 ///   AHC's pool that the server was closing as the request went out — is not yet an error: when
@@ -106,6 +109,15 @@ public struct AsyncHTTPClientSession: NetworkSession {
     /// arrived is sent again at once, once, when it may be sent twice (see the type's description).
     /// Throws `NetworkError` only.
     public func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse) {
+        let (data, head) = try await dataWithHead(for: request, maximumBodySize: maximumBodySize)
+        return (data, head.httpURLResponse)
+    }
+
+    /// `data(for:maximumBodySize:)`, answering with the response's fields as received and no
+    /// `HTTPURLResponse` (Foundation's initializer is most of this adapter's cost on Linux: it
+    /// canonicalises every name and parses `Content-Type`; Benchmarks/README.md). Throws
+    /// `NetworkError` only.
+    public func dataWithHead(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, ResponseHead) {
         let outgoing = try RequestConversion.request(for: request)
         let limit = maximumBodySize.map { max(0, $0) }
         let first: SendFailure
@@ -145,7 +157,7 @@ public struct AsyncHTTPClientSession: NetworkSession {
     }
 
     /// One exchange over AHC.
-    private func send(_ outgoing: RequestConversion.Outgoing, limit: Int?) async throws(SendFailure) -> (Data, URLResponse) {
+    private func send(_ outgoing: RequestConversion.Outgoing, limit: Int?) async throws(SendFailure) -> (Data, ResponseHead) {
         if Task.isCancelled { throw SendFailure(error: .cancelled) }
         let collector = ResponseCollector(limit: limit, expectsBody: outgoing.expectsBody, url: outgoing.url)
         // AHC's delegate API: its deadline bounds the whole exchange, body included (the async
@@ -168,8 +180,8 @@ public struct AsyncHTTPClientSession: NetworkSession {
                 connectionLostBeforeResponse: !collector.receivedResponseHead && NetworkError.isConnectionLostBeforeResponse(error)
             )
         }
-        guard let http = ResponseConversion.httpURLResponse(collected) else { throw SendFailure(error: .invalidResponse) }
-        return (collected.body, http)
+        guard let head = ResponseConversion.head(collected) else { throw SendFailure(error: .invalidResponse) }
+        return (collected.body, head)
     }
 }
 

@@ -107,7 +107,7 @@ final class ResponseCollector: HTTPClientResponseDelegate {
     }
 }
 
-/// AHC's response parts → what URLSession reports.
+/// AHC's response parts → what the engine reads.
 enum ResponseConversion {
     /// The `Content-Length` value, when there is exactly one valid one.
     static func contentLength(_ headers: HTTPHeaders) -> Int? {
@@ -121,26 +121,19 @@ enum ResponseConversion {
         !(100..<200).contains(status) && status != 204 && status != 304
     }
 
-    /// The response as URLSession would report it. Repeated fields are joined with ", ".
-    ///
-    /// Foundation's initializer is most of the adapter's cost on Linux (it canonicalises every
-    /// header name through CFString: about 17 µs for nginx's eight headers; Benchmarks/README.md),
-    /// so everything around it avoids work: the version string is a constant for the usual versions.
-    static func httpURLResponse(_ collected: ResponseCollector.Collected) -> HTTPURLResponse? {
-        var fields: [String: String] = [:]
+    /// The response's head: the status and every field as AHC received it (in order, repeated
+    /// ones separate); `nil` for a status outside 100...999. No Foundation response is built here.
+    static func head(_ collected: ResponseCollector.Collected) -> ResponseHead? {
+        var fields: [ResponseHead.Field] = []
         fields.reserveCapacity(collected.head.headers.count)
         for (name, value) in collected.head.headers {
-            if let existing = fields[name] {
-                fields[name] = existing + ", " + value
-            } else {
-                fields[name] = value
-            }
+            fields.append(ResponseHead.Field(name: name, value: value))
         }
-        return HTTPURLResponse(
+        return ResponseHead(
             url: collected.url,
             statusCode: Int(collected.head.status.code),
             httpVersion: versionString(collected.head.version),
-            headerFields: fields
+            fields: fields
         )
     }
 

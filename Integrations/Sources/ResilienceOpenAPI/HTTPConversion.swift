@@ -64,17 +64,19 @@ enum HTTPConversion {
         return data
     }
 
-    /// The response's status and header fields (a field joined from repeated ones stays one
-    /// field). Names swift-http-types does not accept are left out.
-    static func response(_ response: HTTPURLResponse) throws -> HTTPResponse {
-        guard (100...999).contains(response.statusCode) else {
-            throw ResilienceTransportError.invalidResponse(reason: "the response status \(response.statusCode) is not an HTTP status")
+    /// The response's status and header fields, in the order the head gives them. Names
+    /// swift-http-types does not accept are left out.
+    static func response(_ head: ResponseHead) throws -> HTTPResponse {
+        guard (100...999).contains(head.statusCode) else {
+            throw ResilienceTransportError.invalidResponse(reason: "the response status \(head.statusCode) is not an HTTP status")
         }
         var fields = HTTPFields()
-        for (name, value) in response.allHeaderFields {
-            guard let name = name as? String, let value = value as? String, let fieldName = HTTPField.Name(name) else { continue }
-            fields.append(HTTPField(name: fieldName, value: value))
+        let received = head.fields
+        fields.reserveCapacity(received.count)
+        for field in received {
+            guard let name = HTTPField.Name(field.name) else { continue }
+            fields.append(HTTPField(name: name, value: field.value))
         }
-        return HTTPResponse(status: .init(code: response.statusCode), headerFields: fields)
+        return HTTPResponse(status: .init(code: head.statusCode), headerFields: fields)
     }
 }

@@ -25,9 +25,13 @@ import FoundationNetworking
 ///   `cacheable`. Without an override an operation is repeated only if its method is idempotent
 ///   or it carries an `Idempotency-Key` (which every attempt sends unchanged).
 /// - Repeated header fields of the request go as one field per name, their values joined with
-///   `", "` (`"; "` for `Cookie`), as RFC 9110 §5.3 allows; a repeated response field arrives
-///   the same way (as URLSession and `AsyncHTTPClientSession` report it), which a generated
-///   client reads exactly as it reads the separate fields (`HTTPFields` joins them alike).
+///   `", "` (`"; "` for `Cookie`), as RFC 9110 §5.3 allows. The response's fields come from the
+///   sender's `responseWithHead(for:)`: through `AsyncRequestEngine` (and
+///   `AuthenticatedRequestEngine` over it) on `AsyncHTTPClientSession`, every field as received,
+///   in order, a repeated one (two `Set-Cookie`) as separate fields, and no Foundation response
+///   is built on the way; where the response passed through `HTTPURLResponse` (URLSession, a
+///   `CachedRequestEngine`), a repeated field arrives joined with `", "`, which a generated client
+///   reads as it reads separate ones (`HTTPFields` joins them alike), `Set-Cookie` excepted.
 /// - The request body is read up to `Configuration.maximumRequestBodySize` bytes (past it:
 ///   `ResilienceTransportError.requestBodyTooLarge`, nothing sent); the response body is bounded
 ///   by `maximumResponseBodySize` (past it: `NetworkError.responseTooLarge`).
@@ -82,9 +86,9 @@ public struct ResilienceTransport: ClientTransport {
         operationID: String
     ) async throws -> (HTTPResponse, HTTPBody?) {
         let prepared = try await prepare(request, body: body, baseURL: baseURL, operationID: operationID)
-        let (data, response) = try await sender.response(for: prepared)
-        let converted = try HTTPConversion.response(response)
-        let hasNoContent = prepared.method == .head || response.statusCode == 204 || response.statusCode == 304
+        let (data, head) = try await sender.responseWithHead(for: prepared)
+        let converted = try HTTPConversion.response(head)
+        let hasNoContent = prepared.method == .head || head.statusCode == 204 || head.statusCode == 304
         return (converted, hasNoContent && data.isEmpty ? nil : HTTPBody(data))
     }
 

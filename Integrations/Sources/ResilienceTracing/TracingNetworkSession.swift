@@ -56,6 +56,26 @@ public struct TracingNetworkSession: NetworkSession {
     public var honorsTimeoutAndCancellation: Bool { base.honorsTimeoutAndCancellation }
 
     public func data(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, URLResponse) {
+        try await traced(request) { outgoing in
+            let (data, response) = try await base.data(for: outgoing, maximumBodySize: maximumBodySize)
+            return (data, response, (response as? HTTPURLResponse)?.statusCode)
+        }
+    }
+
+    /// The wrapped session's head, as it gives it (no Foundation response built on the way).
+    public func dataWithHead(for request: URLRequest, maximumBodySize: Int?) async throws -> (Data, ResponseHead) {
+        try await traced(request) { outgoing in
+            let (data, head) = try await base.dataWithHead(for: outgoing, maximumBodySize: maximumBodySize)
+            return (data, head, head.statusCode)
+        }
+    }
+
+    /// One attempt's span around `send`, which gets the request with the span's context injected
+    /// and answers with the status, when there is one.
+    private func traced<Response>(
+        _ request: URLRequest,
+        _ send: (URLRequest) async throws -> (Data, Response, Int?)
+    ) async throws -> (Data, Response) {
         let tracer = self.tracer ?? InstrumentationSystem.tracer
         let logical = LogicalRequest.current ?? LogicalRequest.registry.lookup(request)
         if let logical, LogicalRequest.current != nil { LogicalRequest.registry.register(request, logical) }
@@ -69,12 +89,10 @@ public struct TracingNetworkSession: NetworkSession {
         var outgoing = request
         tracer.inject(span.context, into: &outgoing, using: URLRequestHeaderInjector())
         do {
-            let (data, response) = try await ServiceContext.withValue(span.context) {
-                try await base.data(for: outgoing, maximumBodySize: maximumBodySize)
+            let (data, response, status) = try await ServiceContext.withValue(span.context) {
+                try await send(outgoing)
             }
-            if let http = response as? HTTPURLResponse {
-                SpanOutcome.response(http.statusCode, on: span)
-            }
+            if let status { SpanOutcome.response(status, on: span) }
             span.end()
             return (data, response)
         } catch {

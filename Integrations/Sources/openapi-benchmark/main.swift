@@ -34,7 +34,7 @@ if arguments.first == "serve" {
 }
 let profiled: String? = arguments.first == "profile" && arguments.count > 1 ? arguments[1] : nil
 let numbers = arguments.compactMap { Int($0) }
-let rounds = numbers.count > 0 ? numbers[0] : 10
+let rounds = numbers.count > 0 ? numbers[0] : 20
 let sequentialPerRound = numbers.count > 1 ? numbers[1] : 1_000
 let concurrentPerRound = numbers.count > 2 ? numbers[2] : 6_400
 let inFlight = 64

@@ -66,7 +66,10 @@ struct ResilienceTransportTests {
     }
 
     @Test func repeatedHeaderFieldsSurviveBothWays() async throws {
-        server.route("/api/tags", .raw(Data("HTTP/1.1 200 OK\r\nX-Tag: a\r\nX-Tag: b\r\nContent-Length: 0\r\n\r\n".utf8)))
+        let expires = "a=1; Expires=Wed, 21 Oct 2026 07:28:00 GMT"
+        server.route(
+            "/api/tags",
+            .raw(Data("HTTP/1.1 200 OK\r\nX-Tag: a\r\nSet-Cookie: \(expires)\r\nX-Tag: b\r\nSet-Cookie: b=2\r\nContent-Length: 0\r\n\r\n".utf8)))
         let transport = ResilienceTransport(sender: AsyncRequestEngine(session: session))
         var fields = HTTPFields()
         fields.append(HTTPField(name: .init("X-Tag")!, value: "one"))
@@ -77,8 +80,13 @@ struct ResilienceTransportTests {
         let seen = try #require(server.requestLog.last)
         #expect(seen.header("x-tag") == "one, two")
         #expect(seen.header("cookie") == "a=1; b=2")
-        // The client reads a header as `HTTPFields` joins repeated fields: both values, in order.
+        // Every response field as received, in order, a repeated one as separate fields: two
+        // `Set-Cookie` (commas inside one) stay two, and the client reads `X-Tag` as `HTTPFields`
+        // joins repeated fields.
+        #expect(response.headerFields[values: .setCookie] == [expires, "b=2"])
+        #expect(response.headerFields[values: .init("X-Tag")!] == ["a", "b"])
         #expect(response.headerFields[.init("X-Tag")!] == "a, b")
+        #expect(response.headerFields.map(\.name.rawName) == ["X-Tag", "Set-Cookie", "X-Tag", "Set-Cookie", "Content-Length"])
     }
 
     // MARK: Retries by operation
