@@ -252,10 +252,11 @@ let package = Package(
             ]
         ),
 
-        // Helpers shared by the test targets (requests, an event recorder, a refusing port).
+        // Helpers shared by the test targets (requests, an event recorder, a refusing port, a token provider).
         .target(
             name: "IntegrationTestSupport",
             dependencies: [
+                .product(name: "Auth", package: "Resilience"),
                 .product(name: "RequestEngine", package: "Resilience"),
                 .product(name: "ResilienceTesting", package: "Resilience"),
             ],

@@ -6,7 +6,6 @@ import RequestEngine
 import ResilienceAsyncHTTPClient
 import ResilienceTesting
 import Retry
-import Synchronization
 import Testing
 
 #if canImport(FoundationNetworking)
@@ -470,28 +469,5 @@ struct AsyncHTTPClientSessionTests {
         #expect(configuration.connectionPool.retryConnectionEstablishment == false)
         #expect(configuration.tracing.tracer == nil)
         #expect(AsyncHTTPClientSession().client === AsyncHTTPClientSession.sharedClient)
-    }
-}
-
-/// Hands out `current` until refreshed, then `next`; counts refreshes.
-final class CountingTokenProvider: TokenProvider {
-    private let state: Mutex<(token: String, refreshes: Int)>
-    private let next: String
-
-    init(current: String, next: String) {
-        state = Mutex((current, 0))
-        self.next = next
-    }
-
-    var refreshes: Int { state.withLock { $0.refreshes } }
-
-    func currentToken() async -> String? { state.withLock { $0.token } }
-
-    func refreshToken() async throws -> String {
-        state.withLock { state in
-            state.refreshes += 1
-            state.token = next
-            return next
-        }
     }
 }

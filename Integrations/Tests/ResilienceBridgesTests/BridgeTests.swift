@@ -13,7 +13,6 @@ import ResilienceMetrics
 import ResilienceTesting
 import ResilienceTracing
 import Retry
-import Synchronization
 import Testing
 import Tracing
 
@@ -415,24 +414,6 @@ struct BridgeTests {
         for fragment in ["token=", "access_token", "user:", "Authorization", "Cookie"] {
             #expect(!observed.contains { $0.contains(fragment) }, "\(fragment) appears")
         }
-    }
-}
-
-/// Hands out `current` until refreshed, then `next`.
-final class CountingTokenProvider: TokenProvider {
-    private let state: Mutex<String>
-    private let next: String
-
-    init(current: String, next: String) {
-        state = Mutex(current)
-        self.next = next
-    }
-
-    func currentToken() async -> String? { state.withLock { $0 } }
-
-    func refreshToken() async throws -> String {
-        state.withLock { $0 = next }
-        return next
     }
 }
 

@@ -13,7 +13,6 @@ import ResilienceOpenAPI
 import ResilienceTesting
 import ResponseCache
 import Retry
-import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -90,7 +89,7 @@ struct GeneratedClientTests {
     @Test func aStormOf1000OperationsMeeting401RefreshesTheTokenOnce() async throws {
         try await withServer { server in
             server.origin.requireToken("fresh")
-            let provider = CountingProvider(current: "expired", next: "fresh")
+            let provider = CountingTokenProvider(current: "expired", next: "fresh")
             // Every operation its own request (identical GETs would otherwise share one call).
             let engine = AsyncRequestEngine(session: session, configuration: .init(deduplicatedMethods: []))
             let authenticated = AuthenticatedRequestEngine(requestEngine: engine, coordinator: TokenRefreshCoordinator(provider: provider))
@@ -135,6 +134,35 @@ struct GeneratedClientTests {
         let offline = try await notes.listNotes()
         #expect(try offline.ok.body.json.map(\.text) == ["kept"])
         #expect(try offline.ok.headers.ETag == online.ok.headers.ETag)
+    }
+
+    @Test func aSecondUserOnTheDeviceNeverGetsTheFirstUsersCachedNotes() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("notes-cache-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let monitor = ManualReachabilityMonitor(isConnected: true)
+        // One device: one store on disk, each user's engine with the user's partition.
+        let store = try DiskResponseCache(directory: folder, maxBytes: 1 << 20)
+        func signedIn(_ user: String) -> CachedRequestEngine {
+            CachedRequestEngine(
+                requestEngine: AsyncRequestEngine(session: session), cache: store, reachabilityMonitor: monitor,
+                configuration: .init(partition: user, defaultMode: .offlineFirst))
+        }
+        let server = try await NotesServer.start()
+        server.origin.cacheSeconds = 0
+        let alice = client(server, sender: signedIn("alice"))
+        let bob = client(server, sender: signedIn("bob"))
+        _ = try await alice.createNote(body: .json(.init(text: "alice's")))
+        #expect(try await alice.listNotes().ok.body.json.map(\.text) == ["alice's"])
+        await server.stop()
+        await monitor.setConnected(false)
+        // Offline, Alice reads her notes from the store. Bob, on the same device, finds nothing of
+        // hers there: his read waits for the network (offline-first pauses a miss) and, with the
+        // network back and the server gone, fails — it never answers with her notes.
+        #expect(try await alice.listNotes().ok.body.json.map(\.text) == ["alice's"])
+        let bobs = Task { await transportError { _ = try await bob.listNotes() } }
+        await monitor.setConnected(true)
+        let error = await bobs.value
+        #expect((error as? NetworkError)?.caseName == "transport(cannotConnectToHost)", "\(String(describing: error))")
     }
 
     // MARK: Offline operations
@@ -197,6 +225,35 @@ struct GeneratedClientTests {
             // Online, the operation goes at once and the queue says how it was answered.
             let sent = try await offline.enqueue { _ = try await $0.createNote(body: .json(.init(text: "now"))) }
             #expect(sent == .sent(statusCode: 201))
+            await queue.close()
+        }
+    }
+
+    @Test func credentialsAClientMiddlewareAddsAreNeverStoredWithAnOfflineOperation() async throws {
+        try await withServer { server in
+            let monitor = ManualReachabilityMonitor(isConnected: false)
+            let folder = FileManager.default.temporaryDirectory.appendingPathComponent("notes-queue-\(UUID().uuidString)")
+            defer { try? FileManager.default.removeItem(at: folder) }
+            let queue = OfflineQueueEngine(
+                requestEngine: AsyncRequestEngine(session: session), reachabilityMonitor: monitor, store: try DiskQueueStore(directory: folder))
+            // The app's client signs every request in a middleware, as generated clients often do.
+            let offline = OfflineOperations(queue: queue) {
+                Client(serverURL: server.baseURL, transport: $0, middlewares: [SigningMiddleware(token: "secret-token-1234")])
+            }
+            let result = try await offline.enqueue { _ = try await $0.createNote(body: .json(.init(text: "signed"))) }
+            let id = try #require(result.queuedID)
+            let entry = try #require(await queue.items.first { $0.id == id })
+            #expect(entry.headers.keys.allSatisfy { !["authorization", "cookie"].contains($0.lowercased()) }, "\(entry.headers.keys)")
+            // Not in the entry, not anywhere on disk.
+            let files = FileManager.default.enumerator(at: folder, includingPropertiesForKeys: nil)?.compactMap { $0 as? URL } ?? []
+            #expect(!files.isEmpty)
+            for file in files where (try? file.resourceValues(forKeys: [.isRegularFileKey]).isRegularFile) == true {
+                let bytes = try Data(contentsOf: file)
+                #expect(bytes.range(of: Data("secret-token-1234".utf8)) == nil, "\(file.lastPathComponent)")
+            }
+            await monitor.setConnected(true)
+            _ = await queue.flush()
+            #expect(server.origin.effects == 1)
             await queue.close()
         }
     }
@@ -278,25 +335,17 @@ func transportError(_ body: () async throws -> Void) async -> (any Error)? {
     }
 }
 
-/// Hands out `current` until refreshed, then `next`, counting refreshes.
-final class CountingProvider: TokenProvider {
-    private let state: Mutex<(token: String, refreshes: Int)>
-    private let next: String
+/// Adds `Authorization` and a session `Cookie` to every request, as an app's signing middleware does.
+struct SigningMiddleware: ClientMiddleware {
+    let token: String
 
-    init(current: String, next: String) {
-        state = Mutex((current, 0))
-        self.next = next
-    }
-
-    var refreshes: Int { state.withLock { $0.refreshes } }
-
-    func currentToken() async -> String? { state.withLock { $0.token } }
-
-    func refreshToken() async throws -> String {
-        state.withLock {
-            $0.token = next
-            $0.refreshes += 1
-        }
-        return next
+    func intercept(
+        _ request: HTTPRequest, body: HTTPBody?, baseURL: URL, operationID: String,
+        next: @Sendable (HTTPRequest, HTTPBody?, URL) async throws -> (HTTPResponse, HTTPBody?)
+    ) async throws -> (HTTPResponse, HTTPBody?) {
+        var request = request
+        request.headerFields[.authorization] = "Bearer " + token
+        request.headerFields[.cookie] = "session=" + token
+        return try await next(request, body, baseURL)
     }
 }
