@@ -22,7 +22,9 @@ rm -f "$out.log"
 # `package import` of a module a file does not use in its declarations is a warning on this
 # compiler, and the build must have none: the imports are made plain (what `package` access of the
 # declarations needs, and no more than the generator meant).
-sed -i -E 's/^(@_spi\(Generated\) )?package import /\1import /' "$out"/*.swift
+for file in "$out"/*.swift; do  # not `sed -i`: GNU and BSD sed spell it differently
+    sed -E 's/^(@_spi\(Generated\) )?package import /\1import /' "$file" > "$file.tmp" && mv "$file.tmp" "$file"
+done
 case "$mode" in
 write)
     mkdir -p "$api/Generated"

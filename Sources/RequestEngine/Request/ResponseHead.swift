@@ -14,7 +14,7 @@ import FoundationNetworking
 /// caller that reads fields of its own (a generated OpenAPI client through `ResilienceTransport`)
 /// never has Foundation build a response. On Linux that initializer is the dearest step of a
 /// small request: it canonicalises every name and parses `Content-Type` character by character
-/// (Benchmarks/README.md, "Generated OpenAPI clients").
+/// (Benchmarks/README.md, "A generated OpenAPI client over ResilienceTransport").
 ///
 /// ```swift
 /// let (data, head) = try await engine.responseWithHead(for: request)
