@@ -42,6 +42,24 @@ struct ResponseHeadTests {
         #expect(response.allHeaderFields.count == 1)
     }
 
+    @Test func spellingsOfOneNameAreJoinedAlsoAmongManyFields() throws {
+        // Past 32 names the case-insensitive match goes through lower-cased copies.
+        for count in [3, 40] {
+            let many = (0..<count).map { ResponseHead.Field(name: "X-F\($0)", value: "\($0)") }
+            let fields = many + [ResponseHead.Field(name: "x-f1", value: "again"), ResponseHead.Field(name: "X-F2", value: "twice")]
+            let head = try #require(ResponseHead(url: Self.url, statusCode: 200, fields: fields))
+            let response = head.httpURLResponse
+            #expect(response.allHeaderFields.count == count, "\(count)")
+            #expect(response.value(forHTTPHeaderField: "X-F1") == "1, again", "\(count)")
+            #expect(response.value(forHTTPHeaderField: "X-F2") == "2, twice", "\(count)")
+            #expect(response.value(forHTTPHeaderField: "X-F0") == "0", "\(count)")
+        }
+        // Without two spellings, nothing is looked up twice: distinct names stay as sent.
+        #expect(ResponseHead.hasCaseVariants(["A": "", "B": "", "AB": ""].keys) == false)
+        #expect(ResponseHead.hasCaseVariants(["Ab": "", "aB": ""].keys))
+        #expect(ResponseHead.sameName("X-Tag", "x-tag") && !ResponseHead.sameName("X-Tag", "X-Ta") && !ResponseHead.sameName("a-", "A\r"))
+    }
+
     @Test func aHeadOfAFoundationResponseIsThatResponse() throws {
         let response = try #require(
             HTTPURLResponse(url: Self.url, statusCode: 503, httpVersion: nil, headerFields: ["Retry-After": "5", "X-Id": "7"]))

@@ -1,8 +1,12 @@
 import Foundation
-@_spi(ResilienceCore) import ResilienceCore
 
 #if canImport(FoundationNetworking)
 import FoundationNetworking
+#endif
+#if canImport(os)
+import os
+#else
+import Synchronization
 #endif
 
 /// An HTTP response's status and header fields as its session received them: every field in the
@@ -88,6 +92,7 @@ public struct ResponseHead: Sendable {
 
     /// ASCII case-insensitive equality of two field names, without allocating.
     static func sameName(_ lhs: String, _ rhs: String) -> Bool {
+        guard lhs.utf8.count == rhs.utf8.count else { return false }
         var left = lhs.utf8.makeIterator()
         var right = rhs.utf8.makeIterator()
         while true {
@@ -102,6 +107,41 @@ public struct ResponseHead: Sendable {
         }
     }
 
+    /// Whether two of `names` differ only in letter case: compared pairwise, without allocating,
+    /// for the usual handful of names; through lower-cased copies past 32 (a hostile server's
+    /// thousands of fields must not cost a quadratic scan).
+    static func hasCaseVariants(_ names: Dictionary<String, String>.Keys) -> Bool {
+        guard names.count > 1 else { return false }
+        guard names.count <= 32 else { return Set(names.lazy.map { $0.lowercased() }).count < names.count }
+        var first = names.startIndex
+        while first != names.endIndex {
+            var second = names.index(after: first)
+            while second != names.endIndex {
+                if sameName(names[first], names[second]) { return true }
+                second = names.index(after: second)
+            }
+            first = names.index(after: first)
+        }
+        return false
+    }
+
+    /// The fields one per name compared case-insensitively (the first spelling), a repeated
+    /// field's values joined with `", "` in order.
+    static func joiningCaseVariants(_ fields: [Field]) -> [String: String] {
+        var headers: [String: String] = [:]
+        var spelling: [String: String] = [:]
+        for field in fields {
+            let key = field.name.lowercased()
+            if let name = spelling[key] {
+                headers[name, default: ""] += ", " + field.value
+            } else {
+                spelling[key] = field.name
+                headers[field.name] = field.value
+            }
+        }
+        return headers
+    }
+
     private final class Storage: Sendable {
         let statusCode: Int
         let url: URL?
@@ -109,8 +149,13 @@ public struct ResponseHead: Sendable {
         /// The fields as received; nil for a head made from a Foundation response.
         let fields: [Field]?
         let foundation: HTTPURLResponse?
-        /// `httpURLResponse`, once made (fields heads only).
-        private let built = Locked<HTTPURLResponse?>(nil)
+        /// `httpURLResponse`, once made (fields heads only). The lock is held in place, not boxed:
+        /// one allocation a response fewer.
+        #if canImport(os)
+        private let built = OSAllocatedUnfairLock<HTTPURLResponse?>(initialState: nil)
+        #else
+        private let built = Mutex<HTTPURLResponse?>(nil)
+        #endif
 
         init(foundation: HTTPURLResponse) {
             statusCode = foundation.statusCode
@@ -141,17 +186,19 @@ public struct ResponseHead: Sendable {
         }
 
         private func makeResponse() -> HTTPURLResponse {
+            let fields = fields ?? []
             var headers: [String: String] = [:]
-            var spelling: [String: String] = [:]
-            for field in fields ?? [] {
-                let key = field.name.lowercased()
-                if let name = spelling[key] {
-                    headers[name, default: ""] += ", " + field.value
+            headers.reserveCapacity(fields.count)
+            for field in fields {
+                if let joined = headers[field.name] {
+                    headers[field.name] = joined + ", " + field.value
                 } else {
-                    spelling[key] = field.name
                     headers[field.name] = field.value
                 }
             }
+            // Foundation keys its fields by a canonical spelling: two spellings of one name would
+            // keep one value. Rare (servers spell a name one way), so looked for, not assumed.
+            if ResponseHead.hasCaseVariants(headers.keys) { headers = ResponseHead.joiningCaseVariants(fields) }
             // Foundation's initializer accepts any status in 100...999 (checked when the head was made).
             guard let url, let response = HTTPURLResponse(url: url, statusCode: statusCode, httpVersion: httpVersion, headerFields: headers)
             else { preconditionFailure("HTTPURLResponse refused status \(statusCode)") }
